@@ -1,0 +1,49 @@
+"""The paper's baseline CNN (§5): three 5×5 convs (256, 256, 128), FC 328, FC 192, dropout, 10-way softmax.
+
+35,445,522 parameters at 28×28 with 10 classes — PAPER.md's 35.4M, which holds when the convs
+use SAME padding and there is no pooling, so the first FC sees 28×28×128.
+
+DEVIATIONS (printed by the report):
+- SAME padding and no pooling are inferred from the 35.4M parameter count; the paper states neither.
+- Dropout p = 0.5 before the 10-way output layer; the paper gives no rate.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DROPOUT = 0.5
+CONV_CHANNELS = (256, 256, 128)
+FC_SIZES = (328, 192)
+KERNEL_SIZE = 5
+
+DEVIATIONS = [
+    "Baseline CNN: SAME padding and no pooling, inferred from the paper's 35.4M parameters "
+    "(35,445,522 by arithmetic); the paper states neither.",
+    f"Baseline CNN: dropout p = {DROPOUT} before the output layer; the paper gives no rate.",
+]
+
+
+class BaselineCNN(nn.Module):
+    def __init__(self, image_size: int = 28, num_classes: int = 10, dropout: float = DROPOUT):
+        super().__init__()
+        channels = (1, *CONV_CHANNELS)
+        self.convs = nn.ModuleList(
+            nn.Conv2d(c_in, c_out, KERNEL_SIZE, padding=KERNEL_SIZE // 2)
+            for c_in, c_out in zip(channels[:-1], channels[1:])
+        )
+        self.fc1 = nn.Linear(CONV_CHANNELS[-1] * image_size * image_size, FC_SIZES[0])
+        self.fc2 = nn.Linear(FC_SIZES[0], FC_SIZES[1])
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(FC_SIZES[1], num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, 1, H, W) in [0, 1] -> logits (B, num_classes); softmax lives in the loss."""
+        x = images
+        for conv in self.convs:
+            x = F.relu(conv(x))  # (B, C, H, W) with SAME padding
+        x = F.relu(self.fc1(x.flatten(1)))  # (B, 328)
+        x = F.relu(self.fc2(x))  # (B, 192)
+        return self.out(self.dropout(x))  # (B, num_classes)

@@ -1,0 +1,204 @@
+"""CapsNet (Sabour, Frosst, Hinton 2017, "Dynamic Routing Between Capsules"), one piece per equation.
+
+Conv1 (256, 9×9, ReLU) → PrimaryCaps (32 types × 8D, 9×9 stride 2, squash) → DigitCaps (one 16D
+capsule per class, u_hat_{j|i} = W_ij u_i, dynamic routing) → class score ‖v_j‖; a decoder
+(FC 512 → FC 1024 → FC H·W sigmoid) reconstructs the image from the masked DigitCaps.
+
+Parameter count at 28×28 with 10 classes: 8,215,568 (6,804,224 without the decoder) — the paper's
+8.2M / 6.8M by arithmetic; we have no DigitCaps bias (see DEVIATIONS), hence not the official
+code's 8,215,728.
+
+DEVIATIONS (printed by the report):
+- No learned DigitCaps bias. The official code adds a 10×16 bias to s_j before the squash; the
+  paper does not mention it. We follow the paper (160 fewer parameters).
+- The squash uses ‖s‖ = sqrt(‖s‖² + 1e-8) so that a zero vector maps to zero with a finite
+  gradient (PAPER.md asks for an epsilon; its size is ours). Class scores ‖v‖ use the same ε.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EPS = 1e-8
+
+DEVIATIONS = [
+    "CapsNet has no learned DigitCaps bias (the official code adds a 10×16 bias to s_j; the paper "
+    "does not mention it): 8,215,568 parameters instead of the official code's 8,215,728.",
+    "Squash and capsule lengths use ‖s‖ = sqrt(‖s‖² + 1e-8), so a zero vector stays finite.",
+]
+
+
+@dataclass(frozen=True)
+class CapsNetConfig:
+    """Architecture of the paper's MNIST CapsNet (§4); only the first four fields vary by variant."""
+
+    routing_iterations: int = 3
+    reconstruction: bool = True
+    image_size: int = 28
+    num_classes: int = 10
+    conv1_channels: int = 256
+    kernel_size: int = 9
+    primary_types: int = 32
+    primary_dim: int = 8
+    primary_stride: int = 2
+    digit_dim: int = 16
+    decoder_hidden: tuple[int, int] = (512, 1024)
+
+    @property
+    def primary_grid(self) -> int:
+        """Side of the PrimaryCaps grid, from conv arithmetic (6 at 28×28, 12 at 40×40)."""
+        conv1_side = self.image_size - self.kernel_size + 1
+        return (conv1_side - self.kernel_size) // self.primary_stride + 1
+
+    @property
+    def num_primary(self) -> int:
+        """Number of primary capsules: types × grid² (1152 at 28×28)."""
+        return self.primary_types * self.primary_grid**2
+
+
+class CapsNetOutput(NamedTuple):
+    lengths: torch.Tensor  # (B, num_classes) ‖v_j‖, the class scores
+    poses: torch.Tensor  # (B, num_classes, 16) v_j
+    reconstructions: torch.Tensor | None  # (B, 1, H, W) in [0, 1], None without a decoder
+
+
+def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Eq. 1: v = ‖s‖² / (1 + ‖s‖²) · s / ‖s‖. Norms land in [0, 1), direction is kept."""
+    squared_norm = (s * s).sum(dim=dim, keepdim=True)  # (..., 1, ...)
+    return squared_norm / (1 + squared_norm) * s / torch.sqrt(squared_norm + EPS)
+
+
+def capsule_length(v: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """‖v‖ along ``dim`` with the squash's ε (finite gradient at 0).  (..., D) -> (...)"""
+    return torch.sqrt((v * v).sum(dim=dim) + EPS)
+
+
+def dynamic_routing(u_hat: torch.Tensor, iterations: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Procedure 1: routing by agreement.  u_hat (B, N_in, N_out, D) -> v (B, N_out, D), c (B, N_in, N_out).
+
+    b_ij = 0; repeat r times: c_i = softmax(b_i) over the parents j; s_j = Σ_i c_ij u_hat_{j|i};
+    v_j = squash(s_j); b_ij += u_hat_{j|i} · v_j. Gradients flow through every iteration, as in
+    the official code. Returns the outputs and the coupling coefficients that produced them.
+    """
+    if iterations < 1:
+        raise ValueError(f"routing iterations must be >= 1, got {iterations}")
+    b = torch.zeros(u_hat.shape[:3], dtype=u_hat.dtype, device=u_hat.device)  # (B, N_in, N_out)
+    for r in range(iterations):
+        c = torch.softmax(b, dim=2)  # (B, N_in, N_out) sums to 1 over parents j
+        s = torch.einsum("bij,bijd->bjd", c.to(u_hat.dtype), u_hat)  # (B, N_out, D)
+        v = squash(s)  # (B, N_out, D)
+        if r < iterations - 1:
+            b = b + torch.einsum("bijd,bjd->bij", u_hat, v)  # (B, N_in, N_out) agreement
+    return v, c
+
+
+class PrimaryCaps(nn.Module):
+    """9×9 stride-2 conv to types × D channels, grouped into D-dim capsules per grid position.
+
+    Channel = type·D + component (official code). The view/permute keeps every capsule at one
+    grid position; reshaping (B, types·D, G, G) straight to (B, N, D) would mix positions.
+    """
+
+    def __init__(self, in_channels: int, types: int, dim: int, kernel_size: int, stride: int):
+        super().__init__()
+        self.types, self.dim = types, dim
+        self.conv = nn.Conv2d(in_channels, types * dim, kernel_size, stride=stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, types·G·G, D), squashed."""
+        out = self.conv(x)  # (B, types·D, G, G)
+        b, _, g, _ = out.shape
+        out = out.view(b, self.types, self.dim, g, g)  # (B, types, D, G, G)
+        out = out.permute(0, 1, 3, 4, 2).reshape(b, self.types * g * g, self.dim)  # (B, N_in, D)
+        return squash(out)
+
+
+class DigitCaps(nn.Module):
+    """u_hat_{j|i} = W_ij u_i with one 16×8 matrix per (input capsule i, class j), then routing."""
+
+    def __init__(self, num_in: int, num_out: int, dim_in: int, dim_out: int, iterations: int):
+        super().__init__()
+        self.iterations = iterations
+        self.W = nn.Parameter(0.01 * torch.randn(num_in, num_out, dim_out, dim_in))  # (N_in, N_out, D_out, D_in)
+
+    def forward(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """u (B, N_in, D_in) -> v (B, N_out, D_out), c (B, N_in, N_out)."""
+        u_hat = torch.einsum("ijdk,bik->bijd", self.W, u)  # (B, N_in, N_out, D_out)
+        return dynamic_routing(u_hat, self.iterations)
+
+
+class Decoder(nn.Module):
+    """FC 512 ReLU → FC 1024 ReLU → FC H·W sigmoid, from the masked DigitCaps (§4.1)."""
+
+    def __init__(self, num_classes: int, dim: int, hidden: tuple[int, int], image_size: int):
+        super().__init__()
+        self.image_size = image_size
+        self.net = nn.Sequential(
+            nn.Linear(num_classes * dim, hidden[0]), nn.ReLU(inplace=True),
+            nn.Linear(hidden[0], hidden[1]), nn.ReLU(inplace=True),
+            nn.Linear(hidden[1], image_size * image_size), nn.Sigmoid(),
+        )
+
+    def forward(self, poses: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """poses (B, K, D), target class (B,) -> (B, 1, H, W): only the target's capsule is seen."""
+        mask = F.one_hot(target, poses.shape[1]).to(poses.dtype)  # (B, K)
+        masked = (poses * mask.unsqueeze(2)).flatten(1)  # (B, K·D)
+        return self.net(masked).view(-1, 1, self.image_size, self.image_size)  # (B, 1, H, W)
+
+
+class CapsNet(nn.Module):
+    """The paper's three-layer CapsNet with optional reconstruction decoder."""
+
+    def __init__(self, routing_iterations: int = 3, reconstruction: bool = True,
+                 image_size: int = 28, num_classes: int = 10):
+        super().__init__()
+        cfg = CapsNetConfig(routing_iterations, reconstruction, image_size, num_classes)
+        if cfg.primary_grid < 1:
+            raise ValueError(f"image_size {image_size} is too small for two 9×9 convolutions")
+        self.config = cfg
+        self.conv1 = nn.Conv2d(1, cfg.conv1_channels, cfg.kernel_size)
+        self.primary = PrimaryCaps(cfg.conv1_channels, cfg.primary_types, cfg.primary_dim,
+                                   cfg.kernel_size, cfg.primary_stride)
+        self.digits = DigitCaps(cfg.num_primary, num_classes, cfg.primary_dim, cfg.digit_dim, routing_iterations)
+        self.decoder = Decoder(num_classes, cfg.digit_dim, cfg.decoder_hidden, image_size) if reconstruction else None
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> CapsNetOutput:
+        """images (B, 1, H, W) in [0, 1], labels (B,) or None -> CapsNetOutput.
+
+        With labels (training) the decoder sees the labelled class's capsule; without, the
+        longest capsule's (evaluation).
+        """
+        x = F.relu(self.conv1(images))  # (B, 256, H-8, W-8)
+        u = self.primary(x)  # (B, N_in, 8)
+        v, _ = self.digits(u)  # (B, K, 16)
+        lengths = capsule_length(v)  # (B, K)
+        reconstructions = None
+        if self.decoder is not None:
+            target = labels if labels is not None else lengths.argmax(dim=1)  # (B,)
+            reconstructions = self.decoder(v, target)  # (B, 1, H, W)
+        return CapsNetOutput(lengths, v, reconstructions)
+
+
+def margin_loss(lengths: torch.Tensor, labels: torch.Tensor, *, m_plus: float = 0.9,
+                m_minus: float = 0.1, lambda_: float = 0.5) -> torch.Tensor:
+    """Eq. 4: L_k = T_k max(0, m⁺ − ‖v_k‖)² + λ (1 − T_k) max(0, ‖v_k‖ − m⁻)², summed over k,
+    averaged over the batch.  lengths (B, K), labels (B,) class indices -> scalar."""
+    t = F.one_hot(labels, lengths.shape[1]).to(lengths.dtype)  # (B, K)
+    present = t * F.relu(m_plus - lengths) ** 2  # (B, K)
+    absent = lambda_ * (1 - t) * F.relu(lengths - m_minus) ** 2  # (B, K)
+    return (present + absent).sum(dim=1).mean()
+
+
+def reconstruction_loss(reconstructions: torch.Tensor, images: torch.Tensor, *,
+                        scale: float = 0.0005) -> torch.Tensor:
+    """Per-image **sum** of squared pixel errors (pixels in [0, 1]) × scale, averaged over the batch.
+
+    (B, 1, H, W), (B, 1, H, W) -> scalar. Not a per-pixel mean, which is H·W times too weak.
+    """
+    sse = ((reconstructions - images) ** 2).flatten(1).sum(dim=1)  # (B,)
+    return scale * sse.mean()

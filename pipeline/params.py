@@ -1,0 +1,210 @@
+"""Strict loading of params.yaml into frozen dataclasses.
+
+One section per stage plus ``base`` (seed, profile) and ``ablation`` (which variants and seeds
+DVC's matrix expands). Every key must be known, present, of the annotated type and in range;
+anything else fails before any work with a message naming the key, e.g.
+``variants.capsnet_r1.routing_iterations must be >= 1, got 0``.
+
+The committed params.yaml is the paper protocol. Other profiles (smoke, gpu) are DVC overrides
+(``dvc exp run -S key=value``, see the Makefile), so every profile runs the same code path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ParamsError(ValueError):
+    """params.yaml is malformed; the message names the key and what to do."""
+
+
+def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> dict:
+    return {"lo": lo, "hi": hi, "lo_open": lo_open}
+
+
+PROFILES = ("paper", "gpu", "smoke")
+MODELS = ("baseline_cnn", "capsnet")
+
+
+@dataclass(frozen=True)
+class BaseParams:
+    seed: int = field(metadata=_range(0))
+    profile: str = "paper"
+
+    def check(self, where: str) -> None:
+        if self.profile not in PROFILES:
+            raise ParamsError(f"{where}.profile must be one of {PROFILES}, got {self.profile!r}")
+
+
+@dataclass(frozen=True)
+class PrepareParams:
+    train_subset: int = field(metadata=_range(0))  # 0 = all 60,000 training digits
+    test_subset: int = field(metadata=_range(0))  # 0 = all 10,000 test digits
+    affine_seed: int = field(metadata=_range(0))
+    max_rotation_deg: float = field(metadata=_range(0, 180))
+    max_shear: float = field(metadata=_range(0, 1))
+    min_scale: float = field(metadata=_range(0.1, 10))
+    max_scale: float = field(metadata=_range(0.1, 10))
+    montage_count: int = field(metadata=_range(1, 64))
+
+    def check(self, where: str) -> None:
+        if self.min_scale > self.max_scale:
+            raise ParamsError(
+                f"{where}.min_scale ({self.min_scale}) must be <= {where}.max_scale ({self.max_scale})"
+            )
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    epochs: int = field(metadata=_range(1))
+    batch_size: int = field(metadata=_range(1))
+    lr: float = field(metadata=_range(0, 1, lo_open=True))
+    lr_decay_rate: float = field(metadata=_range(0, 1, lo_open=True))
+    lr_decay_steps: int = field(metadata=_range(1))
+    lr_min: float = field(metadata=_range(0))
+    max_shift: int = field(metadata=_range(0, 8))
+    amp: bool = False  # bf16 autocast (CUDA only; ignored with a warning on CPU)
+    compile: bool = False  # torch.compile the model
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    deterministic: bool = True
+    log_every: int = field(default=50, metadata=_range(1))  # steps between host reads of the loss
+    eval_batch_size: int = field(default=1000, metadata=_range(1))
+
+    def check(self, where: str) -> None:
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ParamsError(f"{where}.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class VariantParams:
+    model: str
+    routing_iterations: int = field(metadata=_range(0))
+    reconstruction: bool
+    image_size: int = field(metadata=_range(28, 28))  # MNIST variants; §5.2 adds 40×40 later
+
+    def check(self, where: str) -> None:
+        if self.model not in MODELS:
+            raise ParamsError(f"{where}.model must be one of {MODELS}, got {self.model!r}")
+        if self.model == "capsnet" and self.routing_iterations < 1:
+            raise ParamsError(f"{where}.routing_iterations must be >= 1, got {self.routing_iterations}")
+        if self.model == "baseline_cnn" and (self.routing_iterations or self.reconstruction):
+            raise ParamsError(
+                f"{where}: baseline_cnn has no routing or reconstruction; "
+                "set routing_iterations: 0 and reconstruction: false"
+            )
+
+
+@dataclass(frozen=True)
+class AblationParams:
+    variants: tuple[str, ...]
+    seeds: tuple[int, ...]
+
+    def check(self, where: str) -> None:
+        if not self.variants:
+            raise ParamsError(f"{where}.variants must list at least one variant")
+        if not self.seeds:
+            raise ParamsError(f"{where}.seeds must list at least one seed")
+        if len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
+            raise ParamsError(f"{where}.seeds must be distinct integers >= 0, got {list(self.seeds)}")
+
+
+@dataclass(frozen=True)
+class Params:
+    base: BaseParams
+    prepare: PrepareParams
+    train: TrainParams
+    ablation: AblationParams
+    variants: dict[str, VariantParams]
+
+    def variant(self, name: str) -> VariantParams:
+        if name not in self.variants:
+            raise ParamsError(f"unknown variant {name!r}; params.yaml defines {sorted(self.variants)}")
+        return self.variants[name]
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ParamsError(f"{where} must be a list, got {value!r}")
+        item_hint = typing.get_args(hint)[0]
+        return tuple(_convert(v, item_hint, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"unsupported annotation {hint}")  # keep params types simple
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }[hint]
+    if not ok:
+        raise ParamsError(f"{where} must be of type {hint.__name__}, got {value!r}")
+    return float(value) if hint is float else value
+
+
+def _load_section(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{where} must be a mapping of keys, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ParamsError(f"unknown key {where}.{unknown[0]}; known keys: {sorted(fields)}")
+    values = {}
+    for name, f in fields.items():
+        key = f"{where}.{name}"
+        if name not in raw:
+            if f.default is dataclasses.MISSING:
+                raise ParamsError(f"missing key {key} in params.yaml")
+            continue
+        value = _convert(raw[name], hints[name], key)
+        lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+        if lo is not None and (value <= lo if f.metadata["lo_open"] else value < lo):
+            op = ">" if f.metadata["lo_open"] else ">="
+            raise ParamsError(f"{key} must be {op} {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise ParamsError(f"{key} must be <= {hi}, got {value}")
+        values[name] = value
+    section = cls(**values)
+    section.check(where)
+    return section
+
+
+def parse_params(raw: Any) -> Params:
+    """Validate a params mapping (as read from params.yaml) into :class:`Params`."""
+    if not isinstance(raw, dict):
+        raise ParamsError("params.yaml must be a mapping with sections base, prepare, train, ablation, variants")
+    sections = {"base": BaseParams, "prepare": PrepareParams, "train": TrainParams, "ablation": AblationParams}
+    unknown = sorted(set(raw) - set(sections) - {"variants"})
+    if unknown:
+        raise ParamsError(f"unknown section {unknown[0]!r} in params.yaml; known: {sorted([*sections, 'variants'])}")
+    for name in [*sections, "variants"]:
+        if name not in raw:
+            raise ParamsError(f"missing section {name!r} in params.yaml")
+    loaded = {name: _load_section(cls, raw[name], name) for name, cls in sections.items()}
+    if not isinstance(raw["variants"], dict) or not raw["variants"]:
+        raise ParamsError("variants must map each variant name to its model settings")
+    variants = {name: _load_section(VariantParams, v, f"variants.{name}") for name, v in raw["variants"].items()}
+    for name in loaded["ablation"].variants:
+        if name not in variants:
+            raise ParamsError(f"ablation.variants names {name!r}, which is not defined under variants")
+    return Params(variants=variants, **loaded)
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate params.yaml; a missing file or bad YAML is a :class:`ParamsError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path} not found; run from the repository root or pass --params")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path} is not valid YAML: {err}") from err
+    return parse_params(raw)

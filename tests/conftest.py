@@ -1,0 +1,59 @@
+"""Shared helpers: tiny synthetic MNIST IDX files written by the tests themselves."""
+
+import gzip
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+
+
+def idx_bytes(tensor: torch.Tensor) -> bytes:
+    header = struct.pack(">HBB", 0, 0x08, tensor.dim()) + struct.pack(f">{tensor.dim()}I", *tensor.shape)
+    return header + tensor.to(torch.uint8).numpy().tobytes()
+
+
+def synthetic_digits(n: int, size: int = 28, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """n images with a bright rectangle each (a stand-in digit) and labels cycling 0-9."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.zeros(n, size, size, dtype=torch.uint8)
+    for k in range(n):
+        y, x = torch.randint(4, size - 12, (2,), generator=g).tolist()
+        h, w = torch.randint(4, 9, (2,), generator=g).tolist()
+        images[k, y:y + h, x:x + w] = 255
+    return images, torch.arange(n, dtype=torch.uint8) % 10
+
+
+def write_mnist(directory: Path, n_train: int = 40, n_test: int = 20, gz: bool = False) -> dict[str, bytes]:
+    """Write the four IDX files (raw or .gz); returns their decoded bytes by name."""
+    directory.mkdir(parents=True, exist_ok=True)
+    train, train_labels = synthetic_digits(n_train, seed=1)
+    test, test_labels = synthetic_digits(n_test, seed=2)
+    files = {
+        "train-images-idx3-ubyte": idx_bytes(train),
+        "train-labels-idx1-ubyte": idx_bytes(train_labels),
+        "t10k-images-idx3-ubyte": idx_bytes(test),
+        "t10k-labels-idx1-ubyte": idx_bytes(test_labels),
+    }
+    for name, data in files.items():
+        if gz:
+            (directory / f"{name}.gz").write_bytes(gzip.compress(data))
+        else:
+            (directory / name).write_bytes(data)
+    return files
+
+
+@pytest.fixture
+def synthetic_mnist(tmp_path, monkeypatch):
+    """A mirror of synthetic IDX files, with pipeline.download.SHA256 pointed at their hashes."""
+    import hashlib
+
+    from pipeline import download
+
+    mirror = tmp_path / "mirror"
+    files = write_mnist(mirror, gz=True)
+    monkeypatch.setattr(download, "SHA256", {k: hashlib.sha256(v).hexdigest() for k, v in files.items()})
+    return mirror, files

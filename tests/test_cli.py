@@ -1,0 +1,63 @@
+import hashlib
+import shutil
+
+import pytest
+import torchvision
+from click.testing import CliRunner
+from torchvision.transforms import v2
+
+from conftest import REPO
+from pipeline.cli import main
+
+
+def test_torchvision_imports_and_runs_a_transform():
+    import torch
+
+    image = torch.zeros(1, 28, 28, dtype=torch.uint8)
+    image[0, 10:18, 12:16] = 255
+    out = v2.RandomAffine(degrees=20, translate=(0.1, 0.1))(image)
+    assert out.shape == image.shape and torchvision.__version__
+    assert torchvision.ops.nms(torch.tensor([[0.0, 0, 1, 1]]), torch.tensor([1.0]), 0.5).tolist() == [0]
+
+
+def test_help_lists_the_stages():
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    for command in ("download", "prepare"):
+        assert command in result.output
+
+
+def test_download_and_prepare_through_the_cli(synthetic_mnist, tmp_path, monkeypatch):
+    mirror, files = synthetic_mnist
+    monkeypatch.setenv("CAPSNET_MNIST_MIRROR", mirror.as_uri())
+    runner = CliRunner()
+    raw = tmp_path / "raw"
+    result = runner.invoke(main, ["download", str(raw)])
+    assert result.exit_code == 0, result.output
+    assert "t10k-labels-idx1-ubyte" in result.output
+    params = tmp_path / "params.yaml"
+    shutil.copy(REPO / "params.yaml", params)
+    montage = tmp_path / "fig" / "montage.png"
+    result = runner.invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--montage", str(montage),
+                                  "--params", str(params)])
+    assert result.exit_code == 0, result.output
+    assert montage.read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "prepared" / "affine_test.safetensors").is_file()
+
+
+def test_download_failure_is_a_clean_error(tmp_path, monkeypatch):
+    from pipeline import download
+
+    monkeypatch.setattr(download, "default_sources", lambda: [str(tmp_path / "missing")])
+    result = CliRunner().invoke(main, ["download", str(tmp_path / "raw")])
+    assert result.exit_code == 1 and "CAPSNET_MNIST_MIRROR" in result.output
+
+
+def test_bad_params_stop_prepare_before_work(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text().replace("max_shear: 0.2", "max_shear: 0.2\n  nonsense: 1"))
+    (tmp_path / "raw").mkdir()
+    result = CliRunner().invoke(main, ["prepare", str(tmp_path / "raw"), str(tmp_path / "out"),
+                                       "--montage", str(tmp_path / "m.png"), "--params", str(params)])
+    assert result.exit_code == 1 and "unknown key prepare.nonsense" in result.output
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,121 @@
+import math
+
+import pytest
+import torch
+
+from conftest import idx_bytes, synthetic_digits, write_mnist
+from pipeline.data import (
+    AffineRanges, IdxError, _linear_part, apply_affine, load_split, make_affine_set, prepare,
+    random_shift, read_idx, read_split, translation_bounds,
+)
+
+
+def test_read_idx_roundtrip(tmp_path):
+    images, labels = synthetic_digits(5)
+    (tmp_path / "a").write_bytes(idx_bytes(images))
+    (tmp_path / "b").write_bytes(idx_bytes(labels))
+    assert torch.equal(read_idx(tmp_path / "a", 3), images)
+    assert torch.equal(read_idx(tmp_path / "b", 1), labels)
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda b: b"\x00\x00\x09\x03" + b[4:], "bad magic number"),  # not unsigned bytes
+    (lambda b: b"\x00\x00\x08\x01" + b[4:], "bad magic number"),  # wrong dimensionality
+    (lambda b: b[:-7], "truncated"),
+    (lambda b: b + b"\x00", "longer than its header"),
+    (lambda b: b[:2], "too short"),
+    (lambda b: b[:9], "truncated header"),
+])
+def test_read_idx_rejects_bad_files(tmp_path, mutate, match):
+    images, _ = synthetic_digits(3)
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(mutate(idx_bytes(images)))
+    with pytest.raises(IdxError, match=match) as err:
+        read_idx(path, 3)
+    assert "train-images-idx3-ubyte" in str(err.value)
+
+
+def test_read_split_rejects_count_mismatch(tmp_path):
+    write_mnist(tmp_path)
+    _, labels = synthetic_digits(7)
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(labels))
+    with pytest.raises(IdxError, match="20 images but 7 labels"):
+        read_split(tmp_path, "test")
+
+
+RANGES = AffineRanges()
+
+
+def test_affine_set_is_deterministic_in_its_seed():
+    images, _ = synthetic_digits(30)
+    a, pa = make_affine_set(images, 7, RANGES)
+    b, pb = make_affine_set(images, 7, RANGES)
+    c, _ = make_affine_set(images, 8, RANGES)
+    assert a.numpy().tobytes() == b.numpy().tobytes() and torch.equal(pa, pb)
+    assert a.numpy().tobytes() != c.numpy().tobytes()
+
+
+def test_affine_parameters_within_ranges_and_digit_stays_inside():
+    images, _ = synthetic_digits(200)
+    _, params = make_affine_set(images, 3, RANGES)
+    assert params[:, 0].abs().max() <= 20 and params[:, 1].abs().max() <= 0.2
+    assert params[:, 2:4].min() >= 0.8 and params[:, 2:4].max() <= 1.2
+    lo, hi = translation_bounds(images, _linear_part(params))
+    assert (lo <= hi).all()  # small stand-in digits always fit
+    assert ((params[:, 4:6] >= lo - 1e-5) & (params[:, 4:6] <= hi + 1e-5)).all()
+    assert params[:, 0].std() > 5  # spread over the range, not constant
+
+
+def test_apply_affine_identity_and_pure_translation():
+    images, _ = synthetic_digits(4)
+    identity = torch.tensor([[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]]).repeat(4, 1)
+    assert torch.equal(apply_affine(images, identity), images)
+    shift = identity.clone()
+    shift[:, 4] = 2.0  # two pixels right
+    expected = torch.zeros_like(images)
+    expected[:, :, 2:] = images[:, :, :-2]
+    assert torch.equal(apply_affine(images, shift), expected)
+
+
+def test_apply_affine_rotation_direction():
+    image = torch.zeros(1, 28, 28, dtype=torch.uint8)
+    image[0, 14, 20] = 255  # a dot right of the centre (x = 20.5 - 14 = +6.5)
+    params = torch.tensor([[90.0, 0.0, 1.0, 1.0, 0.0, 0.0]])
+    out = apply_affine(image, params)
+    y, x = divmod(int(out.flatten().argmax()), 28)
+    # x' = R(90°)(x, y): (+6.5, +0.5) -> (-0.5, +6.5): pixel row 20, column 13
+    assert (y, x) == (20, 13)
+
+
+def test_prepare_writes_subsets_and_affine_set(tmp_path):
+    raw = tmp_path / "raw"
+    write_mnist(raw, n_train=40, n_test=20)
+    prepare(raw, tmp_path / "out", train_subset=16, test_subset=8, affine_seed=1, ranges=RANGES)
+    train = load_split(tmp_path / "out" / "train.safetensors")
+    affine = load_split(tmp_path / "out" / "affine_test.safetensors")
+    assert train["images"].shape == (16, 28, 28) and train["images"].dtype == torch.uint8
+    assert affine["images"].shape == (8, 28, 28) and affine["affine_params"].shape == (8, 6)
+    assert torch.equal(affine["labels"], load_split(tmp_path / "out" / "test.safetensors")["labels"])
+
+
+def test_random_shift_moves_at_most_max_shift_and_keeps_range():
+    images = torch.zeros(64, 28, 28, dtype=torch.uint8)
+    images[:, 14, 14] = 200
+    out = random_shift(images, 2, torch.Generator().manual_seed(0))
+    assert out.dtype == torch.uint8 and out.shape == images.shape
+    assert out.max() == 200 and out.min() == 0
+    assert torch.equal(out.flatten(1).sum(1), images.flatten(1).sum(1))  # nothing lost in the middle
+    ys, xs = [], []
+    for img in out:
+        y, x = divmod(int(img.flatten().argmax()), 28)
+        ys.append(y - 14)
+        xs.append(x - 14)
+    assert max(map(abs, ys + xs)) <= 2 and len(set(zip(ys, xs))) > 10
+    assert torch.equal(random_shift(images, 0, torch.Generator()), images)
+
+
+def test_random_shift_zero_pads_at_the_border():
+    images = torch.full((32, 4, 4), 9, dtype=torch.uint8)
+    out = random_shift(images, 1, torch.Generator().manual_seed(1))
+    sums = out.flatten(1).sum(1).tolist()
+    assert set(sums) <= {9 * 16, 9 * 12, 9 * 9} and len(set(sums)) > 1

@@ -1,0 +1,94 @@
+import gzip
+import hashlib
+
+import pytest
+
+from pipeline import download
+from pipeline.download import DownloadError, download_mnist
+
+
+def test_mirror_directory_gz(synthetic_mnist, tmp_path):
+    mirror, files = synthetic_mnist
+    dest = tmp_path / "raw"
+    hashes = download_mnist(dest, sources=[str(mirror)])
+    for name, data in files.items():
+        assert (dest / name).read_bytes() == data
+        assert hashes[name] == hashlib.sha256(data).hexdigest()
+    assert sorted(p.name for p in dest.iterdir()) == sorted(files)  # no temporary leftovers
+
+
+def test_mirror_file_url_raw(synthetic_mnist, tmp_path):
+    mirror, files = synthetic_mnist
+    raw_mirror = tmp_path / "raw_mirror"
+    raw_mirror.mkdir()
+    for name, data in files.items():
+        (raw_mirror / name).write_bytes(data)
+    dest = tmp_path / "raw"
+    download_mnist(dest, sources=[raw_mirror.as_uri()])
+    assert all((dest / name).read_bytes() == data for name, data in files.items())
+
+
+def test_falls_through_to_next_source(synthetic_mnist, tmp_path):
+    mirror, files = synthetic_mnist
+    dest = tmp_path / "raw"
+    download_mnist(dest, sources=[str(tmp_path / "empty"), (tmp_path / "nowhere").as_uri(), str(mirror)])
+    assert sorted(p.name for p in dest.iterdir()) == sorted(files)
+
+
+def test_checksum_mismatch_names_file_and_hashes_and_leaves_nothing(synthetic_mnist, tmp_path):
+    mirror, files = synthetic_mnist
+    bad = bytearray(files["t10k-labels-idx1-ubyte"])
+    bad[-1] ^= 0xFF
+    (mirror / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(bytes(bad)))
+    dest = tmp_path / "raw"
+    with pytest.raises(DownloadError) as err:
+        download_mnist(dest, sources=[str(mirror)])
+    message = str(err.value)
+    assert "t10k-labels-idx1-ubyte" in message and "SHA-256 mismatch" in message
+    assert download.SHA256["t10k-labels-idx1-ubyte"] in message
+    assert hashlib.sha256(bytes(bad)).hexdigest() in message
+    assert not any(p.name.startswith("t10k-labels") or p.name.startswith(".t10k-labels") for p in dest.iterdir())
+
+
+def test_truncated_gzip_is_an_error_leaving_nothing(synthetic_mnist, tmp_path):
+    mirror, _ = synthetic_mnist
+    path = mirror / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:40])
+    dest = tmp_path / "raw"
+    with pytest.raises(DownloadError, match="train-images-idx3-ubyte.*truncated"):
+        download_mnist(dest, sources=[str(mirror)])
+    assert not any("train-images" in p.name for p in dest.iterdir())
+
+
+def test_no_source_names_the_mirror_variable(tmp_path, monkeypatch):
+    with pytest.raises(DownloadError, match="no source answered.*CAPSNET_MNIST_MIRROR"):
+        download_mnist(tmp_path / "raw", sources=[str(tmp_path / "missing")])
+
+
+def test_default_sources_put_the_mirror_first(monkeypatch):
+    monkeypatch.setenv("CAPSNET_MNIST_MIRROR", "/some/mirror")
+    sources = download.default_sources()
+    assert sources[0] == "/some/mirror" and len(sources) > 1
+    monkeypatch.delenv("CAPSNET_MNIST_MIRROR")
+    assert "/some/mirror" not in download.default_sources()
+
+
+def test_existing_verified_files_are_kept(synthetic_mnist, tmp_path):
+    mirror, files = synthetic_mnist
+    dest = tmp_path / "raw"
+    download_mnist(dest, sources=[str(mirror)])
+    download_mnist(dest, sources=[])  # nothing to fetch: all present and verified
+
+
+@pytest.mark.integration
+def test_real_mnist_mirror_hashes(tmp_path):
+    from conftest import SHARED_MNIST
+
+    if not SHARED_MNIST.is_dir():
+        pytest.skip("../shared/data/mnist not present")
+    hashes = download_mnist(tmp_path / "raw", sources=[str(SHARED_MNIST)])
+    assert hashes == download.SHA256
+    from pipeline.data import read_split
+
+    images, labels = read_split(tmp_path / "raw", "test")
+    assert images.shape == (10_000, 28, 28) and labels.shape == (10_000,)

@@ -1,0 +1,60 @@
+import copy
+
+import pytest
+import yaml
+
+from conftest import REPO
+from pipeline.params import ParamsError, load_params, parse_params
+
+RAW = yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def with_change(path: str, value):
+    raw = copy.deepcopy(RAW)
+    *parents, last = path.split(".")
+    node = raw
+    for key in parents:
+        node = node[key]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return raw
+
+
+def test_committed_params_are_the_paper_protocol():
+    p = load_params(REPO / "params.yaml")
+    assert p.base.profile == "paper"
+    assert (p.train.batch_size, p.train.lr, p.train.lr_decay_rate, p.train.lr_decay_steps) == (128, 1e-3, 0.96, 2000)
+    assert p.train.max_shift == 2 and p.ablation.seeds == (0, 1, 2)
+    assert p.variant("capsnet_r3_recon").routing_iterations == 3
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("variants.capsnet_r1.routing_iterations", 0, "variants.capsnet_r1.routing_iterations must be >= 1, got 0"),
+    ("train.batch_size", 0, "train.batch_size must be >= 1, got 0"),
+    ("train.lr", 0.0, "train.lr must be > 0"),
+    ("train.epochs", "ten", "train.epochs must be of type int"),
+    ("train.amp", 1, "train.amp must be of type bool"),
+    ("train.bogus", 3, "unknown key train.bogus"),
+    ("train.epochs", KeyError, "missing key train.epochs"),
+    ("prepare.min_scale", 1.5, "prepare.min_scale (1.5) must be <= prepare.max_scale"),
+    ("base.profile", "fast", "base.profile must be one of"),
+    ("ablation.seeds", [0, 0], "ablation.seeds must be distinct"),
+    ("ablation.variants", ["capsnet_r9"], "ablation.variants names 'capsnet_r9'"),
+    ("variants.baseline_cnn.reconstruction", True, "baseline_cnn has no routing or reconstruction"),
+    ("train.device", "tpu", "train.device must be"),
+])
+def test_bad_params_fail_naming_the_key(path, value, message):
+    with pytest.raises(ParamsError) as err:
+        parse_params(with_change(path, value))
+    assert message in str(err.value)
+
+
+def test_unknown_section_and_missing_file(tmp_path):
+    raw = copy.deepcopy(RAW)
+    raw["extra"] = {}
+    with pytest.raises(ParamsError, match="unknown section 'extra'"):
+        parse_params(raw)
+    with pytest.raises(ParamsError, match="not found"):
+        load_params(tmp_path / "params.yaml")
