@@ -67,5 +67,152 @@ def prepare(raw_dir: str, out_dir: str, montage: str, params_path: str) -> None:
     click.echo(f"prepared {out_dir}: {n} test digits, {n} affine-shifted; montage {montage}")
 
 
+def _write_json(path: Path, obj: dict) -> None:
+    import json
+
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+@main.command()
+@click.argument("variant")
+@click.argument("seed", type=int)
+@click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@PARAMS_OPTION
+def train(variant: str, seed: int, data_dir: str, out_dir: str, params_path: str) -> None:
+    """Train VARIANT with SEED on DATA_DIR's prepared MNIST; write weights and config to OUT_DIR.
+
+    Resumes from OUT_DIR/checkpoint.pt when it belongs to the same configuration; a finished
+    run is not retrained. Logs to MLflow (run <variant>-seed<k>).
+    """
+    import csv
+    import time
+
+    from safetensors.torch import save_file
+
+    from pipeline import figures, tracking
+    from pipeline.data import load_split
+    from pipeline.train import NonFiniteLossError, RunConfig, build_model, load_checkpoint, n_params, resolve_device
+    from pipeline.train import train as train_run
+
+    p = _params(params_path)
+    try:
+        v = p.variant(variant)
+    except ParamsError as err:
+        raise click.ClickException(str(err)) from err
+    cfg = RunConfig(variant=variant, model=v.model, routing_iterations=v.routing_iterations,
+                    reconstruction=v.reconstruction, image_size=v.image_size, num_classes=10, seed=seed,
+                    profile=p.base.profile, **{f: getattr(p.train, f) for f in (
+                        "epochs", "batch_size", "lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "max_shift",
+                        "amp", "compile", "deterministic", "log_every", "eval_batch_size", "device")})
+    train_split, test_split = load_split(Path(data_dir) / "train.safetensors"), load_split(Path(data_dir) / "test.safetensors")
+    data = {"train_images": train_split["images"], "train_labels": train_split["labels"],
+            "test_images": test_split["images"], "test_labels": test_split["labels"]}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = out / "checkpoint.pt"
+    state = load_checkpoint(checkpoint, cfg)
+    device = resolve_device(cfg.device)
+    env = tracking.environment()
+    steps = cfg.epochs * (data["train_images"].shape[0] // cfg.batch_size)
+    run_params = {"variant": variant, "model": cfg.model, "routing_iterations": cfg.routing_iterations,
+                  "reconstruction": cfg.reconstruction, "seed": seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
+                  "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps, "epochs": cfg.epochs,
+                  "steps": steps, "amp": cfg.amp, "compile": cfg.compile, "n_params": n_params(build_model(cfg)),
+                  "device": str(device), "torch_version": env["torch_version"], "profile": cfg.profile}
+    tracker = tracking.Tracker()
+    run_id = tracker.start(f"{variant}-seed{seed}", run_params,
+                           run_id=state["extra"].get("run_id") if state else None)
+    t0 = time.perf_counter()
+    try:
+        result = train_run(cfg, data, checkpoint, tracker.epoch_logger(run_id), extra={"run_id": run_id})
+    except NonFiniteLossError as err:
+        tracker.end(run_id, failed=True)
+        raise click.ClickException(str(err)) from err
+    except BaseException:
+        tracker.end(run_id, failed=True)
+        raise
+    tmp = out / "model.safetensors.tmp"
+    save_file({k: t.contiguous() for k, t in result.model.state_dict().items()}, str(tmp))
+    tmp.replace(out / "model.safetensors")
+    with (out / "history.csv.tmp").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(result.history[0]))
+        writer.writeheader()
+        writer.writerows(result.history)
+    (out / "history.csv.tmp").replace(out / "history.csv")
+    figures.learning_curves(result.history, f"{variant} seed {seed}", out / "learning_curve.png")
+    _write_json(out / "config.json", {"config": cfg.__dict__, "run_id": run_id, "params": run_params,
+                                      "environment": env, "train_seconds": time.perf_counter() - t0,
+                                      "resumed_from_epoch": result.resumed_from_epoch})
+    for artifact in ("model.safetensors", "learning_curve.png", "history.csv", "config.json"):
+        tracker.log_artifact(run_id, out / artifact)
+    tracker.end(run_id)
+    click.echo(f"{variant} seed {seed}: final test error {result.history[-1]['test_error_pct']:.2f}% -> {out}")
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
+    """Evaluate MODEL_DIR on the MNIST and affine-shifted test sets of DATA_DIR; write OUT_DIR.
+
+    OUT_DIR gets metrics.json (for DVC), per_class.json, predictions.safetensors (per image:
+    label, prediction, scores), confusion.png and, for reconstruction variants, reconstructions.png
+    and fig4.png. Everything is also logged to the training run in MLflow.
+    """
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from pipeline import figures, tracking
+    from pipeline.data import load_split
+    from pipeline.evaluate import FIG4_STEPS, evaluate_split, fig4_grid, reconstructions
+    from pipeline.train import RunConfig, build_model, resolve_device
+
+    model_dir, out = Path(model_dir), Path(out_dir)
+    saved = json.loads((model_dir / "config.json").read_text())
+    cfg = RunConfig(**saved["config"])
+    model = build_model(cfg)
+    model.load_state_dict(load_file(str(model_dir / "model.safetensors")))
+    model.to(resolve_device(cfg.device)).eval()
+    out.mkdir(parents=True, exist_ok=True)
+    metrics, per_class, arrays = {}, {}, {}
+    for name, split in (("test", "test"), ("affine_test", "affine_test")):
+        data = load_split(Path(data_dir) / f"{split}.safetensors")
+        m, a = evaluate_split(model, data["images"], data["labels"], cfg.eval_batch_size, cfg.num_classes)
+        metrics[f"{name}_error_pct"] = m["error_pct"]
+        metrics[f"n_{name}"] = m["n"]
+        per_class[name] = m["per_class_accuracy"]
+        arrays.update({f"{name}_{k}": t for k, t in a.items()})
+        figures.confusion(m["confusion_matrix"], f"{cfg.variant} seed {cfg.seed}: {name}", out / f"confusion_{name}.png")
+        if name == "test":
+            test_images = data["images"]
+    metrics["n_params"] = saved["params"]["n_params"]
+    save_file(arrays, str(out / "predictions.safetensors"))
+    _write_json(out / "per_class.json", per_class)
+    pngs = ["confusion_test.png", "confusion_affine_test.png"]
+    if cfg.reconstruction:
+        k = min(10, test_images.shape[0])
+        figures.image_grid([test_images[:k], reconstructions(model, test_images[:k])], ["input", "reconstruction"],
+                           f"{cfg.variant} seed {cfg.seed}: reconstructions (predicted capsule)", out / "reconstructions.png")
+        grid = fig4_grid(model, test_images[0])
+        figures.image_grid(list(grid), [f"dim {d}" for d in range(grid.shape[0])],
+                           f"{cfg.variant} seed {cfg.seed}: Fig. 4 perturbations", out / "fig4.png",
+                           col_labels=[f"{s:+.2f}" for s in FIG4_STEPS.tolist()])
+        pngs += ["reconstructions.png", "fig4.png"]
+    _write_json(out / "metrics.json", metrics)
+    tracker = tracking.Tracker()
+    run_id = saved["run_id"]
+    tracker.log_metrics(run_id, {"test_error_pct": metrics["test_error_pct"],
+                                 "affine_test_error_pct": metrics["affine_test_error_pct"]}, step=cfg.epochs)
+    for artifact in ["metrics.json", "per_class.json", *pngs]:
+        tracker.log_artifact(run_id, out / artifact, "evaluation")
+    click.echo(f"{cfg.variant} seed {cfg.seed}: test error {metrics['test_error_pct']:.2f}%, "
+               f"affine-shifted {metrics['affine_test_error_pct']:.2f}% -> {out}")
+
+
 if __name__ == "__main__":
     sys.exit(main())

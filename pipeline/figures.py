@@ -38,3 +38,49 @@ def affine_montage(originals: torch.Tensor, transformed: torch.Tensor, params: t
     axes[1, 0].set_ylabel("affine", fontsize=8)
     fig.suptitle("Affine-shifted test set (rotation, shear, scale x/y, translation)", fontsize=9)
     save_figure(fig, path)
+
+
+def learning_curves(history: list[dict], title: str, path: str | Path) -> None:
+    """Test error and training loss per epoch."""
+    epochs = [h["epoch"] for h in history]
+    fig, (ax_err, ax_loss) = plt.subplots(1, 2, figsize=(9, 3.2))
+    ax_err.plot(epochs, [h["test_error_pct"] for h in history], marker=".")
+    ax_err.set(xlabel="epoch", ylabel="test error (%)", title="test error")
+    ax_loss.plot(epochs, [h["train_loss"] for h in history], marker=".")
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="training loss", yscale="log")
+    fig.suptitle(title, fontsize=10)
+    save_figure(fig, path)
+
+
+def confusion(cm: list[list[int]], title: str, path: str | Path) -> None:
+    fig, ax = plt.subplots(figsize=(4.6, 4))
+    image = ax.imshow(cm, cmap="Blues")
+    k = len(cm)
+    ax.set(xticks=range(k), yticks=range(k), xlabel="predicted", ylabel="true", title=title)
+    for i in range(k):
+        for j in range(k):
+            if cm[i][j]:
+                ax.text(j, i, cm[i][j], ha="center", va="center", fontsize=6,
+                        color="white" if cm[i][j] > max(map(max, cm)) / 2 else "black")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    save_figure(fig, path)
+
+
+def image_grid(rows: list[torch.Tensor], row_labels: list[str], title: str, path: str | Path,
+               col_labels: list[str] | None = None) -> None:
+    """Rows of equally many (H, W) images in [0, 1] or uint8."""
+    n_rows, n_cols = len(rows), rows[0].shape[0]
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(0.8 * n_cols, 0.85 * n_rows), squeeze=False)
+    for r, row in enumerate(rows):
+        row = row.float() / 255 if row.dtype == torch.uint8 else row
+        for c in range(n_cols):
+            ax = axes[r, c]
+            ax.imshow(row[c].numpy(), cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(row_labels[r], fontsize=6)
+            if col_labels and r == n_rows - 1:
+                ax.set_xlabel(col_labels[c], fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)

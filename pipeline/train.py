@@ -1,0 +1,261 @@
+"""Training and prediction: the paper's recipe on data that lives on the device.
+
+`train(config, data, checkpoint_path, logger)` is the pure core the `capsnet train` stage wraps.
+The whole training set sits on the device as uint8; shuffling, the ±2 px shifts and batching
+happen there; the loss is read back only every `log_every` steps (no per-step host sync).
+An atomic checkpoint after every epoch makes a killed run resumable; in deterministic CPU mode
+the resumed run ends with exactly the weights of an uninterrupted one.
+
+DEVIATIONS (printed by the report):
+- Each epoch is floor(N / batch) steps (the last partial batch is dropped, a different one each
+  epoch); 640 epochs are 299,520 steps rather than the official 300,000.
+- Adam epsilon 1e-7 (TensorFlow's default, which the official code used), not PyTorch's 1e-8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from pipeline.baseline import BaselineCNN
+from pipeline.capsnet import CapsNet, margin_loss, reconstruction_loss
+from pipeline.data import random_shift
+
+ADAM_EPS = 1e-7
+DEVIATIONS = [
+    "Epochs are floor(N/batch) steps (last partial batch dropped, a different one each epoch): "
+    "640 epochs = 299,520 steps, not the official 300,000.",
+    "Adam epsilon 1e-7 (TensorFlow's default, as in the official code).",
+]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the message names the first such step."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines one training run; stored with its checkpoint and weights."""
+
+    variant: str
+    model: str
+    routing_iterations: int
+    reconstruction: bool
+    image_size: int
+    num_classes: int
+    seed: int
+    profile: str
+    epochs: int
+    batch_size: int
+    lr: float
+    lr_decay_rate: float
+    lr_decay_steps: int
+    lr_min: float
+    max_shift: int
+    amp: bool
+    compile: bool
+    deterministic: bool
+    log_every: int
+    eval_batch_size: int
+    device: str
+
+    def digest(self) -> str:
+        """Hash of the fields that change the mathematics (a checkpoint resumes only on a match)."""
+        fields = dataclasses.asdict(self)
+        for cosmetic in ("log_every", "eval_batch_size", "profile"):
+            fields.pop(cosmetic)
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class EpochLogger(Protocol):
+    def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None: ...
+
+
+@dataclass
+class TrainResult:
+    model: torch.nn.Module
+    history: list[dict[str, float]]
+    steps: int
+    resumed_from_epoch: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"train.device is {name!r} but CUDA is not available; use auto or cpu")
+    return device
+
+
+def build_model(cfg: RunConfig) -> torch.nn.Module:
+    if cfg.model == "capsnet":
+        return CapsNet(cfg.routing_iterations, cfg.reconstruction, cfg.image_size, cfg.num_classes)
+    return BaselineCNN(cfg.image_size, cfg.num_classes)
+
+
+def to_float(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, H, W) -> float (B, 1, H, W) in [0, 1]."""
+    return images.unsqueeze(1).float().div_(255)
+
+
+def compute_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(total, margin or cross-entropy, reconstruction) for one batch, all on the device."""
+    if isinstance(model, BaselineCNN) or isinstance(getattr(model, "_orig_mod", None), BaselineCNN):
+        loss = F.cross_entropy(model(x).float(), y)
+        return loss, loss, torch.zeros((), device=x.device)
+    out = model(x, y)
+    margin = margin_loss(out.lengths.float(), y)
+    recon = (reconstruction_loss(out.reconstructions.float(), x) if out.reconstructions is not None
+             else torch.zeros((), device=x.device))
+    return margin + recon, margin, recon
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, images: torch.Tensor, batch_size: int, amp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class scores and predictions for uint8 images (N, H, W) on the model's device.
+
+    Returns scores (N, K) float32 (capsule lengths, or logits for the CNN) and predictions (N,).
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    scores = []
+    for start in range(0, images.shape[0], batch_size):
+        x = to_float(images[start:start + batch_size].to(device))  # (b, 1, H, W)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            out = model(x)
+        scores.append((out if torch.is_tensor(out) else out.lengths).float())  # (b, K)
+    model.train()
+    scores = torch.cat(scores)  # (N, K)
+    return scores, scores.argmax(dim=1)
+
+
+def _lr_lambda(cfg: RunConfig):
+    floor = cfg.lr_min / cfg.lr
+    return lambda step: max(cfg.lr_decay_rate ** (step / cfg.lr_decay_steps), floor)
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path, cfg: RunConfig) -> dict | None:
+    """The checkpoint at ``path`` if it belongs to ``cfg`` (same digest); else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state.get("digest") != cfg.digest():
+        warnings.warn(f"{path} belongs to another configuration; starting afresh", stacklevel=2)
+        return None
+    return state
+
+
+def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | Path,
+          logger: EpochLogger | None = None, extra: dict | None = None) -> TrainResult:
+    """Train one (variant, seed); resume from ``checkpoint_path`` when it matches ``cfg``.
+
+    ``data``: train_images (N, H, W) uint8, train_labels (N,), test_images, test_labels.
+    ``extra`` is stored in every checkpoint (the tracking run id, say).
+    """
+    checkpoint_path = Path(checkpoint_path)
+    device = resolve_device(cfg.device)
+    amp = cfg.amp and device.type == "cuda"
+    if cfg.amp and not amp:
+        warnings.warn("train.amp is on but the device is not CUDA: training in fp32", stacklevel=2)
+    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=ADAM_EPS, fused=device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+
+    images = data["train_images"].to(device)  # (N, H, W) uint8
+    labels = data["train_labels"].to(device).long()  # (N,)
+    n = images.shape[0]
+    steps_per_epoch = n // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images")
+
+    start_epoch, history = 0, []
+    state = load_checkpoint(checkpoint_path, cfg)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        generator.set_state(state["generator"])
+        torch.set_rng_state(state["cpu_rng"])
+        if device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
+        start_epoch, history = state["epoch"] + 1, state["history"]
+
+    step_model = torch.compile(model) if cfg.compile else model
+    model.train()
+    for epoch in range(start_epoch, cfg.epochs):
+        t0 = time.perf_counter()
+        sums = torch.zeros(3, device=device)  # total, margin, reconstruction
+        first_bad = torch.full((), -1, device=device, dtype=torch.long)
+        step_dev = torch.full((), epoch * steps_per_epoch, device=device, dtype=torch.long)
+        perm = torch.randperm(n, generator=generator, device=device)  # (N,)
+        bar = tqdm(range(steps_per_epoch), desc=f"{cfg.variant} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}",
+                   leave=False, mininterval=1.0, disable=None)
+        for step in bar:
+            idx = perm[step * cfg.batch_size:(step + 1) * cfg.batch_size]  # (B,)
+            x = to_float(random_shift(images[idx], cfg.max_shift, generator))  # (B, 1, H, W)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                loss, margin, recon = compute_loss(step_model, x, labels[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            parts = torch.stack([loss, margin, recon]).detach()
+            first_bad = torch.where(~torch.isfinite(loss.detach()) & (first_bad < 0), step_dev, first_bad)
+            sums += parts
+            step_dev += 1
+            if (step + 1) % cfg.log_every == 0 or step + 1 == steps_per_epoch:
+                if int(first_bad) >= 0:  # one host read every log_every steps
+                    raise NonFiniteLossError(
+                        f"{cfg.variant} seed {cfg.seed}: non-finite loss at step {int(first_bad)} "
+                        f"(epoch {epoch + 1}); the last good checkpoint is {checkpoint_path}")
+                bar.set_postfix(loss=f"{float(sums[0]) / (step + 1):.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}",
+                                img_s=f"{(step + 1) * cfg.batch_size / (time.perf_counter() - t0):.0f}")
+        bar.close()
+        totals = (sums / steps_per_epoch).tolist()
+        seconds = time.perf_counter() - t0
+        _, preds = predict(model, data["test_images"], cfg.eval_batch_size, amp)
+        test_error = 100.0 * (preds.cpu() != data["test_labels"].long()).float().mean().item()
+        metrics = {
+            "epoch": epoch + 1,
+            "train_loss": totals[0], "margin_loss": totals[1], "reconstruction_loss": totals[2],
+            "lr": scheduler.get_last_lr()[0], "test_error_pct": test_error,
+            "epoch_seconds": seconds, "train_images_per_second": steps_per_epoch * cfg.batch_size / seconds,
+        }
+        history.append(metrics)
+        _save_checkpoint(checkpoint_path, {
+            "digest": cfg.digest(), "epoch": epoch, "history": history, "extra": extra or {},
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "generator": generator.get_state(), "cpu_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        })
+        if logger is not None:
+            logger.log_epoch(epoch + 1, metrics)
+        print(f"{cfg.variant} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}: loss {totals[0]:.4f}, "
+              f"test error {test_error:.2f}%, {metrics['train_images_per_second']:.0f} img/s", flush=True)
+    return TrainResult(model, history, cfg.epochs * steps_per_epoch, start_epoch)
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

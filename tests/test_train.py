@@ -1,0 +1,165 @@
+"""Training loop, resume, NaN guard, MLflow tracking and the train/evaluate CLI on tiny data."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from conftest import REPO, synthetic_digits, write_mnist
+from pipeline import tracking
+from pipeline import train as train_module
+from pipeline.train import NonFiniteLossError, RunConfig, train
+
+
+def tiny_config(**changes) -> RunConfig:
+    cfg = RunConfig(variant="capsnet_r1", model="capsnet", routing_iterations=1, reconstruction=False,
+                    image_size=28, num_classes=10, seed=0, profile="smoke", epochs=3, batch_size=16,
+                    lr=1e-3, lr_decay_rate=0.96, lr_decay_steps=2000, lr_min=1e-6, max_shift=2, amp=False,
+                    compile=False, deterministic=True, log_every=2, eval_batch_size=64, device="cpu")
+    return dataclasses.replace(cfg, **changes)
+
+
+def tiny_data(n_train=48, n_test=16):
+    train_images, train_labels = synthetic_digits(n_train, seed=1)
+    test_images, test_labels = synthetic_digits(n_test, seed=2)
+    return {"train_images": train_images, "train_labels": train_labels,
+            "test_images": test_images, "test_labels": test_labels}
+
+
+class Recorder:
+    def __init__(self, stop_after=None):
+        self.epochs, self.stop_after = [], stop_after
+
+    def log_epoch(self, epoch, metrics):
+        self.epochs.append((epoch, metrics))
+        if epoch == self.stop_after:
+            raise KeyboardInterrupt("simulated kill")
+
+
+def test_training_lowers_the_loss(tmp_path):
+    result = train(tiny_config(epochs=4), tiny_data(), tmp_path / "ckpt.pt")
+    losses = [h["train_loss"] for h in result.history]
+    assert losses[-1] < losses[0]
+    assert len(result.history) == 4 and result.steps == 4 * 3
+    assert set(result.history[0]) >= {"train_loss", "margin_loss", "reconstruction_loss", "lr", "test_error_pct",
+                                      "epoch_seconds", "train_images_per_second"}
+
+
+def test_kill_and_resume_equals_uninterrupted(tmp_path):
+    cfg, data = tiny_config(), tiny_data()
+    straight = train(cfg, data, tmp_path / "a.pt")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, data, tmp_path / "b.pt", logger=Recorder(stop_after=1))
+    recorder = Recorder()
+    resumed = train(cfg, data, tmp_path / "b.pt", logger=recorder)
+    assert resumed.resumed_from_epoch == 1 and [e for e, _ in recorder.epochs] == [2, 3]
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    assert [h["test_error_pct"] for h in straight.history] == [h["test_error_pct"] for h in resumed.history]
+    assert [h["train_loss"] for h in straight.history] == [h["train_loss"] for h in resumed.history]
+    # a finished run is not retrained
+    again = Recorder()
+    train(cfg, data, tmp_path / "b.pt", logger=again)
+    assert again.epochs == []
+
+
+def test_checkpoint_of_another_config_is_not_resumed(tmp_path):
+    train(tiny_config(epochs=1), tiny_data(), tmp_path / "c.pt")
+    with pytest.warns(UserWarning, match="another configuration"):
+        result = train(tiny_config(epochs=1, lr=5e-4), tiny_data(), tmp_path / "c.pt")
+    assert result.resumed_from_epoch == 0
+
+
+def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    real = train_module.compute_loss
+    calls = {"n": 0}
+
+    def poisoned(model, x, y):
+        calls["n"] += 1
+        loss, margin, recon = real(model, x, y)
+        return (loss * float("nan"), margin, recon) if calls["n"] == 5 else (loss, margin, recon)
+
+    monkeypatch.setattr(train_module, "compute_loss", poisoned)
+    checkpoint = tmp_path / "d.pt"
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 4 "):
+        train(tiny_config(), tiny_data(), checkpoint)
+    assert torch.load(checkpoint, weights_only=False)["epoch"] == 0  # epoch 1 is kept
+
+
+def test_tracking_uri_resolution(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("DVC_ROOT", "/somewhere/repo")
+    assert tracking.tracking_uri() == "sqlite:////somewhere/repo/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://localhost:5000")
+    assert tracking.tracking_uri() == "http://localhost:5000"
+
+
+@pytest.fixture(scope="module")
+def pipeline_dir(tmp_path_factory):
+    """Prepared synthetic data and a params.yaml for a one-epoch CPU run."""
+    from pipeline.data import AffineRanges, prepare
+
+    root = tmp_path_factory.mktemp("pipe")
+    write_mnist(root / "raw", n_train=32, n_test=12)
+    prepare(root / "raw", root / "prepared", train_subset=0, test_subset=0, affine_seed=0, ranges=AffineRanges())
+    text = (REPO / "params.yaml").read_text()
+    for old, new in [("epochs: 640", "epochs: 1"), ("batch_size: 128", "batch_size: 16"),
+                     ("device: auto", "device: cpu"), ("profile: paper", "profile: smoke")]:
+        text = text.replace(old, new)
+    (root / "params.yaml").write_text(text)
+    return root
+
+
+def run_cli(args, root, monkeypatch):
+    from pipeline.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+    monkeypatch.setenv("DVC_ROOT", str(root))
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatch):
+    root = pipeline_dir
+    for variant in ("baseline_cnn", "capsnet_r1_recon"):
+        model_dir, out_dir = root / "models" / variant, root / "results" / variant
+        result = run_cli(["train", variant, "0", str(root / "prepared"), str(model_dir),
+                          "--params", str(root / "params.yaml")], root, monkeypatch)
+        assert result.exit_code == 0, result.output
+        result = run_cli(["evaluate", str(model_dir), str(root / "prepared"), str(out_dir)], root, monkeypatch)
+        assert result.exit_code == 0, result.output
+        metrics = json.loads((out_dir / "metrics.json").read_text())
+        assert 0 <= metrics["test_error_pct"] <= 100 and 0 <= metrics["affine_test_error_pct"] <= 100
+    assert (root / "results" / "capsnet_r1_recon" / "fig4.png").is_file()
+    client = tracking.MlflowClient(f"sqlite:///{root}/mlflow.db")
+    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["baseline_cnn-seed0", "capsnet_r1_recon-seed0"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert all(sorted(r.data.params) == sorted(tracking.PARAM_KEYS) for r in runs)
+    assert {r.data.params["n_params"] for r in runs} == {"35445522", "8215568"}
+    assert all({"test_error_pct", "affine_test_error_pct", "train_loss", "lr"} <= set(r.data.metrics) for r in runs)
+
+
+def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
+    root = pipeline_dir
+    real = train_module.compute_loss
+    monkeypatch.setattr(train_module, "compute_loss",
+                        lambda m, x, y: tuple(t * float("nan") for t in real(m, x, y)))
+    result = run_cli(["train", "capsnet_r1", "0", str(root / "prepared"), str(root / "models" / "nan"),
+                      "--params", str(root / "params.yaml")], root, monkeypatch)
+    assert result.exit_code == 1 and "non-finite loss at step" in result.output
+    client = tracking.MlflowClient(f"sqlite:///{root}/mlflow.db")
+    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    [run] = client.search_runs([experiment.experiment_id], "attributes.run_name = 'capsnet_r1-seed0'")
+    assert run.info.status == "FAILED"
+
+
+def test_tracker_requires_the_common_param_keys(tmp_path):
+    tracker = tracking.Tracker(f"sqlite:///{tmp_path}/m.db")
+    with pytest.raises(ValueError, match="run params lack"):
+        tracker.start("x-seed0", {"variant": "x"})
