@@ -201,7 +201,7 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
         grid = fig4_grid(model, test_images[0])
         figures.image_grid(list(grid), [f"dim {d}" for d in range(grid.shape[0])],
                            f"{cfg.variant} seed {cfg.seed}: Fig. 4 perturbations", out / "fig4.png",
-                           col_labels=[f"{s:+.2f}" for s in FIG4_STEPS.tolist()])
+                           col_labels=[f"{round(s, 2) + 0.0:+.2f}" for s in FIG4_STEPS.tolist()])
         pngs += ["reconstructions.png", "fig4.png"]
     _write_json(out / "metrics.json", metrics)
     tracker = tracking.Tracker()
@@ -212,6 +212,84 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
         tracker.log_artifact(run_id, out / artifact, "evaluation")
     click.echo(f"{cfg.variant} seed {cfg.seed}: test error {metrics['test_error_pct']:.2f}%, "
                f"affine-shifted {metrics['affine_test_error_pct']:.2f}% -> {out}")
+
+
+@main.command()
+@click.argument("models_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@PARAMS_OPTION
+def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) -> None:
+    """Write OUT_DIR/ablation.md, results.csv, summary.json and figures/ from every evaluation.
+
+    Table 1 against the paper with verdicts, ablation effects with paired bootstrap CIs, the
+    affine-shifted column, deviations and provenance; also logged to MLflow as a `report` run.
+    """
+    import dataclasses
+    import datetime
+    import importlib.metadata as md
+    import shutil
+
+    from pipeline import baseline, capsnet, figures, report as rp, tracking
+    from pipeline import train as train_module
+
+    p = _params(params_path)
+    out, fig_dir = Path(out_dir), Path(out_dir) / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    reference = rp.paper_reference()
+    try:
+        runs = rp.load_runs(Path(models_dir), Path(results_dir), list(p.ablation.variants), list(p.ablation.seeds))
+    except rp.ReportError as err:
+        raise click.ClickException(str(err)) from err
+    summary, effect_table = rp.summarize(runs, reference), rp.effects(runs, reference)
+
+    figures.error_bars(list(summary.variant), list(summary.test_error_mean), list(summary.test_error_std),
+                       list(summary.paper_test_error), fig_dir / "table1_errors.png")
+    curves = {}
+    for r in runs:
+        curves.setdefault(r.variant, []).append((list(r.history.epoch), list(r.history.test_error_pct)))
+    figures.overlaid_learning_curves(curves, fig_dir / "learning_curves.png")
+    shown = {"Test error per variant": "figures/table1_errors.png", "Learning curves": "figures/learning_curves.png"}
+    recon = summary[summary.reconstruction]
+    if len(recon):
+        best = recon.sort_values("test_error_mean").iloc[0].variant
+        best_run = min((r for r in runs if r.variant == best), key=lambda r: r.metrics["test_error_pct"])
+        for name in ("reconstructions", "fig4"):
+            shutil.copyfile(Path(results_dir) / best / f"seed{best_run.seed}" / f"{name}.png", fig_dir / f"{name}.png")
+        shown[f"Reconstructions ({best}, seed {best_run.seed})"] = "figures/reconstructions.png"
+        shown[f"Fig. 4 perturbations ({best}, seed {best_run.seed})"] = "figures/fig4.png"
+    if (fig_dir / "affine_montage.png").is_file():
+        shown["Affine-shifted test set"] = "figures/affine_montage.png"
+
+    deviations = capsnet.DEVIATIONS + baseline.DEVIATIONS + train_module.DEVIATIONS
+    deviations += rp.recipe_differences(dataclasses.asdict(p.train), reference)
+    if p.prepare.train_subset or p.prepare.test_subset:
+        deviations.append(f"Data subsets: first {p.prepare.train_subset or 'all'} training and "
+                          f"{p.prepare.test_subset or 'all'} test digits (prepare.*_subset).")
+    env = runs[0].config["environment"]
+    versions = {name: md.version(name) for name in ("torch", "torchvision", "dvc", "mlflow", "pandas")}
+    provenance = {
+        "commit": tracking.git_commit(tracking.repo_root()), "profile": p.base.profile,
+        "device": f"{runs[0].config['params']['device']} ({env['device_name']}); torch CUDA build {env['cuda_version']}",
+        "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) + f", Python {env['python_version']}",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "total training time": f"{sum(r.history.epoch_seconds.sum() for r in runs) / 60:.1f} min over {len(runs)} runs "
+                               "(sum of epoch times)",
+        "seeds": ", ".join(map(str, p.ablation.seeds)),
+    }
+    text = rp.render_markdown(summary, effect_table, profile=p.base.profile, deviations=deviations,
+                              provenance=provenance, figures=shown, reference=reference)
+    written = []
+    for name, content in (("ablation.md", text), ("results.csv", summary.to_csv(index=False, float_format="%.4f")),
+                          ("effects.csv", effect_table.to_csv(index=False, float_format="%.4f"))):
+        (out / f"{name}.tmp").write_text(content)
+        (out / f"{name}.tmp").replace(out / name)
+        written.append(out / name)
+    headline = {r.variant: {"test_error_mean": round(r.test_error_mean, 4),
+                            "affine_test_error_mean": round(r.affine_test_error_mean, 4)} for r in summary.itertuples()}
+    _write_json(out / "summary.json", {"profile": p.base.profile, **headline})
+    tracking.Tracker().log_report(written + [out / "summary.json", *(out / v for v in shown.values())], p.base.profile)
+    click.echo(f"report written to {out / 'ablation.md'}")
 
 
 if __name__ == "__main__":

@@ -84,3 +84,26 @@ def image_grid(rows: list[torch.Tensor], row_labels: list[str], title: str, path
                 ax.set_xlabel(col_labels[c], fontsize=6)
     fig.suptitle(title, fontsize=9)
     save_figure(fig, path)
+
+
+def error_bars(variants: list[str], means: list[float], stds: list[float], paper: list[float], path: str | Path) -> None:
+    """Our test error per variant (mean ± std over seeds) with the paper's values marked."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    x = range(len(variants))
+    ax.bar(x, means, yerr=[0 if s != s else s for s in stds], capsize=4, color="#4c72b0", label="ours (mean ± std)")
+    ax.scatter(x, paper, color="#dd4444", marker="D", zorder=3, label="paper (Table 1)")
+    ax.set_xticks(list(x), variants, rotation=20, fontsize=8)
+    ax.set_ylabel("MNIST test error (%)")
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def overlaid_learning_curves(curves: dict[str, list[tuple[list[int], list[float]]]], path: str | Path) -> None:
+    """Test error vs epoch, one colour per variant, one line per seed."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for k, (variant, seeds) in enumerate(curves.items()):
+        for s, (epochs, errors) in enumerate(seeds):
+            ax.plot(epochs, errors, color=f"C{k}", marker=".", alpha=0.8, label=variant if s == 0 else None)
+    ax.set(xlabel="epoch", ylabel="test error (%)", yscale="log", title="Learning curves")
+    ax.legend(fontsize=8)
+    save_figure(fig, path)

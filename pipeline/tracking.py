@@ -91,6 +91,15 @@ class Tracker:
     def end(self, run_id: str, failed: bool = False) -> None:
         self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
 
+    def log_report(self, files: list[Path], profile: str) -> str:
+        """A `report` run beside the training runs, tagged with the commit, holding the report files."""
+        tags = {"git_commit": git_commit(repo_root()), "profile": profile, "kind": "report"}
+        run_id = self.client.create_run(self.experiment_id, run_name="report", tags=tags).info.run_id
+        for path in files:
+            self.log_artifact(run_id, path, "report" if path.suffix != ".png" else "report/figures")
+        self.end(run_id)
+        return run_id
+
     def epoch_logger(self, run_id: str) -> "EpochLogger":
         return EpochLogger(self, run_id)
 

@@ -1,0 +1,107 @@
+"""The report's arithmetic on fabricated per-seed evaluation files."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from pipeline import report as rp
+
+REFERENCE = rp.paper_reference()
+
+
+def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="capsnet", recon=True):
+    """Evaluation files whose per-image predictions give exactly error_pct on n images."""
+    model_dir, result_dir = root / "models" / variant / f"seed{seed}", root / "results" / variant / f"seed{seed}"
+    model_dir.mkdir(parents=True)
+    result_dir.mkdir(parents=True)
+    labels = torch.zeros(n, dtype=torch.uint8)
+    preds = labels.clone()
+    preds[: round(n * error_pct / 100)] = 1
+    affine_preds = labels.clone()
+    affine_preds[: round(n * affine_pct / 100)] = 1
+    save_file({"test_labels": labels, "test_preds": preds, "affine_test_labels": labels.clone(),
+               "affine_test_preds": affine_preds}, str(result_dir / "predictions.safetensors"))
+    (result_dir / "metrics.json").write_text(json.dumps(
+        {"test_error_pct": error_pct, "affine_test_error_pct": affine_pct, "n_params": 8215568}))
+    (model_dir / "config.json").write_text(json.dumps(
+        {"config": {"model": model, "routing_iterations": 3, "reconstruction": recon}, "train_seconds": 1.0}))
+    pd.DataFrame({"epoch": [1], "test_error_pct": [error_pct], "epoch_seconds": [1.0]}).to_csv(
+        model_dir / "history.csv", index=False)
+
+
+def test_means_stds_and_deltas(tmp_path):
+    for seed, err in enumerate([0.5, 1.0, 1.5]):
+        fabricate(tmp_path, "capsnet_r3_recon", seed, err)
+    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r3_recon"], [0, 1, 2])
+    row = rp.summarize(runs, REFERENCE).iloc[0]
+    assert row.n_seeds == 3
+    assert row.test_error_mean == pytest.approx(1.0)
+    assert row.test_error_std == pytest.approx(0.5)  # sample std of 0.5, 1.0, 1.5
+    assert row.delta == pytest.approx(1.0 - 0.25)
+    assert row.paper_test_error == 0.25 and row.paper_test_error_std == 0.005
+    assert row.test_errors == "0.50 1.00 1.50"
+    assert row.verdict == "not reproduced"
+
+
+@pytest.mark.parametrize("mean,paper,std,expected", [
+    (0.31, 0.25, 0.005, "reproduced"),        # exactly 2σ with σ = max(0.005, 0.03) = 0.03
+    (0.3101, 0.25, 0.005, "not reproduced"),  # just outside
+    (0.19, 0.25, 0.005, "reproduced"),        # exactly 2σ below
+    (0.1899, 0.25, 0.005, "better"),          # just outside, lower error
+    (0.41, 0.34, 0.036, "reproduced"),        # paper σ > 0.03: 2σ = 0.072
+    (0.4121, 0.34, 0.036, "not reproduced"),
+    (0.45, 0.39, None, "reproduced"),         # baseline: no paper σ, floor 0.03
+])
+def test_verdict_boundaries(mean, paper, std, expected):
+    assert rp.verdict(mean, paper, std) == expected
+
+
+def test_paired_bootstrap_known_answer():
+    n = 1000
+    a = np.zeros((2, n), dtype=bool)
+    b = np.zeros((2, n), dtype=bool)
+    a[:, :100] = True  # A errs on 10 % of images in both seeds, B never: Δ = +10 pp
+    diff, lo, hi = rp.paired_bootstrap(a, b)
+    assert diff == pytest.approx(10.0)
+    # per-image differences are Bernoulli(0.1): the CI is ≈ 10 ± 1.96·sqrt(0.09/1000)·100 ≈ 10 ± 1.86
+    assert 7.8 < lo < 9.0 and 11.0 < hi < 12.2
+    same, lo0, hi0 = rp.paired_bootstrap(a, a)
+    assert same == 0 and lo0 == 0 and hi0 == 0
+
+
+def test_effects_direction_and_noise(tmp_path):
+    fabricate(tmp_path, "capsnet_r3_recon", 0, 5.0)
+    fabricate(tmp_path, "capsnet_r1_recon", 0, 20.0)
+    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r3_recon", "capsnet_r1_recon"], [0])
+    row = rp.effects(runs, REFERENCE).iloc[0]
+    assert row.effect.startswith("routing 3 vs 1, with")
+    assert row.our_delta == pytest.approx(-15.0) and row.paper_delta == pytest.approx(-0.04)
+    assert row.same_direction and row.distinguishable_from_noise and row.ci_high < 0
+
+
+def test_missing_seed_is_named(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0)
+    with pytest.raises(rp.ReportError, match="variant capsnet_r1 seed 1 has no evaluation"):
+        rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0, 1])
+    with pytest.raises(rp.ReportError, match="variant capsnet_r3 seed 0"):
+        rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0])
+
+
+@pytest.mark.parametrize("profile", ["smoke", "paper"])
+def test_smoke_banner_only_in_smoke_reports(tmp_path, profile):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0)
+    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0])
+    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile=profile,
+                              deviations=["d"], provenance={"commit": "x"}, figures={}, reference=REFERENCE)
+    assert (rp.SMOKE_BANNER in text) == (profile == "smoke")
+    assert "0.34 ± 0.032" in text  # the paper's value comes from the cited reference file
+
+
+def test_recipe_differences_list_only_changes():
+    recipe = {k: v for k, v in REFERENCE["recipe"].items() if k != "source"}
+    assert rp.recipe_differences(recipe, REFERENCE) == []
+    assert rp.recipe_differences({**recipe, "epochs": 50}, REFERENCE) == ["train.epochs = 50 (paper protocol: 640)"]
