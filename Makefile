@@ -10,7 +10,10 @@ SMOKE := -S base.profile=smoke -S prepare.train_subset=512 -S prepare.test_subse
          -S train.epochs=1 -S train.batch_size=32 -S train.device=cpu -S train.log_every=4 \
          -S 'ablation.seeds=[0]'
 
-.PHONY: venv test smoke repro
+# The GPU profile: 50 epochs (the length popular re-runs use), bf16 autocast, 3 seeds, on CUDA.
+GPU := -S base.profile=gpu -S train.epochs=50 -S train.amp=true -S train.device=cuda
+
+.PHONY: venv test smoke gpu repro
 venv: $(BIN)/capsnet
 $(BIN)/capsnet: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q 'uv==0.13.9'
@@ -22,6 +25,9 @@ test: venv  ## the test suite (what CI runs)
 
 smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc exp run $(SMOKE)
+
+gpu: venv  ## the whole DVC pipeline in the GPU profile (needs CUDA)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc exp run $(GPU)
 
 repro: venv  ## the whole DVC pipeline with params.yaml as it is (the paper profile when committed)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro

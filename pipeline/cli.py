@@ -80,12 +80,14 @@ def _write_json(path: Path, obj: dict) -> None:
 @click.argument("seed", type=int)
 @click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--checkpoint", "checkpoint_path", type=click.Path(dir_okay=False), required=True,
+              help="per-epoch checkpoint; kept across DVC re-runs so a killed run resumes")
 @PARAMS_OPTION
-def train(variant: str, seed: int, data_dir: str, out_dir: str, params_path: str) -> None:
+def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path: str, params_path: str) -> None:
     """Train VARIANT with SEED on DATA_DIR's prepared MNIST; write weights and config to OUT_DIR.
 
-    Resumes from OUT_DIR/checkpoint.pt when it belongs to the same configuration; a finished
-    run is not retrained. Logs to MLflow (run <variant>-seed<k>).
+    Resumes from --checkpoint when it belongs to the same configuration; a finished run is not
+    retrained. Logs to MLflow (run <variant>-seed<k>).
     """
     import csv
     import time
@@ -112,7 +114,8 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, params_path: str
             "test_images": test_split["images"], "test_labels": test_split["labels"]}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoint = out / "checkpoint.pt"
+    checkpoint = Path(checkpoint_path)
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
     state = load_checkpoint(checkpoint, cfg)
     device = resolve_device(cfg.device)
     env = tracking.environment()
@@ -290,6 +293,76 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
     _write_json(out / "summary.json", {"profile": p.base.profile, **headline})
     tracking.Tracker().log_report(written + [out / "summary.json", *(out / v for v in shown.values())], p.base.profile)
     click.echo(f"report written to {out / 'ablation.md'}")
+
+
+@main.command()
+@click.option("--variant", default="capsnet_r3_recon", show_default=True, help="a variant from params.yaml")
+@click.option("--batch", "batch_sizes", type=int, multiple=True, default=[128], show_default=True,
+              help="batch size (repeat for several)")
+@click.option("--amp", "amp_modes", type=click.Choice(["off", "on"]), multiple=True, default=["off"],
+              show_default=True, help="bf16 autocast (CUDA only; repeat for both)")
+@click.option("--compile", "compile_modes", type=click.Choice(["off", "on"]), multiple=True, default=["off"],
+              show_default=True, help="torch.compile (repeat for both)")
+@click.option("--steps", type=int, default=20, show_default=True, help="timed training steps")
+@click.option("--warmup", type=int, default=3, show_default=True, help="untimed steps first")
+@click.option("--reference/--no-reference", default=True, show_default=True,
+              help="also time the popular implementations' DataLoader loop, for the ratio")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
+@PARAMS_OPTION
+def bench(variant: str, batch_sizes: tuple[int, ...], amp_modes: tuple[str, ...], compile_modes: tuple[str, ...],
+          steps: int, warmup: int, reference: bool, device: str, params_path: str) -> None:
+    """Print one JSON line per configuration: images/s, ms/step, s/epoch, TFLOP/s, memory.
+
+    Times the real training step of `capsnet train` on random uint8 data after warm-up steps,
+    synchronising the device only at the edges. FLOP per image are counted by torch's
+    FlopCounterMode over one training step. With --reference, a loop written the way popular
+    re-implementations train (eager fp32, DataLoader, per-sample transforms) gives the ratio.
+    """
+    import dataclasses
+    import datetime
+    import json
+
+    import torch
+
+    from pipeline import bench as bn
+    from pipeline.train import RunConfig, resolve_device
+
+    p = _params(params_path)
+    try:
+        v = p.variant(variant)
+    except ParamsError as err:
+        raise click.ClickException(str(err)) from err
+    dev = resolve_device(device)
+    base = RunConfig(variant=variant, model=v.model, routing_iterations=v.routing_iterations,
+                     reconstruction=v.reconstruction, image_size=v.image_size, num_classes=10, seed=0,
+                     profile="bench", epochs=1, batch_size=batch_sizes[0], lr=p.train.lr,
+                     lr_decay_rate=p.train.lr_decay_rate, lr_decay_steps=p.train.lr_decay_steps,
+                     lr_min=p.train.lr_min, max_shift=p.train.max_shift, amp=False, compile=False,
+                     deterministic=False, log_every=p.train.log_every, eval_batch_size=p.train.eval_batch_size,
+                     device=str(dev))
+    torch.use_deterministic_algorithms(False)
+    flop = bn.flop_per_image(base, dev)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    common = {"device": name, "variant": variant, "torch": torch.__version__,
+              "date": datetime.date.today().isoformat(), "flop_per_image_train": flop}
+
+    def emit(row: dict) -> None:
+        row["tflop_per_s"] = row["train_images_per_s"] * flop / 1e12
+        click.echo(json.dumps({**common, **{k: round(x, 3) if isinstance(x, float) else x for k, x in row.items()}}))
+
+    for batch in batch_sizes:
+        ref = None
+        if reference:
+            ref = bn.bench_reference(dataclasses.replace(base, batch_size=batch), steps, warmup)
+            emit({"mode": "reference", "batch": batch, "amp": False, "compile": False, **ref})
+        for amp in amp_modes:
+            for comp in compile_modes:
+                cfg = dataclasses.replace(base, batch_size=batch, amp=amp == "on", compile=comp == "on")
+                row = bn.bench_step(cfg, steps, warmup)
+                if ref:
+                    row["speedup_vs_reference"] = row["train_images_per_s"] / ref["train_images_per_s"]
+                emit({"mode": "capsnet-repro", "batch": batch, "amp": cfg.amp and dev.type == "cuda",
+                      "compile": cfg.compile, **row})
 
 
 if __name__ == "__main__":

@@ -141,6 +141,29 @@ def predict(model: torch.nn.Module, images: torch.Tensor, batch_size: int, amp: 
     return scores, scores.argmax(dim=1)
 
 
+def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, images: torch.Tensor,
+                  labels: torch.Tensor, generator: torch.Generator, max_shift: int, amp: bool) -> torch.Tensor:
+    """One optimiser step on a uint8 batch (B, H, W): shift, loss, backward, Adam, lr decay.
+
+    Returns (total, margin or cross-entropy, reconstruction) detached on the device (no sync).
+    The same function runs in `capsnet train` and `capsnet bench`.
+    """
+    x = to_float(random_shift(images, max_shift, generator))  # (B, 1, H, W)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
+        loss, margin, recon = compute_loss(model, x, labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    return torch.stack([loss, margin, recon]).detach()
+
+
+def make_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device):
+    """Adam (TF defaults, lr from cfg) and the smooth exponential decay, floored at lr_min."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=ADAM_EPS, fused=device.type == "cuda")
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+
+
 def _lr_lambda(cfg: RunConfig):
     floor = cfg.lr_min / cfg.lr
     return lambda step: max(cfg.lr_decay_rate ** (step / cfg.lr_decay_steps), floor)
@@ -179,8 +202,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
     torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=ADAM_EPS, fused=device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+    optimizer, scheduler = make_optimizer(model, cfg, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     images = data["train_images"].to(device)  # (N, H, W) uint8
@@ -214,15 +236,9 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
                    leave=False, mininterval=1.0, disable=None)
         for step in bar:
             idx = perm[step * cfg.batch_size:(step + 1) * cfg.batch_size]  # (B,)
-            x = to_float(random_shift(images[idx], cfg.max_shift, generator))  # (B, 1, H, W)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                loss, margin, recon = compute_loss(step_model, x, labels[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            parts = torch.stack([loss, margin, recon]).detach()
-            first_bad = torch.where(~torch.isfinite(loss.detach()) & (first_bad < 0), step_dev, first_bad)
+            parts = training_step(step_model, optimizer, scheduler, images[idx], labels[idx], generator,
+                                  cfg.max_shift, amp)  # (3,)
+            first_bad = torch.where(~torch.isfinite(parts[0]) & (first_bad < 0), step_dev, first_bad)
             sums += parts
             step_dev += 1
             if (step + 1) % cfg.log_every == 0 or step + 1 == steps_per_epoch:

@@ -61,3 +61,18 @@ def test_bad_params_stop_prepare_before_work(tmp_path):
                                        "--montage", str(tmp_path / "m.png"), "--params", str(params)])
     assert result.exit_code == 1 and "unknown key prepare.nonsense" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_prints_one_json_line_per_configuration():
+    import json
+
+    result = CliRunner().invoke(main, ["bench", "--variant", "capsnet_r1", "--batch", "4", "--steps", "1",
+                                       "--warmup", "1", "--device", "cpu", "--params", str(REPO / "params.yaml")])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert [r["mode"] for r in rows] == ["reference", "capsnet-repro"]
+    ours = rows[1]
+    assert ours["train_images_per_s"] > 0 and ours["inference_images_per_s"] > 0
+    assert ours["speedup_vs_reference"] > 0
+    # FLOP counted over one training step: > forward-only estimate of conv1+primary+u_hat (~0.39 GFLOP)
+    assert 0.39e9 * 2 < ours["flop_per_image_train"] < 0.39e9 * 6

@@ -128,7 +128,7 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
     for variant in ("baseline_cnn", "capsnet_r1_recon"):
         model_dir, out_dir = root / "models" / variant, root / "results" / variant
         result = run_cli(["train", variant, "0", str(root / "prepared"), str(model_dir),
-                          "--params", str(root / "params.yaml")], root, monkeypatch)
+                          "--checkpoint", str(root / "ckpt" / f"{variant}.pt"), "--params", str(root / "params.yaml")], root, monkeypatch)
         assert result.exit_code == 0, result.output
         result = run_cli(["evaluate", str(model_dir), str(root / "prepared"), str(out_dir)], root, monkeypatch)
         assert result.exit_code == 0, result.output
@@ -151,7 +151,7 @@ def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
     monkeypatch.setattr(train_module, "compute_loss",
                         lambda m, x, y: tuple(t * float("nan") for t in real(m, x, y)))
     result = run_cli(["train", "capsnet_r1", "0", str(root / "prepared"), str(root / "models" / "nan"),
-                      "--params", str(root / "params.yaml")], root, monkeypatch)
+                      "--checkpoint", str(root / "ckpt" / "nan.pt"), "--params", str(root / "params.yaml")], root, monkeypatch)
     assert result.exit_code == 1 and "non-finite loss at step" in result.output
     client = tracking.MlflowClient(f"sqlite:///{root}/mlflow.db")
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)

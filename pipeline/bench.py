@@ -1,0 +1,124 @@
+"""`capsnet bench`: training and inference throughput of the real training step, beside a
+reference loop run the way popular re-implementations run it (eager fp32, a torchvision
+DataLoader with per-sample ToTensor and a random ±2 px crop, batch 128).
+
+FLOP per image are counted, not estimated: torch.utils.flop_counter.FlopCounterMode over one
+training step (forward + backward of convs, matmuls and einsums) divided by the batch size.
+Timing synchronises the device at the edges of the timed loop only.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.flop_counter import FlopCounterMode
+from torchvision.transforms import v2
+
+from pipeline.train import (
+    RunConfig, build_model, compute_loss, make_optimizer, predict, resolve_device, training_step,
+)
+
+EPOCH_IMAGES = 60_000
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB -> MiB
+
+
+def flop_per_image(cfg: RunConfig, device: torch.device, batch: int = 8) -> float:
+    """FLOP of one training step (forward + backward) per image, counted by FlopCounterMode."""
+    model = build_model(cfg).to(device)
+    images = torch.randint(0, 256, (batch, cfg.image_size, cfg.image_size), dtype=torch.uint8, device=device)
+    labels = torch.randint(0, cfg.num_classes, (batch,), device=device)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss, _, _ = compute_loss(model, images.unsqueeze(1).float() / 255, labels)
+        loss.backward()
+    return counter.get_total_flops() / batch
+
+
+def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0) -> dict:
+    """Time `training_step` (the code `capsnet train` runs) and inference on random uint8 data."""
+    device = resolve_device(cfg.device)
+    amp = cfg.amp and device.type == "cuda"
+    torch.manual_seed(generator_seed)
+    model = build_model(cfg).to(device)
+    optimizer, scheduler = make_optimizer(model, cfg, device)
+    step_model = torch.compile(model) if cfg.compile else model
+    generator = torch.Generator(device=device).manual_seed(generator_seed)
+    n = cfg.batch_size * (steps + warmup)
+    images = torch.randint(0, 256, (n, cfg.image_size, cfg.image_size), dtype=torch.uint8, device=device)
+    labels = torch.randint(0, cfg.num_classes, (n,), device=device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    batches = [slice(k * cfg.batch_size, (k + 1) * cfg.batch_size) for k in range(steps + warmup)]
+    for sl in batches[:warmup]:
+        training_step(step_model, optimizer, scheduler, images[sl], labels[sl], generator, cfg.max_shift, amp)
+    _sync(device)
+    t0 = time.perf_counter()
+    for sl in batches[warmup:]:
+        training_step(step_model, optimizer, scheduler, images[sl], labels[sl], generator, cfg.max_shift, amp)
+    _sync(device)
+    train_seconds = time.perf_counter() - t0
+    predict(model, images[: cfg.eval_batch_size], cfg.eval_batch_size, amp)  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    predict(model, images, cfg.eval_batch_size, amp)
+    _sync(device)
+    infer_seconds = time.perf_counter() - t0
+    images_per_s = steps * cfg.batch_size / train_seconds
+    return {"train_images_per_s": images_per_s, "ms_per_step": 1000 * train_seconds / steps,
+            "s_per_epoch": EPOCH_IMAGES / images_per_s, "peak_memory_mb": _peak_memory_mb(device),
+            "inference_images_per_s": n / infer_seconds}
+
+
+class _TensorDigits(Dataset):
+    """MNIST-like uint8 tensors served one sample at a time, as torchvision's MNIST does."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, k: int):
+        return self.transform(self.images[k].unsqueeze(0)), int(self.labels[k])
+
+
+def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -> dict:
+    """The popular implementations' loop: eager fp32, DataLoader, per-sample ToTensor + random crop."""
+    device = resolve_device(cfg.device)
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device)
+    optimizer, _ = make_optimizer(model, cfg, device)
+    n = cfg.batch_size * (steps + warmup)
+    images = torch.randint(0, 256, (n, cfg.image_size, cfg.image_size), dtype=torch.uint8)
+    labels = torch.randint(0, cfg.num_classes, (n,))
+    transform = v2.Compose([v2.RandomCrop(cfg.image_size, padding=cfg.max_shift), v2.ToDtype(torch.float32, scale=True)])
+    loader = DataLoader(_TensorDigits(images, labels, transform), batch_size=cfg.batch_size, shuffle=True,
+                        num_workers=workers, drop_last=True)
+    t0 = None
+    for k, (x, y) in enumerate(loader):
+        if k == warmup:
+            _sync(device)
+            t0 = time.perf_counter()
+        x, y = x.to(device), y.to(device)
+        loss, _, _ = compute_loss(model, x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss.item()  # the per-step host read these loops do for logging
+    _sync(device)
+    images_per_s = steps * cfg.batch_size / (time.perf_counter() - t0)
+    return {"train_images_per_s": images_per_s, "ms_per_step": 1000 * cfg.batch_size / images_per_s,
+            "s_per_epoch": EPOCH_IMAGES / images_per_s, "peak_memory_mb": _peak_memory_mb(device)}
