@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mlflow
 import torch
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
 EXPERIMENT = "capsnet-repro"

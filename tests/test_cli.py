@@ -1,7 +1,5 @@
-import hashlib
 import shutil
 
-import pytest
 import torchvision
 from click.testing import CliRunner
 from torchvision.transforms import v2
