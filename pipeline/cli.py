@@ -70,9 +70,9 @@ def prepare(raw_dir: str, out_dir: str, montage: str, params_path: str) -> None:
 def _write_json(path: Path, obj: dict) -> None:
     import json
 
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    from pipeline.files import write_text
+
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 @main.command()
@@ -96,19 +96,14 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
 
     from pipeline import figures, tracking
     from pipeline.data import load_split
-    from pipeline.train import NonFiniteLossError, RunConfig, build_model, load_checkpoint, n_params, resolve_device
+    from pipeline.files import atomic_path
+    from pipeline.train import NonFiniteLossError, count_params, load_checkpoint, resolve_device, run_config
     from pipeline.train import train as train_run
 
-    p = _params(params_path)
     try:
-        v = p.variant(variant)
+        cfg = run_config(_params(params_path), variant, seed)
     except ParamsError as err:
         raise click.ClickException(str(err)) from err
-    cfg = RunConfig(variant=variant, model=v.model, routing_iterations=v.routing_iterations,
-                    reconstruction=v.reconstruction, image_size=v.image_size, num_classes=10, seed=seed,
-                    profile=p.base.profile, **{f: getattr(p.train, f) for f in (
-                        "epochs", "batch_size", "lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "max_shift",
-                        "amp", "compile", "deterministic", "log_every", "eval_batch_size", "device")})
     train_split, test_split = load_split(Path(data_dir) / "train.safetensors"), load_split(Path(data_dir) / "test.safetensors")
     data = {"train_images": train_split["images"], "train_labels": train_split["labels"],
             "test_images": test_split["images"], "test_labels": test_split["labels"]}
@@ -123,7 +118,7 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
     run_params = {"variant": variant, "model": cfg.model, "routing_iterations": cfg.routing_iterations,
                   "reconstruction": cfg.reconstruction, "seed": seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
                   "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps, "epochs": cfg.epochs,
-                  "steps": steps, "amp": cfg.amp, "compile": cfg.compile, "n_params": n_params(build_model(cfg)),
+                  "steps": steps, "amp": cfg.amp, "compile": cfg.compile, "n_params": count_params(cfg),
                   "device": str(device), "torch_version": env["torch_version"], "profile": cfg.profile}
     tracker = tracking.Tracker()
     run_id = tracker.start(f"{variant}-seed{seed}", run_params,
@@ -137,14 +132,12 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
     except BaseException:
         tracker.end(run_id, failed=True)
         raise
-    tmp = out / "model.safetensors.tmp"
-    save_file({k: t.contiguous() for k, t in result.model.state_dict().items()}, str(tmp))
-    tmp.replace(out / "model.safetensors")
-    with (out / "history.csv.tmp").open("w", newline="") as f:
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file({k: t.contiguous() for k, t in result.model.state_dict().items()}, str(tmp))
+    with atomic_path(out / "history.csv") as tmp, tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(result.history[0]))
         writer.writeheader()
         writer.writerows(result.history)
-    (out / "history.csv.tmp").replace(out / "history.csv")
     figures.learning_curves(result.history, f"{variant} seed {seed}", out / "learning_curve.png")
     _write_json(out / "config.json", {"config": cfg.__dict__, "run_id": run_id, "params": run_params,
                                       "environment": env, "train_seconds": time.perf_counter() - t0,
@@ -235,6 +228,7 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
 
     from pipeline import baseline, capsnet, figures, report as rp, tracking
     from pipeline import train as train_module
+    from pipeline.files import write_text
 
     p = _params(params_path)
     out, fig_dir = Path(out_dir), Path(out_dir) / "figures"
@@ -285,8 +279,7 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
     written = []
     for name, content in (("ablation.md", text), ("results.csv", summary.to_csv(index=False, float_format="%.4f")),
                           ("effects.csv", effect_table.to_csv(index=False, float_format="%.4f"))):
-        (out / f"{name}.tmp").write_text(content)
-        (out / f"{name}.tmp").replace(out / name)
+        write_text(out / name, content)
         written.append(out / name)
     headline = {r.variant: {"test_error_mean": round(r.test_error_mean, 4),
                             "affine_test_error_mean": round(r.affine_test_error_mean, 4)} for r in summary.itertuples()}
@@ -325,21 +318,14 @@ def bench(variant: str, batch_sizes: tuple[int, ...], amp_modes: tuple[str, ...]
     import torch
 
     from pipeline import bench as bn
-    from pipeline.train import RunConfig, resolve_device
+    from pipeline.train import resolve_device, run_config
 
-    p = _params(params_path)
+    dev = resolve_device(device)
     try:
-        v = p.variant(variant)
+        base = run_config(_params(params_path), variant, 0, profile="bench", epochs=1, batch_size=batch_sizes[0],
+                          amp=False, compile=False, deterministic=False, device=str(dev))
     except ParamsError as err:
         raise click.ClickException(str(err)) from err
-    dev = resolve_device(device)
-    base = RunConfig(variant=variant, model=v.model, routing_iterations=v.routing_iterations,
-                     reconstruction=v.reconstruction, image_size=v.image_size, num_classes=10, seed=0,
-                     profile="bench", epochs=1, batch_size=batch_sizes[0], lr=p.train.lr,
-                     lr_decay_rate=p.train.lr_decay_rate, lr_decay_steps=p.train.lr_decay_steps,
-                     lr_min=p.train.lr_min, max_shift=p.train.max_shift, amp=False, compile=False,
-                     deterministic=False, log_every=p.train.log_every, eval_batch_size=p.train.eval_batch_size,
-                     device=str(dev))
     torch.use_deterministic_algorithms(False)
     flop = bn.flop_per_image(base, dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"

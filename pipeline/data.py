@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from pipeline.files import atomic_path
+
 IDX_UBYTE = 0x08
 SPLITS = {"train": "train", "test": "t10k"}
 AFFINE_PARAM_NAMES = ("rotation_deg", "shear", "scale_x", "scale_y", "translate_x", "translate_y")
@@ -170,9 +172,8 @@ def make_affine_set(images: torch.Tensor, seed: int, ranges: AffineRanges) -> tu
 
 def save_split(path: Path, images: torch.Tensor, labels: torch.Tensor, **extra: torch.Tensor) -> None:
     """Write one split atomically (temporary name, then rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({"images": images.contiguous(), "labels": labels.contiguous(), **extra}, str(tmp))
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        save_file({"images": images.contiguous(), "labels": labels.contiguous(), **extra}, str(tmp))
 
 
 def load_split(path: str | Path) -> dict[str, torch.Tensor]:

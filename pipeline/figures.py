@@ -10,15 +10,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from pipeline.files import atomic_path  # noqa: E402
+
 
 def save_figure(fig: plt.Figure, path: str | Path) -> None:
     """Save atomically (temporary name, then rename) and close the figure."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
 
 
 def affine_montage(originals: torch.Tensor, transformed: torch.Tensor, params: torch.Tensor,

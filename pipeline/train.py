@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -31,6 +30,8 @@ from tqdm.auto import tqdm
 from pipeline.baseline import BaselineCNN
 from pipeline.capsnet import CapsNet, margin_loss, reconstruction_loss
 from pipeline.data import random_shift
+from pipeline.files import atomic_path
+from pipeline.params import Params
 
 ADAM_EPS = 1e-7
 DEVIATIONS = [
@@ -76,6 +77,23 @@ class RunConfig:
         for cosmetic in ("log_every", "eval_batch_size", "profile"):
             fields.pop(cosmetic)
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_config(params: Params, variant: str, seed: int, **overrides) -> RunConfig:
+    """The RunConfig of (variant, seed) under ``params``: the variant's model settings plus the
+    train section's recipe (every TrainParams field is a RunConfig field), then ``overrides``."""
+    v = params.variant(variant)
+    recipe = dataclasses.asdict(params.train)
+    cfg = RunConfig(variant=variant, model=v.model, routing_iterations=v.routing_iterations,
+                    reconstruction=v.reconstruction, image_size=v.image_size, num_classes=10, seed=seed,
+                    profile=params.base.profile, **recipe)
+    return dataclasses.replace(cfg, **overrides)
+
+
+def count_params(cfg: RunConfig) -> int:
+    """Parameter count of cfg's model, built on the meta device (no memory, no init)."""
+    with torch.device("meta"):
+        return n_params(build_model(cfg))
 
 
 class EpochLogger(Protocol):
@@ -170,9 +188,8 @@ def _lr_lambda(cfg: RunConfig):
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def load_checkpoint(path: str | Path, cfg: RunConfig) -> dict | None:
@@ -207,6 +224,8 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
 
     images = data["train_images"].to(device)  # (N, H, W) uint8
     labels = data["train_labels"].to(device).long()  # (N,)
+    test_images = data["test_images"].to(device)  # (N_test, H, W) uint8, copied once per run
+    test_labels = data["test_labels"].to(device).long()  # (N_test,)
     n = images.shape[0]
     steps_per_epoch = n // cfg.batch_size
     if steps_per_epoch == 0:
@@ -251,8 +270,8 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         bar.close()
         totals = (sums / steps_per_epoch).tolist()
         seconds = time.perf_counter() - t0
-        _, preds = predict(model, data["test_images"], cfg.eval_batch_size, amp)
-        test_error = 100.0 * (preds.cpu() != data["test_labels"].long()).float().mean().item()
+        _, preds = predict(model, test_images, cfg.eval_batch_size, amp)
+        test_error = 100.0 * (preds != test_labels).float().mean().item()  # one sync per epoch
         metrics = {
             "epoch": epoch + 1,
             "train_loss": totals[0], "margin_loss": totals[1], "reconstruction_loss": totals[2],
