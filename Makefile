@@ -6,9 +6,10 @@ export CAPSNET_MNIST_MIRROR ?= $(if $(wildcard ../shared/data/mnist),$(abspath .
 export UV_PYTHON_DOWNLOADS := never
 
 # The smoke profile: tiny deterministic subsets, 1 epoch, one seed, CPU. DVC's own overrides.
+# One affNIST-style transform per test digit instead of 32.
 SMOKE := -S base.profile=smoke -S prepare.train_subset=512 -S prepare.test_subset=256 \
-         -S train.epochs=1 -S train.batch_size=32 -S train.device=cpu -S train.log_every=4 \
-         -S 'ablation.seeds=[0]'
+         -S prepare.affnist_transforms=1 -S train.epochs=1 -S train.batch_size=32 -S train.device=cpu \
+         -S train.log_every=4 -S 'ablation.seeds=[0]'
 
 # The GPU profile: 50 epochs (the length popular re-runs use), bf16 autocast, 3 seeds, on CUDA.
 GPU := -S base.profile=gpu -S train.epochs=50 -S train.amp=true -S train.device=cuda

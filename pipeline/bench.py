@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.transforms import v2
 
+from pipeline.data import MNIST_SIZE
 from pipeline.train import (
     RunConfig, build_model, compute_loss, make_optimizer, predict, resolve_device, training_step,
 )
@@ -42,7 +43,7 @@ def flop_per_image(cfg: RunConfig, device: torch.device, batch: int = 8) -> floa
     labels = torch.randint(0, cfg.num_classes, (batch,), device=device)
     counter = FlopCounterMode(display=False)
     with counter:
-        loss, _, _ = compute_loss(model, images.unsqueeze(1).float() / 255, labels)
+        loss, _, _ = compute_loss(model, images.unsqueeze(1).float() / 255, labels, cfg.model == "capsnet")
         loss.backward()
     return counter.get_total_flops() / batch
 
@@ -57,17 +58,18 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0)
     step_model = torch.compile(model) if cfg.compile else model
     generator = torch.Generator(device=device).manual_seed(generator_seed)
     n = cfg.batch_size * (steps + warmup)
-    images = torch.randint(0, 256, (n, cfg.image_size, cfg.image_size), dtype=torch.uint8, device=device)
+    digits = torch.randint(0, 256, (n, MNIST_SIZE, MNIST_SIZE), dtype=torch.uint8, device=device)  # training input
+    images = torch.randint(0, 256, (n, cfg.image_size, cfg.image_size), dtype=torch.uint8, device=device)  # test input
     labels = torch.randint(0, cfg.num_classes, (n,), device=device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     batches = [slice(k * cfg.batch_size, (k + 1) * cfg.batch_size) for k in range(steps + warmup)]
     for sl in batches[:warmup]:
-        training_step(step_model, optimizer, scheduler, images[sl], labels[sl], generator, cfg.max_shift, amp)
+        training_step(step_model, optimizer, scheduler, digits[sl], labels[sl], generator, cfg, amp)
     _sync(device)
     t0 = time.perf_counter()
     for sl in batches[warmup:]:
-        training_step(step_model, optimizer, scheduler, images[sl], labels[sl], generator, cfg.max_shift, amp)
+        training_step(step_model, optimizer, scheduler, digits[sl], labels[sl], generator, cfg, amp)
     _sync(device)
     train_seconds = time.perf_counter() - t0
     predict(model, images[: cfg.eval_batch_size], cfg.eval_batch_size, amp)  # warm-up
@@ -102,9 +104,11 @@ def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -
     model = build_model(cfg).to(device)
     optimizer, _ = make_optimizer(model, cfg, device)
     n = cfg.batch_size * (steps + warmup)
-    images = torch.randint(0, 256, (n, cfg.image_size, cfg.image_size), dtype=torch.uint8)
+    images = torch.randint(0, 256, (n, MNIST_SIZE, MNIST_SIZE), dtype=torch.uint8)
     labels = torch.randint(0, cfg.num_classes, (n,))
-    transform = v2.Compose([v2.RandomCrop(cfg.image_size, padding=cfg.max_shift), v2.ToDtype(torch.float32, scale=True)])
+    # ±max_shift px at 28×28; on a larger canvas, padding by the difference makes the crop a random placement
+    padding = cfg.max_shift if cfg.image_size == MNIST_SIZE else cfg.image_size - MNIST_SIZE
+    transform = v2.Compose([v2.RandomCrop(cfg.image_size, padding=padding), v2.ToDtype(torch.float32, scale=True)])
     loader = DataLoader(_TensorDigits(images, labels, transform), batch_size=cfg.batch_size, shuffle=True,
                         num_workers=workers, drop_last=True)
     t0 = None
@@ -113,7 +117,7 @@ def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -
             _sync(device)
             t0 = time.perf_counter()
         x, y = x.to(device), y.to(device)
-        loss, _, _ = compute_loss(model, x, y)
+        loss, _, _ = compute_loss(model, x, y, cfg.model == "capsnet")
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

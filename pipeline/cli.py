@@ -48,9 +48,17 @@ def download(dest: str) -> None:
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--montage", type=click.Path(dir_okay=False), required=True,
               help="PNG: originals above their affine-shifted versions")
+@click.option("--affnist-montage", type=click.Path(dir_okay=False), required=True,
+              help="PNG: expanded-MNIST digits above affNIST(-style) images (§5.2)")
 @PARAMS_OPTION
-def prepare(raw_dir: str, out_dir: str, montage: str, params_path: str) -> None:
-    """Decode RAW_DIR's IDX files into uint8 tensors in OUT_DIR and build the affine-shifted test set."""
+def prepare(raw_dir: str, out_dir: str, montage: str, affnist_montage: str, params_path: str) -> None:
+    """Decode RAW_DIR's IDX files into uint8 tensors in OUT_DIR and build the transformed test sets.
+
+    Writes train, test and affine_test (28×28), and for §5.2 expanded_test and affnist_test
+    (40×40). affnist_test is the real affNIST test set when $CAPSNET_AFFNIST_MIRROR names its
+    .mat file (or a folder of its batches), else an affNIST-style set generated here.
+    """
+    from pipeline.affnist import AffnistError, affnist_mirror, prepare_affnist
     from pipeline.data import AffineRanges, IdxError, prepare as prepare_data
     from pipeline.figures import affine_montage
 
@@ -61,10 +69,21 @@ def prepare(raw_dir: str, out_dir: str, montage: str, params_path: str) -> None:
                            affine_seed=p.affine_seed, ranges=ranges)
     except (IdxError, FileNotFoundError) as err:
         raise click.ClickException(f"{err}. Re-run `dvc repro -f download` to fetch clean files.") from err
-    k = min(p.montage_count, out["test_images"].shape[0])
-    affine_montage(out["test_images"][:k], out["affine_images"][:k], out["affine_params"][:k], montage)
+    try:
+        s52 = prepare_affnist(out_dir, out["test_images"], out["test_labels"], expanded_seed=p.expanded_seed,
+                              affnist_seed=p.affnist_seed, transforms_per_digit=p.affnist_transforms, ranges=ranges,
+                              mirror=affnist_mirror())
+    except AffnistError as err:
+        raise click.ClickException(str(err)) from err
     n = out["test_images"].shape[0]
-    click.echo(f"prepared {out_dir}: {n} test digits, {n} affine-shifted; montage {montage}")
+    k = min(p.montage_count, n)
+    affine_montage(out["test_images"][:k], out["affine_images"][:k], out["affine_params"][:k], montage)
+    step = len(s52["labels"]) // n if "affine_params" in s52 else 1  # the first transform of each digit
+    shown = s52["images"][::step][:k]
+    affine_montage(s52["expanded"][:len(shown)], shown, s52["affine_params"][::step][:k] if "affine_params" in s52 else None,
+                   affnist_montage, labels=("expanded", "affNIST"), title=f"§5.2 test sets: {s52['source']}")
+    click.echo(f"prepared {out_dir}: {n} test digits, {n} affine-shifted, {n} expanded (40×40); "
+               f"{s52['source']}: {len(s52['labels']):,} images; montages {montage}, {affnist_montage}")
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -95,7 +114,7 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
     from safetensors.torch import save_file
 
     from pipeline import figures, tracking
-    from pipeline.data import load_split
+    from pipeline.data import load_split, test_sets
     from pipeline.files import atomic_path
     from pipeline.train import NonFiniteLossError, count_params, load_checkpoint, resolve_device, run_config
     from pipeline.train import train as train_run
@@ -104,7 +123,9 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
         cfg = run_config(_params(params_path), variant, seed)
     except ParamsError as err:
         raise click.ClickException(str(err)) from err
-    train_split, test_split = load_split(Path(data_dir) / "train.safetensors"), load_split(Path(data_dir) / "test.safetensors")
+    clean_set = test_sets(cfg.image_size)[0]  # scored every epoch (and early stopping's yardstick)
+    train_split = load_split(Path(data_dir) / "train.safetensors")
+    test_split = load_split(Path(data_dir) / f"{clean_set}.safetensors")
     data = {"train_images": train_split["images"], "train_labels": train_split["labels"],
             "test_images": test_split["images"], "test_labels": test_split["labels"]}
     out = Path(out_dir)
@@ -141,11 +162,16 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
     figures.learning_curves(result.history, f"{variant} seed {seed}", out / "learning_curve.png")
     _write_json(out / "config.json", {"config": cfg.__dict__, "run_id": run_id, "params": run_params,
                                       "environment": env, "train_seconds": time.perf_counter() - t0,
-                                      "resumed_from_epoch": result.resumed_from_epoch})
+                                      "resumed_from_epoch": result.resumed_from_epoch, "stop_reason": result.stop_reason,
+                                      "epochs_trained": len(result.history), "steps_trained": result.steps,
+                                      "eval_set": clean_set})
+    tracker.log_metrics(run_id, {"epochs_trained": len(result.history),
+                                 "reached_target": float(result.stop_reason == "target")}, step=len(result.history))
     for artifact in ("model.safetensors", "learning_curve.png", "history.csv", "config.json"):
         tracker.log_artifact(run_id, out / artifact)
     tracker.end(run_id)
-    click.echo(f"{variant} seed {seed}: final test error {result.history[-1]['test_error_pct']:.2f}% -> {out}")
+    stopped = f", early stop at epoch {len(result.history)}" if result.stop_reason == "target" else ""
+    click.echo(f"{variant} seed {seed}: final {clean_set} error {result.history[-1]['test_error_pct']:.2f}%{stopped} -> {out}")
 
 
 @main.command()
@@ -153,19 +179,21 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
 @click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
-    """Evaluate MODEL_DIR on the MNIST and affine-shifted test sets of DATA_DIR; write OUT_DIR.
+    """Evaluate MODEL_DIR on its clean and transformed test sets in DATA_DIR; write OUT_DIR.
 
-    OUT_DIR gets metrics.json (for DVC), per_class.json, predictions.safetensors (per image:
-    label, prediction, scores), confusion.png and, for reconstruction variants, reconstructions.png
-    and fig4.png. Everything is also logged to the training run in MLflow.
+    28×28 models: MNIST test and the affine-shifted set; 40×40 (§5.2): expanded MNIST and
+    affNIST(-style). OUT_DIR gets metrics.json (for DVC), breakdown.json (per-class accuracy,
+    accuracy by transform bins, which sets), predictions.safetensors (per image: label,
+    prediction, scores), confusion.png and, for reconstruction variants, reconstructions.png and
+    fig4.png. Everything is also logged to the training run in MLflow.
     """
     import json
 
     from safetensors.torch import load_file, save_file
 
     from pipeline import figures, tracking
-    from pipeline.data import load_split
-    from pipeline.evaluate import FIG4_STEPS, evaluate_split, fig4_grid, reconstructions
+    from pipeline.data import load_split, split_metadata, test_sets
+    from pipeline.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
     from pipeline.train import RunConfig, build_model, resolve_device
 
     model_dir, out = Path(model_dir), Path(out_dir)
@@ -175,26 +203,35 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
     model.load_state_dict(load_file(str(model_dir / "model.safetensors")))
     model.to(resolve_device(cfg.device)).eval()
     out.mkdir(parents=True, exist_ok=True)
-    metrics, per_class, arrays = {}, {}, {}
-    for name, split in (("test", "test"), ("affine_test", "affine_test")):
-        data = load_split(Path(data_dir) / f"{split}.safetensors")
+    metrics, arrays, panels = {}, {}, []
+    breakdown = {"per_class": {}, "sources": {}, "bins": {}}
+    clean_set, transformed_set = test_sets(cfg.image_size)
+    for name in (clean_set, transformed_set):
+        path = Path(data_dir) / f"{name}.safetensors"
+        data, meta = load_split(path), split_metadata(path)
         m, a = evaluate_split(model, data["images"], data["labels"], cfg.eval_batch_size, cfg.num_classes)
         metrics[f"{name}_error_pct"] = m["error_pct"]
         metrics[f"n_{name}"] = m["n"]
-        per_class[name] = m["per_class_accuracy"]
+        breakdown["per_class"][name] = m["per_class_accuracy"]
+        breakdown["sources"][name] = meta.get("source", name)
+        if "affine_params" in data and "ranges" in meta:
+            correct = a["labels"] == a["preds"]
+            breakdown["bins"][name] = accuracy_by_bins(correct, data["affine_params"], json.loads(meta["ranges"]))
         arrays.update({f"{name}_{k}": t for k, t in a.items()})
-        figures.confusion(m["confusion_matrix"], f"{cfg.variant} seed {cfg.seed}: {name}", out / f"confusion_{name}.png")
-        if name == "test":
-            test_images = data["images"]
-    metrics["n_params"] = saved["params"]["n_params"]
+        panels.append((m["confusion_matrix"], name))
+        if name == clean_set:
+            clean_images = data["images"]
+    figures.confusion(panels, f"{cfg.variant} seed {cfg.seed}", out / "confusion.png")
+    metrics.update(n_params=saved["params"]["n_params"], epochs_trained=saved["epochs_trained"],
+                   reached_target=saved["stop_reason"] == "target")
     save_file(arrays, str(out / "predictions.safetensors"))
-    _write_json(out / "per_class.json", per_class)
-    pngs = ["confusion_test.png", "confusion_affine_test.png"]
+    _write_json(out / "breakdown.json", breakdown)
+    pngs = ["confusion.png"]
     if cfg.reconstruction:
-        k = min(10, test_images.shape[0])
-        figures.image_grid([test_images[:k], reconstructions(model, test_images[:k])], ["input", "reconstruction"],
+        k = min(10, clean_images.shape[0])
+        figures.image_grid([clean_images[:k], reconstructions(model, clean_images[:k])], ["input", "reconstruction"],
                            f"{cfg.variant} seed {cfg.seed}: reconstructions (predicted capsule)", out / "reconstructions.png")
-        grid = fig4_grid(model, test_images[0])
+        grid = fig4_grid(model, clean_images[0])
         figures.image_grid(list(grid), [f"dim {d}" for d in range(grid.shape[0])],
                            f"{cfg.variant} seed {cfg.seed}: Fig. 4 perturbations", out / "fig4.png",
                            col_labels=[f"{round(s, 2) + 0.0:+.2f}" for s in FIG4_STEPS.tolist()])
@@ -202,12 +239,12 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
     _write_json(out / "metrics.json", metrics)
     tracker = tracking.Tracker()
     run_id = saved["run_id"]
-    tracker.log_metrics(run_id, {"test_error_pct": metrics["test_error_pct"],
-                                 "affine_test_error_pct": metrics["affine_test_error_pct"]}, step=cfg.epochs)
-    for artifact in ["metrics.json", "per_class.json", *pngs]:
+    tracker.log_metrics(run_id, {k: metrics[k] for k in (f"{clean_set}_error_pct", f"{transformed_set}_error_pct")},
+                        step=saved["epochs_trained"])
+    for artifact in ["metrics.json", "breakdown.json", *pngs]:
         tracker.log_artifact(run_id, out / artifact, "evaluation")
-    click.echo(f"{cfg.variant} seed {cfg.seed}: test error {metrics['test_error_pct']:.2f}%, "
-               f"affine-shifted {metrics['affine_test_error_pct']:.2f}% -> {out}")
+    click.echo(f"{cfg.variant} seed {cfg.seed}: {clean_set} error {metrics[f'{clean_set}_error_pct']:.2f}%, "
+               f"{transformed_set} {metrics[f'{transformed_set}_error_pct']:.2f}% -> {out}")
 
 
 @main.command()
@@ -216,18 +253,20 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @PARAMS_OPTION
 def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) -> None:
-    """Write OUT_DIR/ablation.md, results.csv, summary.json and figures/ from every evaluation.
+    """Write OUT_DIR/ablation.md, results.csv, affnist.csv, summary.json and figures/ from every evaluation.
 
     Table 1 against the paper with verdicts, ablation effects with paired bootstrap CIs, the
-    affine-shifted column, deviations and provenance; also logged to MLflow as a `report` run.
+    affine-shifted column, §5.2 (CapsNet vs CNN on affNIST(-style), gap CI, accuracy by transform),
+    deviations and provenance; also logged to MLflow as a `report` run.
     """
-    import dataclasses
     import datetime
     import importlib.metadata as md
     import shutil
 
-    from pipeline import baseline, capsnet, figures, report as rp, tracking
-    from pipeline import train as train_module
+    import pandas as pd
+
+    from pipeline import figures, report as rp, tracking
+    from pipeline.data import MNIST_SIZE
     from pipeline.files import write_text
 
     p = _params(params_path)
@@ -238,7 +277,11 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
         runs = rp.load_runs(Path(models_dir), Path(results_dir), list(p.ablation.variants), list(p.ablation.seeds))
     except rp.ReportError as err:
         raise click.ClickException(str(err)) from err
-    summary, effect_table = rp.summarize(runs, reference), rp.effects(runs, reference)
+    table1 = [r for r in runs if r.image_size == MNIST_SIZE]
+    s52 = [r for r in runs if r.image_size != MNIST_SIZE]
+    if not table1:
+        raise click.ClickException("ablation.variants lists no Table 1 (28×28) variant; the report needs at least one")
+    summary, effect_table = rp.summarize(table1, reference), rp.effects(table1, reference)
 
     figures.error_bars(list(summary.variant), list(summary.test_error_mean), list(summary.test_error_std),
                        list(summary.paper_test_error), fig_dir / "table1_errors.png")
@@ -255,14 +298,18 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
             shutil.copyfile(Path(results_dir) / best / f"seed{best_run.seed}" / f"{name}.png", fig_dir / f"{name}.png")
         shown[f"Reconstructions ({best}, seed {best_run.seed})"] = "figures/reconstructions.png"
         shown[f"Fig. 4 perturbations ({best}, seed {best_run.seed})"] = "figures/fig4.png"
-    if (fig_dir / "affine_montage.png").is_file():
-        shown["Affine-shifted test set"] = "figures/affine_montage.png"
+    for name, title in (("affine_montage", "Affine-shifted test set"), ("affnist_montage", "§5.2 test sets")):
+        if (fig_dir / f"{name}.png").is_file():
+            shown[title] = f"figures/{name}.png"
+    s52_table, gap, s52_lines = pd.DataFrame(), None, None
+    if s52:
+        s52_table, gap = rp.affnist_summary(s52, reference), rp.affnist_gap(s52, reference)
+        s52_lines = rp.render_affnist(s52_table, gap, reference)
+        figures.accuracy_by_transform(rp.transform_bins(s52, "affnist_test"),
+                                      "§5.2: affNIST(-style) accuracy by transform parameter", fig_dir / "affnist_bins.png")
+        shown["§5.2: accuracy by transform parameter"] = "figures/affnist_bins.png"
 
-    deviations = capsnet.DEVIATIONS + baseline.DEVIATIONS + train_module.DEVIATIONS
-    deviations += rp.recipe_differences(dataclasses.asdict(p.train), reference)
-    if p.prepare.train_subset or p.prepare.test_subset:
-        deviations.append(f"Data subsets: first {p.prepare.train_subset or 'all'} training and "
-                          f"{p.prepare.test_subset or 'all'} test digits (prepare.*_subset).")
+    deviations = rp.deviations(p, reference)
     env = runs[0].config["environment"]
     versions = {name: md.version(name) for name in ("torch", "torchvision", "dvc", "mlflow", "pandas")}
     provenance = {
@@ -275,14 +322,19 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
         "seeds": ", ".join(map(str, p.ablation.seeds)),
     }
     text = rp.render_markdown(summary, effect_table, profile=p.base.profile, deviations=deviations,
-                              provenance=provenance, figures=shown, reference=reference)
+                              provenance=provenance, figures=shown, reference=reference, affnist=s52_lines)
     written = []
     for name, content in (("ablation.md", text), ("results.csv", summary.to_csv(index=False, float_format="%.4f")),
-                          ("effects.csv", effect_table.to_csv(index=False, float_format="%.4f"))):
+                          ("effects.csv", effect_table.to_csv(index=False, float_format="%.4f")),
+                          ("affnist.csv", s52_table.to_csv(index=False, float_format="%.4f"))):
         write_text(out / name, content)
         written.append(out / name)
     headline = {r.variant: {"test_error_mean": round(r.test_error_mean, 4),
                             "affine_test_error_mean": round(r.affine_test_error_mean, 4)} for r in summary.itertuples()}
+    headline.update({r.variant: {"expanded_accuracy_mean": round(r.expanded_acc_mean, 4),
+                                 "affnist_accuracy_mean": round(r.affnist_acc_mean, 4)} for r in s52_table.itertuples()})
+    if gap is not None:
+        headline["affnist_gap_pp"] = {k: round(gap[k], 4) for k in ("gap", "ci_low", "ci_high")}
     _write_json(out / "summary.json", {"profile": p.base.profile, **headline})
     tracking.Tracker().log_report(written + [out / "summary.json", *(out / v for v in shown.values())], p.base.profile)
     click.echo(f"report written to {out / 'ablation.md'}")

@@ -8,6 +8,8 @@ so that the digit stays inside the frame. Warping uses torch's affine_grid/grid_
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import struct
 from dataclasses import dataclass
@@ -15,11 +17,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pipeline.files import atomic_path
 
 IDX_UBYTE = 0x08
+MNIST_SIZE = 28
 SPLITS = {"train": "train", "test": "t10k"}
 AFFINE_PARAM_NAMES = ("rotation_deg", "shear", "scale_x", "scale_y", "translate_x", "translate_y")
 
@@ -160,6 +164,11 @@ def apply_affine(images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     return warped.squeeze(1).round().clamp(0, 255).to(torch.uint8)  # (N, H, W)
 
 
+def ranges_metadata(ranges: AffineRanges, source: str) -> dict[str, str]:
+    """Header metadata of a transformed test set: where it comes from and the ranges it was drawn from."""
+    return {"source": source, "ranges": json.dumps(dataclasses.asdict(ranges))}
+
+
 def make_affine_set(images: torch.Tensor, seed: int, ranges: AffineRanges) -> tuple[torch.Tensor, torch.Tensor]:
     """The affine-shifted copy of ``images`` and its transform parameters, deterministic in seed."""
     generator = torch.Generator().manual_seed(seed)
@@ -170,10 +179,12 @@ def make_affine_set(images: torch.Tensor, seed: int, ranges: AffineRanges) -> tu
 # --- prepared tensors ---------------------------------------------------------------------------
 
 
-def save_split(path: Path, images: torch.Tensor, labels: torch.Tensor, **extra: torch.Tensor) -> None:
-    """Write one split atomically (temporary name, then rename)."""
+def save_split(path: Path, images: torch.Tensor, labels: torch.Tensor, metadata: dict[str, str] | None = None,
+               **extra: torch.Tensor) -> None:
+    """Write one split atomically (temporary name, then rename); ``metadata`` is stored in its header."""
+    tensors = {"images": images.contiguous(), "labels": labels.contiguous(), **{k: t.contiguous() for k, t in extra.items()}}
     with atomic_path(path) as tmp:
-        save_file({"images": images.contiguous(), "labels": labels.contiguous(), **extra}, str(tmp))
+        save_file(tensors, str(tmp), metadata=metadata)
 
 
 def load_split(path: str | Path) -> dict[str, torch.Tensor]:
@@ -182,6 +193,18 @@ def load_split(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; run `dvc repro prepare` first")
     return load_file(str(path))
+
+
+def split_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata a split was saved with (source and transform ranges of a test set)."""
+    with safe_open(str(path), "pt") as f:
+        return f.metadata() or {}
+
+
+def test_sets(image_size: int) -> tuple[str, str]:
+    """The (clean, transformed) test sets a model of this input size is evaluated on: MNIST and the
+    affine-shifted set at 28×28 (Table 1); expanded MNIST and affNIST(-style) at 40×40 (§5.2)."""
+    return ("test", "affine_test") if image_size == MNIST_SIZE else ("expanded_test", "affnist_test")
 
 
 def prepare(raw_dir: str | Path, out_dir: str | Path, *, train_subset: int, test_subset: int,
@@ -202,8 +225,10 @@ def prepare(raw_dir: str | Path, out_dir: str | Path, *, train_subset: int, test
     affine_images, affine_params = make_affine_set(test_images, affine_seed, ranges)
     save_split(out_dir / "train.safetensors", train_images, train_labels)
     save_split(out_dir / "test.safetensors", test_images, test_labels)
-    save_split(out_dir / "affine_test.safetensors", affine_images, test_labels, affine_params=affine_params)
-    return {"test_images": test_images, "affine_images": affine_images, "affine_params": affine_params}
+    save_split(out_dir / "affine_test.safetensors", affine_images, test_labels, ranges_metadata(
+        ranges, f"affine-shifted MNIST test set (generated, seed {affine_seed})"), affine_params=affine_params)
+    return {"test_images": test_images, "test_labels": test_labels, "affine_images": affine_images,
+            "affine_params": affine_params}
 
 
 # --- training-time augmentation ----------------------------------------------------------------

@@ -1,11 +1,14 @@
-"""Evaluation: test error on MNIST and on the affine-shifted set, per-class accuracy, confusion
-matrix, per-image predictions, and for reconstruction variants the reconstructions and Fig. 4."""
+"""Evaluation: test error on a model's clean and transformed test sets (MNIST and affine-shifted at
+28×28; expanded MNIST and affNIST(-style) at 40×40), per-class accuracy, confusion matrices,
+per-image predictions, accuracy by transform parameter bins, and for reconstruction variants the
+reconstructions and Fig. 4."""
 
 from __future__ import annotations
 
 import torch
 
 from pipeline.capsnet import CapsNet
+from pipeline.data import AFFINE_PARAM_NAMES
 from pipeline.train import predict, to_float
 
 FIG4_STEPS = torch.linspace(-0.25, 0.25, 11)  # Fig. 4: perturbations of 0.05 in [-0.25, 0.25]
@@ -33,6 +36,31 @@ def evaluate_split(model: torch.nn.Module, images: torch.Tensor, labels: torch.T
                "confusion_matrix": cm.tolist()}
     arrays = {"labels": labels.to(torch.uint8), "preds": preds.to(torch.uint8), "scores": scores.half()}
     return metrics, arrays
+
+
+def transform_spans(ranges: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """The interval each binned transform parameter was drawn from (AffineRanges as a dict)."""
+    rot, shear, lo, hi = ranges["max_rotation_deg"], ranges["max_shear"], ranges["min_scale"], ranges["max_scale"]
+    return {"rotation_deg": (-rot, rot), "shear": (-shear, shear), "scale_x": (lo, hi), "scale_y": (lo, hi)}
+
+
+def accuracy_by_bins(correct: torch.Tensor, params: torch.Tensor, ranges: dict[str, float],
+                     n_bins: int = 8) -> dict[str, dict[str, list]]:
+    """Accuracy (%) per equal-width bin of rotation, shear and per-axis scale.
+
+    correct (N,) bool, params (N, 6) in AFFINE_PARAM_NAMES order. Per parameter: the bin edges,
+    the image count and the accuracy of each bin (None where a bin is empty).
+    """
+    out = {}
+    for name, (lo, hi) in transform_spans(ranges).items():
+        column = params[:, AFFINE_PARAM_NAMES.index(name)].double()  # (N,)
+        edges = torch.linspace(lo, hi, n_bins + 1, dtype=torch.float64)  # (n_bins + 1,)
+        index = torch.bucketize(column, edges[1:-1])  # (N,) in [0, n_bins)
+        count = torch.bincount(index, minlength=n_bins)  # (n_bins,)
+        hits = torch.bincount(index, weights=correct.double(), minlength=n_bins)  # (n_bins,)
+        out[name] = {"edges": [round(e, 6) for e in edges.tolist()], "count": count.tolist(),
+                     "accuracy_pct": [100 * h / c if c else None for h, c in zip(hits.tolist(), count.tolist())]}
+    return out
 
 
 @torch.no_grad()

@@ -22,22 +22,24 @@ def save_figure(fig: plt.Figure, path: str | Path) -> None:
         plt.close(fig)
 
 
-def affine_montage(originals: torch.Tensor, transformed: torch.Tensor, params: torch.Tensor,
-                   path: str | Path) -> None:
-    """Originals (top row) above their affine-shifted versions, with each transform's parameters."""
+def affine_montage(originals: torch.Tensor, transformed: torch.Tensor, params: torch.Tensor | None,
+                   path: str | Path, *, labels: tuple[str, str] = ("MNIST", "affine"),
+                   title: str = "Affine-shifted test set (rotation, shear, scale x/y, translation)") -> None:
+    """Originals (top row) above their transformed versions, with each transform's parameters if known."""
     n = originals.shape[0]
     fig, axes = plt.subplots(2, n, figsize=(1.1 * n, 2.8), squeeze=False)
     for k in range(n):
-        rot, shear, sx, sy, tx, ty = params[k].tolist()
         for row, image in enumerate((originals[k], transformed[k])):
             ax = axes[row, k]
             ax.imshow(image.numpy(), cmap="gray", vmin=0, vmax=255)
             ax.set_xticks([])
             ax.set_yticks([])
-        axes[1, k].set_xlabel(f"{rot:+.0f}° k{shear:+.2f}\n×{sx:.2f},{sy:.2f}\n({tx:+.1f},{ty:+.1f})", fontsize=6)
-    axes[0, 0].set_ylabel("MNIST", fontsize=8)
-    axes[1, 0].set_ylabel("affine", fontsize=8)
-    fig.suptitle("Affine-shifted test set (rotation, shear, scale x/y, translation)", fontsize=9)
+        if params is not None:
+            rot, shear, sx, sy, tx, ty = params[k].tolist()
+            axes[1, k].set_xlabel(f"{rot:+.0f}° k{shear:+.2f}\n×{sx:.2f},{sy:.2f}\n({tx:+.1f},{ty:+.1f})", fontsize=6)
+    axes[0, 0].set_ylabel(labels[0], fontsize=8)
+    axes[1, 0].set_ylabel(labels[1], fontsize=8)
+    fig.suptitle(title, fontsize=9)
     save_figure(fig, path)
 
 
@@ -53,17 +55,20 @@ def learning_curves(history: list[dict], title: str, path: str | Path) -> None:
     save_figure(fig, path)
 
 
-def confusion(cm: list[list[int]], title: str, path: str | Path) -> None:
-    fig, ax = plt.subplots(figsize=(4.6, 4))
-    image = ax.imshow(cm, cmap="Blues")
-    k = len(cm)
-    ax.set(xticks=range(k), yticks=range(k), xlabel="predicted", ylabel="true", title=title)
-    for i in range(k):
-        for j in range(k):
-            if cm[i][j]:
-                ax.text(j, i, cm[i][j], ha="center", va="center", fontsize=6,
-                        color="white" if cm[i][j] > max(map(max, cm)) / 2 else "black")
-    fig.colorbar(image, ax=ax, fraction=0.046)
+def confusion(panels: list[tuple[list[list[int]], str]], title: str, path: str | Path) -> None:
+    """Confusion matrices side by side, one panel per (matrix, test-set name); rows = true class."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
+    for ax, (cm, name) in zip(axes[0], panels):
+        image = ax.imshow(cm, cmap="Blues")
+        k = len(cm)
+        ax.set(xticks=range(k), yticks=range(k), xlabel="predicted", ylabel="true", title=name)
+        for i in range(k):
+            for j in range(k):
+                if cm[i][j]:
+                    ax.text(j, i, cm[i][j], ha="center", va="center", fontsize=6,
+                            color="white" if cm[i][j] > max(map(max, cm)) / 2 else "black")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.suptitle(title, fontsize=10)
     save_figure(fig, path)
 
 
@@ -107,4 +112,32 @@ def overlaid_learning_curves(curves: dict[str, list[tuple[list[int], list[float]
             ax.plot(epochs, errors, color=f"C{k}", marker=".", alpha=0.8, label=variant if s == 0 else None)
     ax.set(xlabel="epoch", ylabel="test error (%)", yscale="log", title="Learning curves")
     ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+BIN_LABELS = {"rotation_deg": "rotation (°)", "shear": "shear", "scale_x": "scale x", "scale_y": "scale y"}
+
+
+def accuracy_by_transform(models: dict[str, dict[str, dict]], title: str, path: str | Path) -> None:
+    """Accuracy per transform-parameter bin, one panel per parameter, one line per model.
+
+    models: name -> parameter -> {"centres": [...], "accuracy_pct": [...], "std": [...]}.
+    """
+    names = list(BIN_LABELS)
+    if not models:  # the real affNIST carries no transform parameters in our loader
+        fig, ax = plt.subplots(figsize=(6, 1.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "No transform parameters for this test set (real affNIST): no breakdown.", ha="center")
+        save_figure(fig, path)
+        return
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), sharey=True)
+    for k, (model, bins) in enumerate(models.items()):
+        for ax, name in zip(axes, names):
+            b = bins[name]
+            ax.errorbar(b["centres"], b["accuracy_pct"], yerr=b["std"], color=f"C{k}", marker="o", capsize=3,
+                        label=model)
+            ax.set(xlabel=BIN_LABELS[name])
+    axes[0].set_ylabel("accuracy (%)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     save_figure(fig, path)

@@ -30,7 +30,8 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
 
 
 PROFILES = ("paper", "gpu", "smoke")
-MODELS = ("baseline_cnn", "capsnet")
+MODELS = ("baseline_cnn", "capsnet", "pooling_cnn")
+IMAGE_SIZES = (28, 40)  # MNIST (Table 1) and the §5.2 canvas
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class PrepareParams:
     min_scale: float = field(metadata=_range(0.1, 10))
     max_scale: float = field(metadata=_range(0.1, 10))
     montage_count: int = field(metadata=_range(1, 64))
+    expanded_seed: int = field(metadata=_range(0))  # §5.2 expanded MNIST: digit positions on the 40×40 canvas
+    affnist_seed: int = field(metadata=_range(0))  # §5.2 affNIST-style set: its transforms
+    affnist_transforms: int = field(metadata=_range(1, 64))  # transforms per test digit (affNIST: 32)
 
     def check(self, where: str) -> None:
         if self.min_scale > self.max_scale:
@@ -87,16 +91,20 @@ class VariantParams:
     model: str
     routing_iterations: int = field(metadata=_range(0))
     reconstruction: bool
-    image_size: int = field(metadata=_range(28, 28))  # MNIST variants; §5.2 adds 40×40 later
+    image_size: int  # 28: MNIST with ±max_shift shifts; 40: §5.2's random position on a 40×40 canvas
+    # early stopping: stop once the per-epoch clean-test accuracy reaches this (%); 0 = train every epoch
+    target_accuracy_pct: float = field(default=0.0, metadata=_range(0, 100))
 
     def check(self, where: str) -> None:
         if self.model not in MODELS:
             raise ParamsError(f"{where}.model must be one of {MODELS}, got {self.model!r}")
+        if self.image_size not in IMAGE_SIZES:
+            raise ParamsError(f"{where}.image_size must be 28 (MNIST) or 40 (the §5.2 canvas), got {self.image_size}")
         if self.model == "capsnet" and self.routing_iterations < 1:
             raise ParamsError(f"{where}.routing_iterations must be >= 1, got {self.routing_iterations}")
-        if self.model == "baseline_cnn" and (self.routing_iterations or self.reconstruction):
+        if self.model != "capsnet" and (self.routing_iterations or self.reconstruction):
             raise ParamsError(
-                f"{where}: baseline_cnn has no routing or reconstruction; "
+                f"{where}: {self.model} has no routing or reconstruction; "
                 "set routing_iterations: 0 and reconstruction: false"
             )
 

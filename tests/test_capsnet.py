@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from pipeline.baseline import BaselineCNN
+from pipeline.baseline import BaselineCNN, PoolingCNN
 from pipeline.capsnet import (
     CapsNet, PrimaryCaps, dynamic_routing, margin_loss, reconstruction_loss, squash,
 )
@@ -235,3 +235,24 @@ def test_bf16_autocast_forward():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(torch.rand(2, 1, 28, 28), torch.tensor([0, 1]))
     assert torch.isfinite(out.lengths.float()).all()
+
+
+def test_pooling_cnn_matches_the_40px_capsnet_parameter_count():
+    """§5.2: a conventional CNN with max-pooling and dropout, close to the 40×40 CapsNet's count."""
+    def count(m):
+        return sum(p.numel() for p in m.parameters())
+
+    capsnet, cnn = count(CapsNet(3, True, image_size=40)), count(PoolingCNN(image_size=40))
+    assert (capsnet, cnn) == (13_475_648, 13_484_826)  # the numbers the docstring and the report state
+    assert abs(cnn - capsnet) / capsnet < 0.001
+    assert any(isinstance(m, torch.nn.Dropout) for m in PoolingCNN().modules())
+
+
+@pytest.mark.parametrize("image_size,num_classes", [(40, 10), (28, 7)])
+def test_pooling_cnn_shapes_and_gradients(image_size, num_classes):
+    model = PoolingCNN(image_size, num_classes)
+    logits = model(torch.rand(3, 1, image_size, image_size))
+    assert logits.shape == (3, num_classes)
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, num_classes - 1])).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name

@@ -4,7 +4,7 @@ import torchvision
 from click.testing import CliRunner
 from torchvision.transforms import v2
 
-from conftest import REPO
+from conftest import REPO, write_mnist
 from pipeline.cli import main
 
 
@@ -37,10 +37,22 @@ def test_download_and_prepare_through_the_cli(synthetic_mnist, tmp_path, monkeyp
     shutil.copy(REPO / "params.yaml", params)
     montage = tmp_path / "fig" / "montage.png"
     result = runner.invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--montage", str(montage),
-                                  "--params", str(params)])
+                                  "--affnist-montage", str(tmp_path / "fig" / "s52.png"), "--params", str(params)])
     assert result.exit_code == 0, result.output
-    assert montage.read_bytes()[:4] == b"\x89PNG"
-    assert (tmp_path / "prepared" / "affine_test.safetensors").is_file()
+    assert montage.read_bytes()[:4] == b"\x89PNG" and (tmp_path / "fig" / "s52.png").read_bytes()[:4] == b"\x89PNG"
+    for split in ("train", "test", "affine_test", "expanded_test", "affnist_test"):
+        assert (tmp_path / "prepared" / f"{split}.safetensors").is_file()
+    assert "affNIST-style set (generated: 32 transform(s)" in result.output  # the committed params: 32 per digit
+
+
+def test_a_broken_affnist_mirror_stops_prepare_with_its_name(tmp_path, monkeypatch):
+    raw = tmp_path / "raw"
+    write_mnist(raw)
+    monkeypatch.setenv("CAPSNET_AFFNIST_MIRROR", str(tmp_path / "no-such-affnist"))
+    result = CliRunner().invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--montage", str(tmp_path / "m.png"),
+                                       "--affnist-montage", str(tmp_path / "a.png"), "--params", str(REPO / "params.yaml")])
+    assert result.exit_code == 1 and "CAPSNET_AFFNIST_MIRROR" in result.output and "no-such-affnist" in result.output
+    assert not (tmp_path / "prepared" / "affnist_test.safetensors").exists()  # no §5.2 set half-written
 
 
 def test_download_failure_is_a_clean_error(tmp_path, monkeypatch):
@@ -56,7 +68,8 @@ def test_bad_params_stop_prepare_before_work(tmp_path):
     params.write_text((REPO / "params.yaml").read_text().replace("max_shear: 0.2", "max_shear: 0.2\n  nonsense: 1"))
     (tmp_path / "raw").mkdir()
     result = CliRunner().invoke(main, ["prepare", str(tmp_path / "raw"), str(tmp_path / "out"),
-                                       "--montage", str(tmp_path / "m.png"), "--params", str(params)])
+                                       "--montage", str(tmp_path / "m.png"), "--affnist-montage", str(tmp_path / "a.png"),
+                                       "--params", str(params)])
     assert result.exit_code == 1 and "unknown key prepare.nonsense" in result.output
     assert not (tmp_path / "out").exists()
 

@@ -28,6 +28,10 @@ def test_committed_params_are_the_paper_protocol():
     assert (p.train.batch_size, p.train.lr, p.train.lr_decay_rate, p.train.lr_decay_steps) == (128, 1e-3, 0.96, 2000)
     assert p.train.max_shift == 2 and p.ablation.seeds == (0, 1, 2)
     assert p.variant("capsnet_r3_recon").routing_iterations == 3
+    assert p.variant("capsnet_r3_recon").target_accuracy_pct == 0  # Table 1 runs train every epoch
+    s52 = p.variant("capsnet_affnist"), p.variant("cnn_affnist")
+    assert [(v.image_size, v.target_accuracy_pct) for v in s52] == [(40, 99.23), (40, 99.23)]
+    assert p.prepare.affnist_transforms == 32 and {"capsnet_affnist", "cnn_affnist"} <= set(p.ablation.variants)
 
 
 @pytest.mark.parametrize("path,value,message", [
@@ -44,6 +48,10 @@ def test_committed_params_are_the_paper_protocol():
     ("ablation.variants", ["capsnet_r9"], "ablation.variants names 'capsnet_r9'"),
     ("variants.baseline_cnn.reconstruction", True, "baseline_cnn has no routing or reconstruction"),
     ("train.device", "tpu", "train.device must be"),
+    ("variants.capsnet_affnist.image_size", 32, "variants.capsnet_affnist.image_size must be 28 (MNIST) or 40"),
+    ("variants.capsnet_affnist.target_accuracy_pct", 100.5, "target_accuracy_pct must be <= 100"),
+    ("variants.cnn_affnist.routing_iterations", 3, "pooling_cnn has no routing or reconstruction"),
+    ("prepare.affnist_transforms", 0, "prepare.affnist_transforms must be >= 1"),
 ])
 def test_bad_params_fail_naming_the_key(path, value, message):
     with pytest.raises(ParamsError) as err:

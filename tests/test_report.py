@@ -1,5 +1,6 @@
 """The report's arithmetic on fabricated per-seed evaluation files."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,22 +14,29 @@ from pipeline import report as rp
 REFERENCE = rp.paper_reference()
 
 
-def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="capsnet", recon=True):
-    """Evaluation files whose per-image predictions give exactly error_pct on n images."""
+def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="capsnet", recon=True, image_size=28,
+              stop_reason="budget", bins=None):
+    """Evaluation files whose per-image predictions give exactly error_pct (clean set) and affine_pct
+    (transformed set) on n images; 40×40 variants get §5.2's set names."""
     model_dir, result_dir = root / "models" / variant / f"seed{seed}", root / "results" / variant / f"seed{seed}"
     model_dir.mkdir(parents=True)
     result_dir.mkdir(parents=True)
+    clean, transformed = ("test", "affine_test") if image_size == 28 else ("expanded_test", "affnist_test")
     labels = torch.zeros(n, dtype=torch.uint8)
     preds = labels.clone()
     preds[: round(n * error_pct / 100)] = 1
     affine_preds = labels.clone()
     affine_preds[: round(n * affine_pct / 100)] = 1
-    save_file({"test_labels": labels, "test_preds": preds, "affine_test_labels": labels.clone(),
-               "affine_test_preds": affine_preds}, str(result_dir / "predictions.safetensors"))
+    save_file({f"{clean}_labels": labels, f"{clean}_preds": preds, f"{transformed}_labels": labels.clone(),
+               f"{transformed}_preds": affine_preds}, str(result_dir / "predictions.safetensors"))
     (result_dir / "metrics.json").write_text(json.dumps(
-        {"test_error_pct": error_pct, "affine_test_error_pct": affine_pct, "n_params": 8215568}))
+        {f"{clean}_error_pct": error_pct, f"{transformed}_error_pct": affine_pct, "n_params": 8215568}))
+    (result_dir / "breakdown.json").write_text(json.dumps(
+        {"per_class": {}, "sources": {transformed: f"{transformed} (fabricated)"}, "bins": bins or {}}))
     (model_dir / "config.json").write_text(json.dumps(
-        {"config": {"model": model, "routing_iterations": 3, "reconstruction": recon}, "train_seconds": 1.0}))
+        {"config": {"model": model, "routing_iterations": 3, "reconstruction": recon, "image_size": image_size,
+                    "target_accuracy_pct": 99.23 if image_size == 40 else 0.0},
+         "train_seconds": 1.0, "stop_reason": stop_reason, "epochs_trained": 1}))
     pd.DataFrame({"epoch": [1], "test_error_pct": [error_pct], "epoch_seconds": [1.0]}).to_csv(
         model_dir / "history.csv", index=False)
 
@@ -105,3 +113,65 @@ def test_recipe_differences_list_only_changes():
     recipe = {k: v for k, v in REFERENCE["recipe"].items() if k != "source"}
     assert rp.recipe_differences(recipe, REFERENCE) == []
     assert rp.recipe_differences({**recipe, "epochs": 50}, REFERENCE) == ["train.epochs = 50 (paper protocol: 640)"]
+
+
+# --- §5.2 ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lo,hi,expected", [
+    (0.0, 20.0, "not reproduced"),   # touches 0
+    (-1.0, 2.0, "not reproduced"),
+    (1.0, 12.9, "smaller gap"),      # above 0, wholly below the paper's 13 pp
+    (1.0, 13.0, "reproduced"),       # reaches the paper's gap exactly
+    (12.0, 15.0, "reproduced"),
+    (13.0, 15.0, "reproduced"),      # contains 13 at its lower end
+    (13.1, 15.0, "larger gap"),
+])
+def test_gap_verdict_boundaries(lo, hi, expected):
+    assert rp.gap_verdict(lo, hi, 13.0) == expected
+
+
+def test_affnist_summary_gap_and_matched_flag(tmp_path):
+    # CapsNet: 1 % / 21 % error on expanded / affNIST; CNN: 1 % / 36 %; the CNN errs on a superset of
+    # the CapsNet's affNIST images, so every paired difference is 0 or +1 and the gap is exactly +15 pp.
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_affnist", seed, 1.0, n=400, affine_pct=21.0, image_size=40, stop_reason="target")
+        fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0, model="pooling_cnn", recon=False,
+                  image_size=40, stop_reason="budget" if seed else "target")
+    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_affnist", "cnn_affnist"], [0, 1])
+    table = rp.affnist_summary(runs, REFERENCE).set_index("variant")
+    assert table.loc["capsnet_affnist", "affnist_acc_mean"] == pytest.approx(79.0)
+    assert table.loc["cnn_affnist", "affnist_acc_mean"] == pytest.approx(64.0)
+    assert table.loc["capsnet_affnist", "expanded_acc_mean"] == pytest.approx(99.0)
+    assert table.loc["cnn_affnist", "stopped"] == "1 1*"
+    assert table.loc["capsnet_affnist", "paper_affnist_acc"] == 79.0 and table.loc["cnn_affnist", "paper_affnist_acc"] == 66.0
+    gap = rp.affnist_gap(runs, REFERENCE)
+    assert gap["gap"] == pytest.approx(15.0) and gap["paper_gap"] == pytest.approx(13.0)
+    assert 0 < gap["ci_low"] < 15 < gap["ci_high"] and gap["verdict"] == "reproduced"
+    assert gap["matched"] is False  # the CNN's seed 1 ran out of budget
+    text = "\n".join(rp.render_affnist(rp.affnist_summary(runs, REFERENCE), gap, REFERENCE))
+    assert "Verdict: reproduced" in text and "not compared at matched" in text
+    assert "affNIST-style set" in text  # the fabricated source is not the real affNIST
+
+
+def test_transform_bins_average_over_seeds(tmp_path):
+    def bins(acc):
+        return {"affnist_test": {"rotation_deg": {"edges": [-20, 0, 20], "count": [5, 5], "accuracy_pct": acc}}}
+
+    fabricate(tmp_path, "capsnet_affnist", 0, 1.0, image_size=40, bins=bins([50.0, None]))
+    fabricate(tmp_path, "capsnet_affnist", 1, 1.0, image_size=40, bins=bins([70.0, 80.0]))
+    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_affnist"], [0, 1])
+    out = rp.transform_bins(runs, "affnist_test")["capsnet_affnist"]["rotation_deg"]
+    assert out["centres"] == [-10.0, 10.0]
+    assert out["accuracy_pct"] == pytest.approx([60.0, 80.0])  # an empty bin is skipped, not counted as 0
+
+
+def test_deviations_name_profile_changes_including_the_affnist_set():
+    from conftest import REPO
+    from pipeline.params import load_params
+
+    committed = load_params(REPO / "params.yaml")
+    assert not any("affNIST-style set" in d or "Data subsets" in d for d in rp.deviations(committed, REFERENCE))
+    smoke = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=1, test_subset=256))
+    listed = rp.deviations(smoke, REFERENCE)
+    assert any("1 transform(s) per test digit" in d for d in listed) and any("256 test digits" in d for d in listed)

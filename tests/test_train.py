@@ -15,7 +15,7 @@ from pipeline.train import NonFiniteLossError, RunConfig, train
 
 def tiny_config(**changes) -> RunConfig:
     cfg = RunConfig(variant="capsnet_r1", model="capsnet", routing_iterations=1, reconstruction=False,
-                    image_size=28, num_classes=10, seed=0, profile="smoke", epochs=3, batch_size=16,
+                    image_size=28, num_classes=10, target_accuracy_pct=0.0, seed=0, profile="smoke", epochs=3, batch_size=16,
                     lr=1e-3, lr_decay_rate=0.96, lr_decay_steps=2000, lr_min=1e-6, max_shift=2, amp=False,
                     compile=False, deterministic=True, log_every=2, eval_batch_size=64, device="cpu")
     return dataclasses.replace(cfg, **changes)
@@ -76,9 +76,9 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tmp_path, 
     real = train_module.compute_loss
     calls = {"n": 0}
 
-    def poisoned(model, x, y):
+    def poisoned(model, x, y, capsnet):
         calls["n"] += 1
-        loss, margin, recon = real(model, x, y)
+        loss, margin, recon = real(model, x, y, capsnet)
         return (loss * float("nan"), margin, recon) if calls["n"] == 5 else (loss, margin, recon)
 
     monkeypatch.setattr(train_module, "compute_loss", poisoned)
@@ -86,6 +86,50 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tmp_path, 
     with pytest.raises(NonFiniteLossError, match="non-finite loss at step 4 "):
         train(tiny_config(), tiny_data(), checkpoint)
     assert torch.load(checkpoint, weights_only=False)["epoch"] == 0  # epoch 1 is kept
+
+
+def test_early_stopping_stops_at_the_first_epoch_reaching_the_target(tmp_path, monkeypatch):
+    """A constructed sequence of per-epoch test errors: accuracy 95 %, 99.22 %, 99.23 %, 99.5 %, ..."""
+    data = tiny_data()
+    n_test = 10_000
+    data["test_images"] = torch.zeros(n_test, 28, 28, dtype=torch.uint8)
+    data["test_labels"] = torch.zeros(n_test, dtype=torch.uint8)
+    errors = iter([500, 78, 77, 50, 40])  # wrong predictions per epoch
+
+    def constructed_predict(model, images, batch_size, amp=False):
+        preds = torch.zeros(images.shape[0], dtype=torch.long)
+        preds[:next(errors)] = 1
+        return torch.zeros(images.shape[0], 10), preds
+
+    monkeypatch.setattr(train_module, "predict", constructed_predict)
+    cfg = tiny_config(epochs=5, target_accuracy_pct=99.23)
+    result = train(cfg, data, tmp_path / "e.pt")
+    assert result.stop_reason == "target" and len(result.history) == 3 and result.steps == 3 * 3
+    assert [h["test_error_pct"] for h in result.history] == pytest.approx([5.0, 0.78, 0.77])
+    assert torch.load(tmp_path / "e.pt", weights_only=False)["stop_reason"] == "target"
+    again = Recorder()  # an early-stopped run is finished: re-running trains nothing
+    rerun = train(cfg, data, tmp_path / "e.pt", logger=again)
+    assert again.epochs == [] and rerun.stop_reason == "target" and len(rerun.history) == 3
+
+
+def test_without_a_target_every_epoch_runs(tmp_path):
+    result = train(tiny_config(epochs=2), tiny_data(), tmp_path / "f.pt")
+    assert result.stop_reason == "budget" and len(result.history) == 2
+
+
+@pytest.mark.parametrize("accuracy,target,reached", [(99.23, 99.23, True), (99.22, 99.23, False),
+                                                     (100.0, 0.0, False), (50.0, 40.0, True)])
+def test_target_reached(accuracy, target, reached):
+    assert train_module.target_reached(100.0 - accuracy, target) is reached
+
+
+def test_augment_shifts_at_28_and_places_on_the_canvas_at_40():
+    images, _ = synthetic_digits(8)
+    g = torch.Generator().manual_seed(0)
+    assert train_module.augment(images, 28, 2, g).shape == (8, 28, 28)
+    placed = train_module.augment(images, 40, 2, g)
+    assert placed.shape == (8, 40, 40)
+    assert torch.equal(placed.flatten(1).long().sum(1), images.flatten(1).long().sum(1))  # whole digits, no shift loss
 
 
 def test_tracking_uri_resolution(monkeypatch, tmp_path):
@@ -102,11 +146,14 @@ def test_tracking_uri_resolution(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def pipeline_dir(tmp_path_factory):
     """Prepared synthetic data and a params.yaml for a one-epoch CPU run."""
+    from pipeline.affnist import prepare_affnist
     from pipeline.data import AffineRanges, prepare
 
     root = tmp_path_factory.mktemp("pipe")
     write_mnist(root / "raw", n_train=32, n_test=12)
-    prepare(root / "raw", root / "prepared", train_subset=0, test_subset=0, affine_seed=0, ranges=AffineRanges())
+    out = prepare(root / "raw", root / "prepared", train_subset=0, test_subset=0, affine_seed=0, ranges=AffineRanges())
+    prepare_affnist(root / "prepared", out["test_images"], out["test_labels"], expanded_seed=1, affnist_seed=2,
+                    transforms_per_digit=2, ranges=AffineRanges())
     text = (REPO / "params.yaml").read_text()
     for old, new in [("epochs: 640", "epochs: 1"), ("batch_size: 128", "batch_size: 16"),
                      ("device: auto", "device: cpu"), ("profile: paper", "profile: smoke")]:
@@ -145,11 +192,47 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
     assert all({"test_error_pct", "affine_test_error_pct", "train_loss", "lr"} <= set(r.data.metrics) for r in runs)
 
 
+def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatch):
+    root = pipeline_dir
+    params = root / "params_s52.yaml"
+    params.write_text((root / "params.yaml").read_text().replace(
+        "variants: [baseline_cnn, capsnet_r1, capsnet_r1_recon, capsnet_r3, capsnet_r3_recon, capsnet_affnist, cnn_affnist]",
+        "variants: [capsnet_r1, capsnet_affnist, cnn_affnist]").replace("seeds: [0, 1, 2]", "seeds: [0]"))
+    models, results = root / "s52" / "models", root / "s52" / "results"
+    (root / "s52").mkdir()
+    store = root / "s52"  # its own MLflow store: the other tests count their runs
+    for variant in ("capsnet_r1", "capsnet_affnist", "cnn_affnist"):
+        result = run_cli(["train", variant, "0", str(root / "prepared"), str(models / variant / "seed0"),
+                          "--checkpoint", str(root / "s52" / "ckpt" / f"{variant}.pt"), "--params", str(params)],
+                         store, monkeypatch)
+        assert result.exit_code == 0, result.output
+        result = run_cli(["evaluate", str(models / variant / "seed0"), str(root / "prepared"),
+                          str(results / variant / "seed0")], store, monkeypatch)
+        assert result.exit_code == 0, result.output
+    metrics = json.loads((results / "capsnet_affnist" / "seed0" / "metrics.json").read_text())
+    assert {"expanded_test_error_pct", "affnist_test_error_pct", "n_params", "reached_target"} <= set(metrics)
+    assert metrics["n_affnist_test"] == 2 * metrics["n_expanded_test"]  # 2 transforms per digit here
+    assert metrics["n_params"] == 13_475_648
+    breakdown = json.loads((results / "cnn_affnist" / "seed0" / "breakdown.json").read_text())
+    assert set(breakdown["bins"]["affnist_test"]) == {"rotation_deg", "shear", "scale_x", "scale_y"}
+    assert "affNIST-style" in breakdown["sources"]["affnist_test"]
+    config = json.loads((models / "cnn_affnist" / "seed0" / "config.json").read_text())
+    assert config["eval_set"] == "expanded_test" and config["stop_reason"] in ("target", "budget")
+    result = run_cli(["report", str(models), str(results), str(root / "s52" / "reports"), "--params", str(params)],
+                     store, monkeypatch)
+    assert result.exit_code == 0, result.output
+    text = (root / "s52" / "reports" / "ablation.md").read_text()
+    assert "## §5.2 Robustness to affine transformations" in text and "CapsNet − CNN on affNIST" in text
+    assert (root / "s52" / "reports" / "figures" / "affnist_bins.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads((root / "s52" / "reports" / "summary.json").read_text())
+    assert set(summary["affnist_gap_pp"]) == {"gap", "ci_low", "ci_high"}
+
+
 def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
     root = pipeline_dir
     real = train_module.compute_loss
     monkeypatch.setattr(train_module, "compute_loss",
-                        lambda m, x, y: tuple(t * float("nan") for t in real(m, x, y)))
+                        lambda m, x, y, capsnet: tuple(t * float("nan") for t in real(m, x, y, capsnet)))
     result = run_cli(["train", "capsnet_r1", "0", str(root / "prepared"), str(root / "models" / "nan"),
                       "--checkpoint", str(root / "ckpt" / "nan.pt"), "--params", str(root / "params.yaml")], root, monkeypatch)
     assert result.exit_code == 1 and "non-finite loss at step" in result.output
