@@ -218,6 +218,8 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
             correct = a["labels"] == a["preds"]
             breakdown["bins"][name] = accuracy_by_bins(correct, data["affine_params"], json.loads(meta["ranges"]))
         arrays.update({f"{name}_{k}": t for k, t in a.items()})
+        if "digit_index" in data:  # affNIST-style: which test digit each image came from (for the report's CI)
+            arrays[f"{name}_digit_index"] = data["digit_index"].int()
         panels.append((m["confusion_matrix"], name))
         if name == clean_set:
             clean_images = data["images"]

@@ -175,3 +175,17 @@ def test_deviations_name_profile_changes_including_the_affnist_set():
     smoke = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=1, test_subset=256))
     listed = rp.deviations(smoke, REFERENCE)
     assert any("1 transform(s) per test digit" in d for d in listed) and any("256 test digits" in d for d in listed)
+
+
+def test_cluster_bootstrap_resamples_whole_digits():
+    digits, k = 100, 10
+    a = np.zeros((1, digits * k), dtype=bool)
+    a[0, :20 * k] = True  # A fails every transform of 20 digits, B nothing: Δ = +20 pp
+    b = np.zeros_like(a)
+    gap, lo, hi = rp.paired_bootstrap(a, b, groups=np.repeat(np.arange(digits), k))
+    gap_images, lo_images, hi_images = rp.paired_bootstrap(a, b)
+    assert gap == gap_images == pytest.approx(20.0)
+    # 100 independent digits, Bernoulli(0.2): CI ≈ 20 ± 1.96·sqrt(0.16/100)·100 ≈ 20 ± 7.8 pp;
+    # treating the 1,000 images as independent would claim ≈ ± 2.5 pp
+    assert 11 < lo < 15 and 25 < hi < 29
+    assert hi_images - lo_images < 6

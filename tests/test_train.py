@@ -223,6 +223,7 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
     assert result.exit_code == 0, result.output
     text = (root / "s52" / "reports" / "ablation.md").read_text()
     assert "## §5.2 Robustness to affine transformations" in text and "CapsNet − CNN on affNIST" in text
+    assert "resampling test digits (all transforms of a digit together)" in text  # the cluster bootstrap is used
     assert (root / "s52" / "reports" / "figures" / "affnist_bins.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((root / "s52" / "reports" / "summary.json").read_text())
     assert set(summary["affnist_gap_pp"]) == {"gap", "ci_low", "ci_high"}
