@@ -25,6 +25,7 @@ from pipeline.data import AffineRanges, apply_affine, ranges_metadata, sample_af
 
 CANVAS = 40  # §5.2 and affNIST: 40×40 images
 AFFNIST_MIRROR_ENV = "CAPSNET_AFFNIST_MIRROR"
+REAL_AFFNIST = "affNIST test set"  # how a set's source line starts when it is the real affNIST
 
 
 class AffnistError(ValueError):
@@ -149,8 +150,8 @@ def prepare_affnist(out_dir: str | Path, test_images: torch.Tensor, test_labels:
                offsets=offsets)
     if mirror is not None:
         images, labels = load_affnist_mat(mirror)
-        source = f"affNIST test set ({len(labels):,} images from {mirror})"
-        save_split(out_dir / "affnist_test.safetensors", images, labels, ranges_metadata(ranges, source))
+        source = f"{REAL_AFFNIST} ({len(labels):,} images from {mirror})"
+        save_split(out_dir / "affnist_test.safetensors", images, labels, {"source": source})  # no transforms known
         return {"expanded": expanded, "images": images, "labels": labels, "source": source}
     out = affnist_style(test_images, test_labels, transforms_per_digit, affnist_seed, ranges)
     source = (f"affNIST-style set (generated: {transforms_per_digit} transform(s) per test digit, seed {affnist_seed}; "

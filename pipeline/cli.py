@@ -78,9 +78,10 @@ def prepare(raw_dir: str, out_dir: str, montage: str, affnist_montage: str, para
     n = out["test_images"].shape[0]
     k = min(p.montage_count, n)
     affine_montage(out["test_images"][:k], out["affine_images"][:k], out["affine_params"][:k], montage)
-    step = len(s52["labels"]) // n if "affine_params" in s52 else 1  # the first transform of each digit
+    transforms = s52.get("affine_params")  # None for the real affNIST
+    step = p.affnist_transforms if transforms is not None else 1  # the first transform of each digit
     shown = s52["images"][::step][:k]
-    affine_montage(s52["expanded"][:len(shown)], shown, s52["affine_params"][::step][:k] if "affine_params" in s52 else None,
+    affine_montage(s52["expanded"][:len(shown)], shown, None if transforms is None else transforms[::step][:k],
                    affnist_montage, labels=("expanded", "affNIST"), title=f"§5.2 test sets: {s52['source']}")
     click.echo(f"prepared {out_dir}: {n} test digits, {n} affine-shifted, {n} expanded (40×40); "
                f"{s52['source']}: {len(s52['labels']):,} images; montages {montage}, {affnist_montage}")
@@ -146,7 +147,7 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
                            run_id=state["extra"].get("run_id") if state else None)
     t0 = time.perf_counter()
     try:
-        result = train_run(cfg, data, checkpoint, tracker.epoch_logger(run_id), extra={"run_id": run_id})
+        result = train_run(cfg, data, checkpoint, tracker.epoch_logger(run_id), extra={"run_id": run_id}, state=state)
     except NonFiniteLossError as err:
         tracker.end(run_id, failed=True)
         raise click.ClickException(str(err)) from err

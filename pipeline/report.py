@@ -20,6 +20,8 @@ import pandas as pd
 import yaml
 from safetensors.torch import load_file
 
+from pipeline import baseline, capsnet, train
+from pipeline.affnist import REAL_AFFNIST
 from pipeline.params import Params
 
 MIN_SIGMA = 0.03  # verdict tolerance floor (percentage points)
@@ -273,7 +275,7 @@ def render_affnist(table: pd.DataFrame, gap: dict | None, reference: dict) -> li
         if not gap["matched"]:
             lines += ["", "> Not every run reached the target accuracy before its epoch budget, so the two models are "
                       "**not compared at matched expanded-MNIST accuracy** as the paper's are."]
-    if not table.affnist_source.iloc[0].startswith("affNIST test set"):
+    if not table.affnist_source.iloc[0].startswith(REAL_AFFNIST):
         lines += ["", "> The affNIST column here is the **affNIST-style set** this pipeline generates (same ranges and "
                   "canvas, our transforms), not the real affNIST; Δ against the paper's affNIST numbers is context, "
                   "not a like-for-like comparison. Set `$CAPSNET_AFFNIST_MIRROR` to the real test files to compare directly."]
@@ -339,8 +341,6 @@ def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profil
 
 def deviations(params: Params, reference: dict) -> list[str]:
     """Every deliberate deviation: the modules' DEVIATIONS, the profile's recipe changes, data subsets."""
-    from pipeline import baseline, capsnet, train
-
     out = capsnet.DEVIATIONS + baseline.DEVIATIONS + train.DEVIATIONS
     out += recipe_differences(dataclasses.asdict(params.train), reference)
     if params.prepare.train_subset or params.prepare.test_subset:

@@ -24,7 +24,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -228,14 +228,16 @@ def load_checkpoint(path: str | Path, cfg: RunConfig) -> dict | None:
 
 
 def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | Path,
-          logger: EpochLogger | None = None, extra: dict | None = None) -> TrainResult:
+          logger: EpochLogger | None = None, extra: dict | None = None,
+          state: dict | None | Literal["load"] = "load") -> TrainResult:
     """Train one (variant, seed); resume from ``checkpoint_path`` when it matches ``cfg``.
 
     ``data``: train_images (N, 28, 28) uint8, train_labels (N,), and the clean test set the model
     is scored on each epoch, test_images (M, S, S) with S = cfg.image_size, test_labels (M,).
     With ``cfg.target_accuracy_pct`` > 0 training stops after the first epoch whose test
     accuracy reaches it (§5.2 early stopping); ``stop_reason`` says which end was reached.
-    ``extra`` is stored in every checkpoint (the tracking run id, say).
+    ``extra`` is stored in every checkpoint (the tracking run id, say). ``state`` is the checkpoint
+    already read by the caller with `load_checkpoint` (None: start afresh); by default it is read here.
     """
     checkpoint_path = Path(checkpoint_path)
     device = resolve_device(cfg.device)
@@ -258,7 +260,8 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         raise ValueError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images")
 
     start_epoch, history, stop_reason = 0, [], "budget"
-    state = load_checkpoint(checkpoint_path, cfg)
+    if state == "load":
+        state = load_checkpoint(checkpoint_path, cfg)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -267,13 +270,12 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         torch.set_rng_state(state["cpu_rng"])
         if device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], device)
-        start_epoch, history = state["epoch"] + 1, state["history"]
-        if state.get("stop_reason") == "target":  # stopped early: finished, nothing to resume
-            start_epoch, stop_reason = cfg.epochs, "target"
+        start_epoch, history, stop_reason = state["epoch"] + 1, state["history"], state["stop_reason"]
+    last_epoch = len(history) if stop_reason == "target" else cfg.epochs  # an early-stopped run is finished
 
     step_model = torch.compile(model) if cfg.compile else model
     model.train()
-    for epoch in range(start_epoch, cfg.epochs):
+    for epoch in range(start_epoch, last_epoch):
         t0 = time.perf_counter()
         sums = torch.zeros(3, device=device)  # total, margin, reconstruction
         first_bad = torch.full((), -1, device=device, dtype=torch.long)
@@ -322,7 +324,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
             print(f"{cfg.variant} seed{cfg.seed}: test accuracy {100 - test_error:.2f}% reached the target "
                   f"{cfg.target_accuracy_pct}% after epoch {epoch + 1}; early stop", flush=True)
             break
-    return TrainResult(model, history, len(history) * steps_per_epoch, min(start_epoch, len(history)), stop_reason)
+    return TrainResult(model, history, len(history) * steps_per_epoch, start_epoch, stop_reason)
 
 
 def target_reached(test_error_pct: float, target_accuracy_pct: float) -> bool:
