@@ -5,14 +5,8 @@ BIN := $(VENV)/bin
 export CAPSNET_MNIST_MIRROR ?= $(if $(wildcard ../shared/data/mnist),$(abspath ../shared/data/mnist),)
 export UV_PYTHON_DOWNLOADS := never
 
-# The smoke profile: tiny deterministic subsets, 1 epoch, one seed, CPU. DVC's own overrides.
-# One affNIST-style transform per test digit instead of 32.
-SMOKE := -S base.profile=smoke -S prepare.train_subset=512 -S prepare.test_subset=256 \
-         -S prepare.affnist_transforms=1 -S train.epochs=1 -S train.batch_size=32 -S train.device=cpu \
-         -S train.log_every=4 -S 'ablation.seeds=[0]'
-
-# The GPU profile: 50 epochs (the length popular re-runs use), bf16 autocast, 3 seeds, on CUDA.
-GPU := -S base.profile=gpu -S train.epochs=50 -S train.amp=true -S train.device=cuda
+# Profiles (smoke, gpu) are DVC's own -S overrides, defined once in pipeline/profiles.py.
+PROFILE := PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pipeline.profiles
 
 .PHONY: venv test smoke gpu repro
 venv: $(BIN)/capsnet
@@ -25,10 +19,10 @@ test: venv  ## the test suite (what CI runs)
 	$(BIN)/python -m pytest
 
 smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes)
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc exp run $(SMOKE)
+	$(PROFILE) smoke --exec dvc exp run
 
 gpu: venv  ## the whole DVC pipeline in the GPU profile (needs CUDA)
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc exp run $(GPU)
+	$(PROFILE) gpu --exec dvc exp run
 
 repro: venv  ## the whole DVC pipeline with params.yaml as it is (the paper profile when committed)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro

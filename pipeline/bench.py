@@ -19,10 +19,14 @@ from torchvision.transforms import v2
 
 from pipeline.data import MNIST_SIZE
 from pipeline.train import (
-    RunConfig, build_model, compute_loss, make_optimizer, predict, resolve_device, training_step,
+    RunConfig, build_model, compute_loss, configure_backends, loss_function, make_optimizer, predict, resolve_device,
+    training_step,
 )
 
 EPOCH_IMAGES = 60_000
+# --mode: (bf16 autocast, torch.compile mode or None). "graphs" adds CUDA graphs (reduce-overhead).
+MODES = {"fp32": (False, None), "bf16": (True, None), "compile": (False, "default"),
+         "bf16-compile": (True, "default"), "bf16-graphs": (True, "reduce-overhead")}
 
 
 def _sync(device: torch.device) -> None:
@@ -48,14 +52,19 @@ def flop_per_image(cfg: RunConfig, device: torch.device, batch: int = 8) -> floa
     return counter.get_total_flops() / batch
 
 
-def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0) -> dict:
-    """Time `training_step` (the code `capsnet train` runs) and inference on random uint8 data."""
+def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
+               compile_mode: str = "default") -> dict:
+    """Time `training_step` (the code `capsnet train` runs) and inference on random uint8 data.
+
+    The first warm-up step includes compilation; its wall time is returned as first_step_s.
+    """
     device = resolve_device(cfg.device)
     amp = cfg.amp and device.type == "cuda"
+    configure_backends(cfg, device)
     torch.manual_seed(generator_seed)
     model = build_model(cfg).to(device)
     optimizer, scheduler = make_optimizer(model, cfg, device)
-    step_model = torch.compile(model) if cfg.compile else model
+    step_model = loss_function(model, cfg, compile_mode)
     generator = torch.Generator(device=device).manual_seed(generator_seed)
     n = cfg.batch_size * (steps + warmup)
     digits = torch.randint(0, 256, (n, MNIST_SIZE, MNIST_SIZE), dtype=torch.uint8, device=device)  # training input
@@ -64,8 +73,12 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     batches = [slice(k * cfg.batch_size, (k + 1) * cfg.batch_size) for k in range(steps + warmup)]
-    for sl in batches[:warmup]:
+    t0 = time.perf_counter()
+    for k, sl in enumerate(batches[:warmup]):
         training_step(step_model, optimizer, scheduler, digits[sl], labels[sl], generator, cfg, amp)
+        if k == 0:
+            _sync(device)
+            first_step_s = time.perf_counter() - t0
     _sync(device)
     t0 = time.perf_counter()
     for sl in batches[warmup:]:
@@ -81,7 +94,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0)
     images_per_s = steps * cfg.batch_size / train_seconds
     return {"train_images_per_s": images_per_s, "ms_per_step": 1000 * train_seconds / steps,
             "s_per_epoch": EPOCH_IMAGES / images_per_s, "peak_memory_mb": _peak_memory_mb(device),
-            "inference_images_per_s": n / infer_seconds}
+            "inference_images_per_s": n / infer_seconds, "first_step_s": first_step_s}
 
 
 class _TensorDigits(Dataset):

@@ -142,7 +142,7 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
                   "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps, "epochs": cfg.epochs,
                   "steps": steps, "amp": cfg.amp, "compile": cfg.compile, "n_params": count_params(cfg),
                   "device": str(device), "torch_version": env["torch_version"], "profile": cfg.profile}
-    tracker = tracking.Tracker()
+    tracker = tracking.open_tracker()
     run_id = tracker.start(f"{variant}-seed{seed}", run_params,
                            run_id=state["extra"].get("run_id") if state else None)
     t0 = time.perf_counter()
@@ -240,7 +240,7 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
                            col_labels=[f"{round(s, 2) + 0.0:+.2f}" for s in FIG4_STEPS.tolist()])
         pngs += ["reconstructions.png", "fig4.png"]
     _write_json(out / "metrics.json", metrics)
-    tracker = tracking.Tracker()
+    tracker = tracking.open_tracker()
     run_id = saved["run_id"]
     tracker.log_metrics(run_id, {k: metrics[k] for k in (f"{clean_set}_error_pct", f"{transformed_set}_error_pct")},
                         step=saved["epochs_trained"])
@@ -339,7 +339,7 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
     if gap is not None:
         headline["affnist_gap_pp"] = {k: round(gap[k], 4) for k in ("gap", "ci_low", "ci_high")}
     _write_json(out / "summary.json", {"profile": p.base.profile, **headline})
-    tracking.Tracker().log_report(written + [out / "summary.json", *(out / v for v in shown.values())], p.base.profile)
+    tracking.open_tracker().log_report(written + [out / "summary.json", *(out / v for v in shown.values())], p.base.profile)
     click.echo(f"report written to {out / 'ablation.md'}")
 
 
@@ -347,24 +347,27 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
 @click.option("--variant", default="capsnet_r3_recon", show_default=True, help="a variant from params.yaml")
 @click.option("--batch", "batch_sizes", type=int, multiple=True, default=[128], show_default=True,
               help="batch size (repeat for several)")
-@click.option("--amp", "amp_modes", type=click.Choice(["off", "on"]), multiple=True, default=["off"],
-              show_default=True, help="bf16 autocast (CUDA only; repeat for both)")
-@click.option("--compile", "compile_modes", type=click.Choice(["off", "on"]), multiple=True, default=["off"],
-              show_default=True, help="torch.compile (repeat for both)")
+@click.option("--mode", "modes", type=click.Choice(["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs"]),
+              multiple=True, default=["fp32"], show_default=True,
+              help="eager fp32, bf16 autocast (CUDA), torch.compile of model + loss, both, or both + CUDA graphs "
+                   "(repeat for several)")
 @click.option("--steps", type=int, default=20, show_default=True, help="timed training steps")
-@click.option("--warmup", type=int, default=3, show_default=True, help="untimed steps first")
+@click.option("--warmup", type=int, default=3, show_default=True, help="untimed steps first (compilation included)")
 @click.option("--reference/--no-reference", default=True, show_default=True,
               help="also time the popular implementations' DataLoader loop, for the ratio")
+@click.option("--deterministic", type=click.Choice(["params", "on", "off"]), default="params", show_default=True,
+              help="deterministic algorithms as params.yaml's train.deterministic says, or forced")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
 @PARAMS_OPTION
-def bench(variant: str, batch_sizes: tuple[int, ...], amp_modes: tuple[str, ...], compile_modes: tuple[str, ...],
-          steps: int, warmup: int, reference: bool, device: str, params_path: str) -> None:
+def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
+          reference: bool, deterministic: str, device: str, params_path: str) -> None:
     """Print one JSON line per configuration: images/s, ms/step, s/epoch, TFLOP/s, memory.
 
     Times the real training step of `capsnet train` on random uint8 data after warm-up steps,
-    synchronising the device only at the edges. FLOP per image are counted by torch's
-    FlopCounterMode over one training step. With --reference, a loop written the way popular
-    re-implementations train (eager fp32, DataLoader, per-sample transforms) gives the ratio.
+    synchronising the device only at the edges, with the profile's settings (params.yaml) unless
+    told otherwise. FLOP per image are counted by torch's FlopCounterMode over one training step.
+    With --reference, a loop written the way popular re-implementations train (eager fp32,
+    DataLoader, per-sample transforms) gives the ratio.
     """
     import dataclasses
     import datetime
@@ -378,14 +381,15 @@ def bench(variant: str, batch_sizes: tuple[int, ...], amp_modes: tuple[str, ...]
     dev = resolve_device(device)
     try:
         base = run_config(_params(params_path), variant, 0, profile="bench", epochs=1, batch_size=batch_sizes[0],
-                          amp=False, compile=False, deterministic=False, device=str(dev))
+                          amp=False, compile=False, device=str(dev))
     except ParamsError as err:
         raise click.ClickException(str(err)) from err
-    torch.use_deterministic_algorithms(False)
+    if deterministic != "params":
+        base = dataclasses.replace(base, deterministic=deterministic == "on")
     flop = bn.flop_per_image(base, dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    common = {"device": name, "variant": variant, "torch": torch.__version__,
-              "date": datetime.date.today().isoformat(), "flop_per_image_train": flop}
+    common = {"device": name, "variant": variant, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+              "deterministic": base.deterministic, "flop_per_image_train": flop}
 
     def emit(row: dict) -> None:
         row["tflop_per_s"] = row["train_images_per_s"] * flop / 1e12
@@ -395,15 +399,43 @@ def bench(variant: str, batch_sizes: tuple[int, ...], amp_modes: tuple[str, ...]
         ref = None
         if reference:
             ref = bn.bench_reference(dataclasses.replace(base, batch_size=batch), steps, warmup)
-            emit({"mode": "reference", "batch": batch, "amp": False, "compile": False, **ref})
-        for amp in amp_modes:
-            for comp in compile_modes:
-                cfg = dataclasses.replace(base, batch_size=batch, amp=amp == "on", compile=comp == "on")
-                row = bn.bench_step(cfg, steps, warmup)
-                if ref:
-                    row["speedup_vs_reference"] = row["train_images_per_s"] / ref["train_images_per_s"]
-                emit({"mode": "capsnet-repro", "batch": batch, "amp": cfg.amp and dev.type == "cuda",
-                      "compile": cfg.compile, **row})
+            emit({"mode": "reference", "batch": batch, **ref})
+        for mode in modes:
+            amp, compile_mode = bn.MODES[mode]
+            cfg = dataclasses.replace(base, batch_size=batch, amp=amp and dev.type == "cuda",
+                                      compile=compile_mode is not None)
+            row = bn.bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default")
+            if ref:
+                row["speedup_vs_reference"] = row["train_images_per_s"] / ref["train_images_per_s"]
+            emit({"mode": mode, "batch": batch, **row})
+            torch._dynamo.reset()  # each mode compiles afresh; the on-disk cache still helps
+
+
+@main.group()
+def track() -> None:
+    """Deferred MLflow tracking: runs journalled where $CAPSNET_TRACKING_JOURNAL was set."""
+
+
+@track.command()
+@click.argument("journal_dir", type=click.Path(exists=True, file_okay=False))
+def sync(journal_dir: str) -> None:
+    """Replay every run journalled in JOURNAL_DIR into the MLflow store ($MLFLOW_TRACKING_URI or
+    mlflow.db), with the original steps and timestamps. Runs synced before are skipped."""
+    from pipeline import tracking
+
+    tracker = tracking.Tracker()
+    journals = sorted(Path(journal_dir).glob("*.jsonl"))
+    if not journals:
+        raise click.ClickException(f"{journal_dir} holds no *.jsonl journal")
+    added = 0
+    for journal in journals:
+        try:
+            run_id = tracker.replay(journal)
+        except (ValueError, KeyError) as err:
+            raise click.ClickException(f"{journal}: {err}") from err
+        added += run_id is not None
+        click.echo(f"{journal.name}: {'-> run ' + run_id if run_id else 'synced before, skipped'}")
+    click.echo(f"{added} run(s) added to {tracker.uri}, {len(journals) - added} already there")
 
 
 if __name__ == "__main__":

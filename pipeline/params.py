@@ -80,6 +80,7 @@ class TrainParams:
     deterministic: bool = True
     log_every: int = field(default=50, metadata=_range(1))  # steps between host reads of the loss
     eval_batch_size: int = field(default=1000, metadata=_range(1))
+    checkpoint_every: int = field(default=1, metadata=_range(1))  # epochs between resume checkpoints
 
     def check(self, where: str) -> None:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

@@ -4,20 +4,26 @@ Tracking URI: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<repo root>/mlfl
 repo root taken from ``$DVC_ROOT`` (set by DVC, so `dvc exp run --temp/--queue` runs land in the
 same store) or the current directory. One run per (variant, seed), named ``<variant>-seed<k>``;
 training and evaluation log into it through the run id kept next to the model.
+
+Deferred tracking: with ``$CAPSNET_TRACKING_JOURNAL`` set to a folder, nothing talks to MLflow
+(it need not be installed: a GPU box without it, say); each run is journalled there as one JSON
+line per call, ``<journal run id>.jsonl``, and `capsnet track sync FOLDER` replays the journals
+into any MLflow store later, with the original steps and timestamps. Syncing twice adds nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
-import mlflow
 import torch
-from mlflow.entities import Metric, Param, RunStatus
-from mlflow.tracking import MlflowClient
+
+JOURNAL_ENV = "CAPSNET_TRACKING_JOURNAL"
 
 EXPERIMENT = "capsnet-repro"
 PARAM_KEYS = ("variant", "model", "routing_iterations", "reconstruction", "seed", "batch_size", "lr",
@@ -34,6 +40,9 @@ def tracking_uri() -> str:
 
 
 def git_commit(root: Path) -> str:
+    """HEAD (+ "-dirty"), or $CAPSNET_GIT_COMMIT where the tree has no .git (a copy on a GPU box)."""
+    if os.environ.get("CAPSNET_GIT_COMMIT"):
+        return os.environ["CAPSNET_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
@@ -47,6 +56,8 @@ class Tracker:
     """A thin client bound to the experiment; every call names its run id explicitly."""
 
     def __init__(self, uri: str | None = None):
+        from mlflow.tracking import MlflowClient
+
         self.uri = uri or tracking_uri()
         self.client = MlflowClient(self.uri)
         experiment = self.client.get_experiment_by_name(EXPERIMENT)
@@ -58,28 +69,24 @@ class Tracker:
 
     def start(self, run_name: str, params: dict, run_id: str | None = None) -> str:
         """Reopen ``run_id`` (a resumed run) or create a run with the common param keys and tags."""
+        import mlflow
+        from mlflow.entities import Param, RunStatus
+
         if run_id is not None:
             try:
                 self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
                 return run_id
             except mlflow.exceptions.MlflowException:
                 pass  # the store was reset: start a new run
-        missing = set(PARAM_KEYS) - set(params)
-        if missing:
-            raise ValueError(f"run params lack {sorted(missing)}; every run logs {PARAM_KEYS}")
-        tags = {
-            "git_commit": git_commit(repo_root()),
-            "dvc_stage": os.environ.get("DVC_STAGE", ""),
-            "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
-            "host": platform.node(),
-        }
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=run_tags())
         run_id = run.info.run_id
-        self.client.log_batch(run_id, params=[Param(k, str(params[k])) for k in PARAM_KEYS])
+        self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in common_params(params).items()])
         return run_id
 
-    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-        now = int(time.time() * 1000)
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0, timestamp_ms: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = timestamp_ms or int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
     def log_artifact(self, run_id: str, path: str | Path, folder: str | None = None) -> None:
@@ -88,8 +95,8 @@ class Tracker:
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         self.client.set_tag(run_id, key, value)
 
-    def end(self, run_id: str, failed: bool = False) -> None:
-        self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
+    def end(self, run_id: str, failed: bool = False, end_time_ms: int | None = None) -> None:
+        self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED", end_time=end_time_ms)
 
     def log_report(self, files: list[Path], profile: str) -> str:
         """A `report` run beside the training runs, tagged with the commit, holding the report files."""
@@ -102,6 +109,115 @@ class Tracker:
 
     def epoch_logger(self, run_id: str) -> "EpochLogger":
         return EpochLogger(self, run_id)
+
+    def synced_journal_ids(self) -> set[str]:
+        runs = self.client.search_runs([self.experiment_id], max_results=50000)
+        return {r.data.tags["journal_run_id"] for r in runs if "journal_run_id" in r.data.tags}
+
+    def replay(self, journal: Path) -> str | None:
+        """Replay one journal file into this store as a new run; None if it was synced before."""
+        from mlflow.entities import Param
+
+        events = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+        if not events or events[0]["event"] != "start":
+            raise ValueError(f"{journal}: not a capsnet tracking journal (no start event first)")
+        journal_id = journal.stem
+        if journal_id in self.synced_journal_ids():
+            return None
+        start = events[0]
+        tags = {**start["tags"], "journal_run_id": journal_id}
+        run_id = self.client.create_run(self.experiment_id, run_name=start["run_name"], tags=tags,
+                                        start_time=start["time_ms"]).info.run_id
+        if start["params"]:
+            self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in start["params"].items()])
+        status, end_ms = "RUNNING", None
+        for e in events[1:]:
+            if e["event"] == "metrics":
+                self.log_metrics(run_id, e["metrics"], e["step"], e["time_ms"])
+            elif e["event"] == "artifact":
+                path = Path(e["path"]) if Path(e["path"]).is_absolute() else repo_root() / e["path"]
+                if path.is_file():
+                    self.log_artifact(run_id, path, e["folder"])
+                else:
+                    self.set_tag(run_id, f"missing_artifact.{Path(e['path']).name}", e["path"])
+            elif e["event"] == "tag":
+                self.set_tag(run_id, e["key"], e["value"])
+            elif e["event"] == "end":
+                status, end_ms = e["status"], e["time_ms"]
+        if status != "RUNNING":
+            self.end(run_id, failed=status == "FAILED", end_time_ms=end_ms)
+        return run_id
+
+
+class JournalTracker:
+    """The Tracker's calls written as JSON lines to ``<folder>/<run id>.jsonl`` (no MLflow needed)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, run_id: str, event: str, **fields) -> None:
+        line = json.dumps({"event": event, "time_ms": int(time.time() * 1000), **fields}, sort_keys=True)
+        with (self.folder / f"{run_id}.jsonl").open("a") as f:
+            f.write(line + "\n")
+
+    def start(self, run_name: str, params: dict, run_id: str | None = None) -> str:
+        if run_id is not None and (self.folder / f"{run_id}.jsonl").is_file():
+            self._write(run_id, "tag", key="resumed", value="true")
+            return run_id
+        run_id = uuid.uuid4().hex
+        self._write(run_id, "start", run_name=run_name, params=common_params(params), tags=run_tags())
+        return run_id
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        self._write(run_id, "metrics", metrics={k: float(v) for k, v in metrics.items()}, step=step)
+
+    def log_artifact(self, run_id: str, path: str | Path, folder: str | None = None) -> None:
+        path = Path(path).resolve()
+        shown = path.relative_to(repo_root()) if path.is_relative_to(repo_root()) else path
+        self._write(run_id, "artifact", path=str(shown), folder=folder)
+
+    def set_tag(self, run_id: str, key: str, value: str) -> None:
+        self._write(run_id, "tag", key=key, value=value)
+
+    def end(self, run_id: str, failed: bool = False) -> None:
+        self._write(run_id, "end", status="FAILED" if failed else "FINISHED")
+
+    def log_report(self, files: list[Path], profile: str) -> str:
+        run_id = uuid.uuid4().hex
+        self._write(run_id, "start", run_name="report", params={},
+                    tags={"git_commit": git_commit(repo_root()), "profile": profile, "kind": "report"})
+        for path in files:
+            self.log_artifact(run_id, path, "report" if path.suffix != ".png" else "report/figures")
+        self.end(run_id)
+        return run_id
+
+    def epoch_logger(self, run_id: str) -> "EpochLogger":
+        return EpochLogger(self, run_id)
+
+
+def open_tracker() -> Tracker | JournalTracker:
+    """A journal when $CAPSNET_TRACKING_JOURNAL names a folder, else the MLflow store."""
+    folder = os.environ.get(JOURNAL_ENV)
+    return JournalTracker(folder) if folder else Tracker()
+
+
+def common_params(params: dict) -> dict:
+    """The param keys every run logs, so runs compare side by side; a missing one is an error."""
+    missing = set(PARAM_KEYS) - set(params)
+    if missing:
+        raise ValueError(f"run params lack {sorted(missing)}; every run logs {PARAM_KEYS}")
+    return {k: params[k] for k in PARAM_KEYS}
+
+
+def run_tags() -> dict[str, str]:
+    return {
+        "git_commit": git_commit(repo_root()),
+        "dvc_stage": os.environ.get("DVC_STAGE", ""),
+        "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
+        "host": platform.node(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "",
+    }
 
 
 class EpochLogger:

@@ -3,7 +3,8 @@
 `train(config, data, checkpoint_path, logger)` is the pure core the `capsnet train` stage wraps.
 The whole training set sits on the device as uint8; shuffling, the ±2 px shifts and batching
 happen there; the loss is read back only every `log_every` steps (no per-step host sync).
-An atomic checkpoint after every epoch makes a killed run resumable; in deterministic CPU mode
+An atomic checkpoint every `checkpoint_every` epochs (and after the last) makes a killed run
+resumable; in deterministic CPU mode
 the resumed run ends with exactly the weights of an uninterrupted one.
 
 DEVIATIONS (printed by the report):
@@ -77,11 +78,12 @@ class RunConfig:
     log_every: int
     eval_batch_size: int
     device: str
+    checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
 
     def digest(self) -> str:
         """Hash of the fields that change the mathematics (a checkpoint resumes only on a match)."""
         fields = dataclasses.asdict(self)
-        for cosmetic in ("log_every", "eval_batch_size", "profile"):
+        for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every"):
             fields.pop(cosmetic)
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -163,6 +165,32 @@ def compute_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     return margin + recon, margin, recon
 
 
+class LossOf(torch.nn.Module):
+    """The model and its loss as one module, so that torch.compile fuses them into one graph
+    (routing, squash, margin and reconstruction loss: hundreds of eager launches become tens)."""
+
+    def __init__(self, model: torch.nn.Module, capsnet: bool):
+        super().__init__()
+        self.model, self.capsnet = model, capsnet
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return compute_loss(self.model, x, y, self.capsnet)
+
+
+def loss_function(model: torch.nn.Module, cfg: RunConfig, compile_mode: str = "default") -> torch.nn.Module:
+    """The callable `training_step` differentiates: model + loss, compiled together when cfg.compile
+    (``compile_mode``: torch.compile's mode; "reduce-overhead" adds CUDA graphs)."""
+    fn = LossOf(model, cfg.model == "capsnet")
+    return torch.compile(fn, mode=compile_mode) if cfg.compile else fn
+
+
+def configure_backends(cfg: RunConfig, device: torch.device) -> None:
+    """Deterministic algorithms, or (deterministic: false) cuDNN autotuning for speed."""
+    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = not cfg.deterministic
+
+
 @torch.no_grad()
 def predict(model: torch.nn.Module, images: torch.Tensor, batch_size: int, amp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Class scores and predictions for uint8 images (N, H, W) on the model's device.
@@ -182,16 +210,17 @@ def predict(model: torch.nn.Module, images: torch.Tensor, batch_size: int, amp: 
     return scores, scores.argmax(dim=1)
 
 
-def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, images: torch.Tensor,
+def training_step(loss_fn: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, images: torch.Tensor,
                   labels: torch.Tensor, generator: torch.Generator, cfg: RunConfig, amp: bool) -> torch.Tensor:
     """One optimiser step on a uint8 batch (B, h, w): augment, loss, backward, Adam, lr decay.
 
-    Returns (total, margin or cross-entropy, reconstruction) detached on the device (no sync).
-    The same function runs in `capsnet train` and `capsnet bench`.
+    ``loss_fn`` is `loss_function(model, cfg)`. Returns (total, margin or cross-entropy,
+    reconstruction) detached on the device (no sync). The same function runs in `capsnet train`
+    and `capsnet bench`; the augmentation stays outside the compiled graph.
     """
     x = to_float(augment(images, cfg.image_size, cfg.max_shift, generator))  # (B, 1, S, S)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-        loss, margin, recon = compute_loss(model, x, labels, cfg.model == "capsnet")
+        loss, margin, recon = loss_fn(x, labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -244,7 +273,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
     amp = cfg.amp and device.type == "cuda"
     if cfg.amp and not amp:
         warnings.warn("train.amp is on but the device is not CUDA: training in fp32", stacklevel=2)
-    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
+    configure_backends(cfg, device)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(device)
     optimizer, scheduler = make_optimizer(model, cfg, device)
@@ -273,7 +302,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         start_epoch, history, stop_reason = state["epoch"] + 1, state["history"], state["stop_reason"]
     last_epoch = len(history) if stop_reason == "target" else cfg.epochs  # an early-stopped run is finished
 
-    step_model = torch.compile(model) if cfg.compile else model
+    loss_fn = loss_function(model, cfg)
     model.train()
     for epoch in range(start_epoch, last_epoch):
         t0 = time.perf_counter()
@@ -285,7 +314,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
                    leave=False, mininterval=1.0, disable=None)
         for step in bar:
             idx = perm[step * cfg.batch_size:(step + 1) * cfg.batch_size]  # (B,)
-            parts = training_step(step_model, optimizer, scheduler, images[idx], labels[idx], generator, cfg, amp)  # (3,)
+            parts = training_step(loss_fn, optimizer, scheduler, images[idx], labels[idx], generator, cfg, amp)  # (3,)
             first_bad = torch.where(~torch.isfinite(parts[0]) & (first_bad < 0), step_dev, first_bad)
             sums += parts
             step_dev += 1
@@ -310,12 +339,15 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         history.append(metrics)
         if target_reached(test_error, cfg.target_accuracy_pct):
             stop_reason = "target"
-        _save_checkpoint(checkpoint_path, {
-            "digest": cfg.digest(), "epoch": epoch, "history": history, "extra": extra or {}, "stop_reason": stop_reason,
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "generator": generator.get_state(), "cpu_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        })
+        last = stop_reason == "target" or epoch + 1 == last_epoch
+        if last or (epoch + 1) % cfg.checkpoint_every == 0:
+            _save_checkpoint(checkpoint_path, {
+                "digest": cfg.digest(), "epoch": epoch, "history": history, "extra": extra or {},
+                "stop_reason": stop_reason, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "generator": generator.get_state(),
+                "cpu_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            })
         if logger is not None:
             logger.log_epoch(epoch + 1, metrics)
         print(f"{cfg.variant} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}: loss {totals[0]:.4f}, "

@@ -78,10 +78,12 @@ def test_bench_prints_one_json_line_per_configuration():
     import json
 
     result = CliRunner().invoke(main, ["bench", "--variant", "capsnet_r1", "--batch", "4", "--steps", "1",
-                                       "--warmup", "1", "--device", "cpu", "--params", str(REPO / "params.yaml")])
+                                       "--warmup", "1", "--device", "cpu", "--mode", "fp32", "--mode", "bf16",
+                                       "--params", str(REPO / "params.yaml")])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
-    assert [r["mode"] for r in rows] == ["reference", "capsnet-repro"]
+    assert [r["mode"] for r in rows] == ["reference", "fp32", "bf16"]
+    assert rows[1]["deterministic"] is True  # params.yaml's setting, timed as the profile trains
     ours = rows[1]
     assert ours["train_images_per_s"] > 0 and ours["inference_images_per_s"] > 0
     assert ours["speedup_vs_reference"] > 0

@@ -8,6 +8,8 @@ import torch
 from click.testing import CliRunner
 
 from conftest import REPO, synthetic_digits, write_mnist
+from mlflow.tracking import MlflowClient
+
 from pipeline import tracking
 from pipeline import train as train_module
 from pipeline.train import NonFiniteLossError, RunConfig, train
@@ -182,7 +184,7 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
         metrics = json.loads((out_dir / "metrics.json").read_text())
         assert 0 <= metrics["test_error_pct"] <= 100 and 0 <= metrics["affine_test_error_pct"] <= 100
     assert (root / "results" / "capsnet_r1_recon" / "fig4.png").is_file()
-    client = tracking.MlflowClient(f"sqlite:///{root}/mlflow.db")
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["baseline_cnn-seed0", "capsnet_r1_recon-seed0"]
@@ -237,7 +239,7 @@ def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
     result = run_cli(["train", "capsnet_r1", "0", str(root / "prepared"), str(root / "models" / "nan"),
                       "--checkpoint", str(root / "ckpt" / "nan.pt"), "--params", str(root / "params.yaml")], root, monkeypatch)
     assert result.exit_code == 1 and "non-finite loss at step" in result.output
-    client = tracking.MlflowClient(f"sqlite:///{root}/mlflow.db")
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
     [run] = client.search_runs([experiment.experiment_id], "attributes.run_name = 'capsnet_r1-seed0'")
     assert run.info.status == "FAILED"

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# One self-contained GPU session on a machine with torch but no DVC or MLflow (the device tool's
+# H100/H200). Prepares the data from the MNIST .gz files in .gpu/mnist, then, as asked:
+#   --tests          tests/test_gpu.py (fast path vs eager fp32, every variant)
+#   --bench "V ..."  `capsnet bench` rows for these variants (reference, fp32, bf16, bf16-compile)
+#   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile, --parallel at
+#                    a time, each started only while --deadline leaves time and stopped at it
+#                    (a stopped run resumes from its checkpoint if the same machine runs it again)
+# Tracking is journalled (no MLflow there); everything comes back in $OUT (runs-*.tar.gz split
+# under 16 MiB, bench.jsonl, gpu_tests.txt, gpu_diffs.jsonl, session.log, inductor-cache.tar.gz).
+# Here: `bash scripts/gpu_fetch_mnist.sh` once, then the device tool runs, with carry [".gpu"]:
+#   bash scripts/gpu_session.sh --tests --bench "capsnet_r3_recon" --train "capsnet_r3_recon:0"
+# Back here: `bash scripts/gpu_import.sh FOLDER` unpacks the runs, syncs MLflow and writes the report.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+TESTS=0 BENCH="" TRAIN="" PARALLEL=4 BUDGET=560
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests) TESTS=1 ;;
+    --bench) BENCH="$2"; shift ;;
+    --train) TRAIN="$2"; shift ;;
+    --parallel) PARALLEL="$2"; shift ;;
+    --deadline) BUDGET="$2"; shift ;;
+    *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+  shift
+done
+export DEADLINE=$((START + BUDGET))
+OUT="${OUT:-$PWD/gpu_out}"
+mkdir -p "$OUT" logs
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CAPSNET_TRACKING_JOURNAL=$PWD/journal
+export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu/inductor  # carried back and forth: later compiles hit it
+LOG="$OUT/session.log"
+say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+CLI="python3 -m pipeline.cli"
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+  git rev-parse HEAD 2>/dev/null || echo "commit unknown (no .git)"; } >>"$LOG" 2>&1
+if [ -f .gpu/inductor-cache.tar.gz ] && [ ! -d .gpu/inductor ]; then
+  tar xzf .gpu/inductor-cache.tar.gz -C .gpu && say "inductor cache unpacked"
+fi
+python3 -m pipeline.profiles gpu --write params.gpu.yaml || exit 1
+if [ ! -f data/prepared/train.safetensors ]; then
+  CAPSNET_MNIST_MIRROR=$PWD/.gpu/mnist $CLI download data/raw/mnist >>"$LOG" 2>&1 || { say "download failed"; exit 1; }
+  $CLI prepare data/raw/mnist data/prepared --montage reports/figures/affine_montage.png \
+    --affnist-montage reports/figures/affnist_montage.png --params params.gpu.yaml >>"$LOG" 2>&1 \
+    || { say "prepare failed"; exit 1; }
+fi
+say "data ready"
+
+if [ "$TESTS" = 1 ]; then
+  rm -f "$OUT/gpu_diffs.jsonl"
+  CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" python3 -m pytest tests/test_gpu.py -n 8 -p no:cacheprovider -v \
+    >"$OUT/gpu_tests.txt" 2>&1
+  say "gpu tests exit $?: $(tail -1 "$OUT/gpu_tests.txt")"
+fi
+
+for variant in $BENCH; do
+  $CLI bench --variant "$variant" --mode fp32 --mode bf16 --mode bf16-compile --steps 40 --warmup 5 \
+    --params params.gpu.yaml >>"$OUT/bench.jsonl" 2>>"$LOG"
+  say "bench $variant exit $?"
+done
+
+job() {  # one (variant, seed): train then evaluate, inside the deadline
+  local variant=${1%%:*} seed=${1##*:} left=$((DEADLINE - $(date +%s)))
+  if [ -f "results/$variant/seed$seed/metrics.json" ]; then echo "$1 done before"; return 0; fi
+  if [ "$left" -lt 60 ]; then echo "$1 not started: ${left}s left"; return 0; fi
+  timeout "$left" python3 -m pipeline.cli train "$variant" "$seed" data/prepared "models/$variant/seed$seed" \
+      --checkpoint "checkpoints/$variant/seed$seed.pt" --params params.gpu.yaml >>"logs/$variant-$seed.log" 2>&1 \
+    && timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pipeline.cli evaluate \
+      "models/$variant/seed$seed" data/prepared "results/$variant/seed$seed" >>"logs/$variant-$seed.log" 2>&1
+  echo "$1 exit $? after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$variant-$seed.log")"
+}
+export -f job
+if [ -n "$TRAIN" ]; then
+  say "training $TRAIN, $PARALLEL at a time, until $((DEADLINE - START))s"
+  printf '%s\n' $TRAIN | xargs -P "$PARALLEL" -I{} bash -c 'job "$1"' _ {} | tee -a "$LOG"
+fi
+
+say "packing"
+shopt -s nullglob
+runs=(models/*/seed*/config.json models/*/seed*/history.csv models/*/seed*/learning_curve.png results journal logs)
+if [ ${#runs[@]} -gt 0 ]; then
+  tar czf - "${runs[@]}" params.gpu.yaml | split -b 15m - "$OUT/runs-$START.tar.gz.part-"
+fi
+tar czf "$OUT/inductor-cache.tar.gz" -C .gpu inductor 2>/dev/null
+[ "$(stat -c %s "$OUT/inductor-cache.tar.gz" 2>/dev/null || echo 0)" -gt 15000000 ] && rm -f "$OUT/inductor-cache.tar.gz"
+say "done: $(ls "$OUT" | tr '\n' ' ')"

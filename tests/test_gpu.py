@@ -1,0 +1,114 @@
+"""On CUDA only (skipped elsewhere): the fast path trains the same mathematics as eager fp32.
+
+For every variant in params.yaml, one training step under bf16 autocast with model + loss
+compiled together is compared with eager fp32 (TF32 off) from the same weights and batch: loss
+within 1e-2 relative, gradients within 2e-2 relative norm, nothing non-finite. Dropout (the
+CNNs') is off for the comparison because eager and compiled code draw different random masks;
+the real training steps that follow run with it on. scripts/gpu_session.sh runs this module.
+Set CAPSNET_GPU_REPORT to a file to get one JSON line of measured differences per variant.
+"""
+
+import copy
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import REPO, synthetic_digits
+from pipeline.params import load_params
+from pipeline.train import (
+    augment, build_model, loss_function, make_optimizer, run_config, to_float, training_step,
+)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+PARAMS = load_params(REPO / "params.yaml")
+VARIANTS = sorted(PARAMS.variants)
+BATCH = 128  # the batch the profiles train with
+
+
+def config(variant: str, **changes):
+    return run_config(PARAMS, variant, 0, device="cuda", batch_size=BATCH, deterministic=False, **changes)
+
+
+def batch(cfg, seed: int = 0):
+    """An augmented batch (B, 1, S, S) on the GPU and its labels, as training_step builds one."""
+    images, labels = synthetic_digits(BATCH, seed=seed)
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    x = to_float(augment(images.cuda(), cfg.image_size, cfg.max_shift, generator))  # (B, 1, S, S)
+    return x, labels.cuda().long()
+
+
+@pytest.fixture
+def tf32_off():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def loss_and_grads(model, cfg, x, y, amp: bool):
+    fn = loss_function(model, cfg)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        total, _, _ = fn(x, y)
+    model.zero_grad(set_to_none=True)
+    total.backward()
+    grads = torch.cat([p.grad.float().flatten() for p in model.parameters()])  # (n_params,)
+    return total.detach().float(), grads
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bf16_compiled_step_matches_eager_fp32(variant, tf32_off):
+    cfg = config(variant)
+    torch.manual_seed(0)
+    reference = build_model(cfg).cuda().eval()  # eval: dropout off (see the module docstring)
+    fast = copy.deepcopy(reference)
+    x, y = batch(cfg)
+    ref_loss, ref_grads = loss_and_grads(reference, dataclasses.replace(cfg, compile=False), x, y, amp=False)
+    fast_loss, fast_grads = loss_and_grads(fast, dataclasses.replace(cfg, compile=True), x, y, amp=True)
+    assert torch.isfinite(ref_loss) and torch.isfinite(ref_grads).all()
+    assert torch.isfinite(fast_loss) and torch.isfinite(fast_grads).all(), "non-finite loss or gradient"
+    loss_rel = float((fast_loss - ref_loss).abs() / ref_loss.abs())
+    grad_rel = float((fast_grads - ref_grads).norm() / ref_grads.norm())
+    if os.environ.get("CAPSNET_GPU_REPORT"):
+        with open(os.environ["CAPSNET_GPU_REPORT"], "a") as f:
+            f.write(json.dumps({"variant": variant, "loss_fp32": float(ref_loss), "loss_bf16_compiled": float(fast_loss),
+                                "loss_rel_diff": loss_rel, "grad_rel_norm_diff": grad_rel}) + "\n")
+    assert loss_rel < 1e-2, f"{variant}: loss {float(fast_loss)} vs fp32 {float(ref_loss)}"
+    assert grad_rel < 2e-2, f"{variant}: gradient relative difference {grad_rel:.4f}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compiled_bf16_training_steps_stay_finite_and_learn(variant):
+    cfg = config(variant, amp=True, compile=True)
+    torch.manual_seed(0)
+    model = build_model(cfg).cuda().train()
+    optimizer, scheduler = make_optimizer(model, cfg, torch.device("cuda"))
+    fn = loss_function(model, cfg)
+    images, labels = synthetic_digits(BATCH, seed=3)
+    images, labels = images.cuda(), labels.cuda().long()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    losses = torch.stack([training_step(fn, optimizer, scheduler, images, labels, generator, cfg, amp=True)[0]
+                          for _ in range(8)])  # (8,) the same digits, fresh shifts each step
+    assert torch.isfinite(losses).all(), losses.tolist()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert losses[-1] < losses[0], losses.tolist()
+
+
+@pytest.mark.parametrize("image_size", [28, 40])
+def test_on_device_augmentation_repeats_for_the_same_generator_state(image_size):
+    images, _ = synthetic_digits(64, seed=5)
+    images = images.cuda()
+    first = torch.Generator(device="cuda").manual_seed(7)
+    state = first.get_state()
+    a = augment(images, image_size, 2, first)
+    b = augment(images, image_size, 2, torch.Generator(device="cuda").manual_seed(7))
+    replay = torch.Generator(device="cuda")
+    replay.set_state(state)
+    c = augment(images, image_size, 2, replay)
+    assert a.shape == (64, image_size, image_size) and a.is_cuda
+    assert torch.equal(a, b) and torch.equal(a, c)
+    assert not torch.equal(a, augment(images, image_size, 2, first))  # the state moved on: new offsets
+    assert torch.equal(a.flatten(1).sum(1), images.flatten(1).sum(1))  # no digit loses ink (they sit inside)
