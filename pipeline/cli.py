@@ -254,8 +254,10 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
 @click.argument("models_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--missing", type=click.Choice(["error", "list"]), default="error", show_default=True,
+              help="a (variant, seed) without a complete evaluation: stop with an error, or report it as not run")
 @PARAMS_OPTION
-def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) -> None:
+def report(models_dir: str, results_dir: str, out_dir: str, missing: str, params_path: str) -> None:
     """Write OUT_DIR/ablation.md, results.csv, affnist.csv, summary.json and figures/ from every evaluation.
 
     Table 1 against the paper with verdicts, ablation effects with paired bootstrap CIs, the
@@ -276,8 +278,11 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
     out, fig_dir = Path(out_dir), Path(out_dir) / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     reference = rp.paper_reference()
+    variants, seeds = list(p.ablation.variants), list(p.ablation.seeds)
+    skip = rp.missing_runs(Path(models_dir), Path(results_dir), variants, seeds) if missing == "list" else []
+    not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
     try:
-        runs = rp.load_runs(Path(models_dir), Path(results_dir), list(p.ablation.variants), list(p.ablation.seeds))
+        runs = rp.load_runs(Path(models_dir), Path(results_dir), variants, seeds, skip=skip)
     except rp.ReportError as err:
         raise click.ClickException(str(err)) from err
     table1 = [r for r in runs if r.image_size == MNIST_SIZE]
@@ -315,16 +320,24 @@ def report(models_dir: str, results_dir: str, out_dir: str, params_path: str) ->
     deviations = rp.deviations(p, reference)
     env = runs[0].config["environment"]
     versions = {name: md.version(name) for name in ("torch", "torchvision", "dvc", "mlflow", "pandas")}
+    trained = sorted({f"torch {r.config['environment']['torch_version']}, Python {r.config['environment']['python_version']}"
+                      for r in runs})
+    commits = sorted({rp.training_commit(r, Path(models_dir).parent / "journal") for r in runs})
     provenance = {
-        "commit": tracking.git_commit(tracking.repo_root()), "profile": p.base.profile,
+        "report commit": tracking.git_commit(tracking.repo_root()), "training commit": "; ".join(commits),
+        "profile": p.base.profile,
         "device": f"{runs[0].config['params']['device']} ({env['device_name']}); torch CUDA build {env['cuda_version']}",
-        "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) + f", Python {env['python_version']}",
+        "training software": "; ".join(trained),
+        "report software": ", ".join(f"{k} {v}" for k, v in versions.items()),
+        "runs": "; ".join(f"{v}: seeds {', '.join(str(r.seed) for r in runs if r.variant == v)}"
+                          for v in dict.fromkeys(r.variant for r in runs)),
+        "not run": "; ".join(f"{v}: seeds {', '.join(map(str, s))}" for v, s in not_run.items()) or "none",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "total training time": f"{sum(r.history.epoch_seconds.sum() for r in runs) / 60:.1f} min over {len(runs)} runs "
-                               "(sum of epoch times)",
+                               "(sum of each run's epoch times; runs trained side by side on one device overlap)",
         "seeds": ", ".join(map(str, p.ablation.seeds)),
     }
-    text = rp.render_markdown(summary, effect_table, profile=p.base.profile, deviations=deviations,
+    text = rp.render_markdown(summary, effect_table, profile=p.base.profile, not_run=not_run, deviations=deviations,
                               provenance=provenance, figures=shown, reference=reference, affnist=s52_lines)
     written = []
     for name, content in (("ablation.md", text), ("results.csv", summary.to_csv(index=False, float_format="%.4f")),
@@ -409,6 +422,24 @@ def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], st
                 row["speedup_vs_reference"] = row["train_images_per_s"] / ref["train_images_per_s"]
             emit({"mode": mode, "batch": batch, **row})
             torch._dynamo.reset()  # each mode compiles afresh; the on-disk cache still helps
+
+
+@main.command()
+@click.argument("models_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("dest", type=click.Path(file_okay=False))
+def publish(models_dir: str, results_dir: str, dest: str) -> None:
+    """Copy every complete run's records (config, history, metrics, breakdown, labels and predicted
+    classes, reconstruction figures; no weights, no scores) into DEST/models and DEST/results, for git.
+
+    `capsnet report DEST/models DEST/results reports` then rewrites the report from DEST alone.
+    """
+    from pipeline.report import publish_runs
+
+    copied = publish_runs(Path(models_dir), Path(results_dir), Path(dest))
+    if not copied:
+        raise click.ClickException(f"{results_dir} holds no complete run (metrics.json + predictions + config)")
+    click.echo(f"published {len(copied)} run(s) to {dest}: " + ", ".join(f"{v} seed {s}" for v, s in copied))
 
 
 @main.group()

@@ -57,15 +57,28 @@ class Run:
         return self.config["config"]["image_size"]
 
 
-def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: list[int]) -> list[Run]:
-    """Every (variant, seed)'s evaluation; a missing one is an error naming it and its path."""
+def _needed(models_dir: Path, results_dir: Path, variant: str, seed: int) -> list[Path]:
+    model_dir, result_dir = models_dir / variant / f"seed{seed}", results_dir / variant / f"seed{seed}"
+    return [result_dir / "metrics.json", result_dir / "predictions.safetensors", result_dir / "breakdown.json",
+            model_dir / "config.json", model_dir / "history.csv"]
+
+
+def missing_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """The (variant, seed) pairs that have no complete evaluation (not run, or stopped before the end)."""
+    return [(v, s) for v in variants for s in seeds
+            if not all(p.is_file() for p in _needed(models_dir, results_dir, v, s))]
+
+
+def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: list[int],
+              skip: list[tuple[str, int]] = ()) -> list[Run]:
+    """Every (variant, seed)'s evaluation but those in ``skip``; a missing one is an error naming it and its path."""
     runs = []
     for variant in variants:
         for seed in seeds:
+            if (variant, seed) in skip:
+                continue
             model_dir, result_dir = models_dir / variant / f"seed{seed}", results_dir / variant / f"seed{seed}"
-            needed = [result_dir / "metrics.json", result_dir / "predictions.safetensors",
-                      result_dir / "breakdown.json", model_dir / "config.json", model_dir / "history.csv"]
-            missing = [str(p) for p in needed if not p.is_file()]
+            missing = [str(p) for p in _needed(models_dir, results_dir, variant, seed) if not p.is_file()]
             if missing:
                 raise ReportError(f"variant {variant} seed {seed} has no evaluation: missing {', '.join(missing)}; "
                                   f"run `dvc repro evaluate@{variant}-{seed}`")
@@ -78,6 +91,51 @@ def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: l
                 json.loads((result_dir / "breakdown.json").read_text()),
                 {name: pred[f"{name}_digit_index"].numpy() for name in sets if f"{name}_digit_index" in pred}))
     return runs
+
+
+PUBLISHED = {"models": ("config.json", "history.csv"),
+             "results": ("metrics.json", "breakdown.json", "reconstructions.png", "fig4.png")}
+
+
+def publish_runs(models_dir: Path, results_dir: Path, dest: Path) -> list[tuple[str, int]]:
+    """Copy every complete run's records into dest/models and dest/results, small enough for git.
+
+    Predictions keep only what the report reads (labels, predicted classes, source digits): no
+    scores, no weights. `capsnet report DEST/models DEST/results ...` then rewrites the report
+    from the copies alone. Returns the (variant, seed) pairs copied.
+    """
+    import shutil
+
+    from safetensors.torch import save_file
+
+    copied = []
+    for metrics in sorted(results_dir.glob("*/seed*/metrics.json")):
+        variant, seed_dir = metrics.parent.parent.name, metrics.parent.name
+        seed = int(seed_dir.removeprefix("seed"))
+        if not all(p.is_file() for p in _needed(models_dir, results_dir, variant, seed)):
+            continue
+        for kind, names in PUBLISHED.items():
+            src = (models_dir if kind == "models" else results_dir) / variant / seed_dir
+            out = dest / kind / variant / seed_dir
+            out.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                if (src / name).is_file():
+                    shutil.copyfile(src / name, out / name)
+        pred = load_file(str(metrics.parent / "predictions.safetensors"))
+        keep = {k: t.contiguous() for k, t in pred.items() if k.endswith(("_labels", "_preds", "_digit_index"))}
+        save_file(keep, str(dest / "results" / variant / seed_dir / "predictions.safetensors"))
+        copied.append((variant, seed))
+    return copied
+
+
+def training_commit(run: Run, journal_dir: Path) -> str:
+    """The commit a run trained at: config.json's environment, else its tracking journal's start tags."""
+    commit = run.config["environment"].get("git_commit")
+    journal = journal_dir / f"{run.config.get('run_id')}.jsonl"
+    if not commit and journal.is_file():
+        with journal.open() as f:
+            commit = json.loads(f.readline()).get("tags", {}).get("git_commit")
+    return commit or "not recorded"
 
 
 def verdict(mean: float, paper: float, paper_std: float | None) -> str:
@@ -291,6 +349,7 @@ SMOKE_BANNER = ("> **⚠ SMOKE RUN — these numbers come from the smoke profile
 
 
 def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profile: str,
+                    not_run: dict[str, list[int]] | None = None,
                     deviations: list[str], provenance: dict, figures: dict[str, str], reference: dict,
                     affnist: list[str] | None = None) -> str:
     """reports/ablation.md: banner (smoke), Table 1 replica, effects, affine column, §5.2 (the lines of
@@ -332,6 +391,11 @@ def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profil
         lines.append(f"| {r.variant} | {int(r.n_params):,} | {r.paper_n_params / 1e6:.1f}M |")
     lines += ["", "## Figures", ""]
     lines += [f"![{title}]({path})" for title, path in figures.items()]
+    if not_run:
+        lines += ["", "## Not run", "",
+                  "Listed in params.yaml's `ablation` but without a complete evaluation in this report: not run, "
+                  "or stopped before its last epoch. Nothing is estimated for them.", ""]
+        lines += [f"- {v}: seed(s) {', '.join(map(str, seeds))}" for v, seeds in not_run.items()]
     lines += ["", "## Deviations from the paper and the official code", ""]
     lines += [f"- {d}" for d in deviations]
     lines += ["", "## Provenance", ""]
@@ -343,6 +407,11 @@ def deviations(params: Params, reference: dict) -> list[str]:
     """Every deliberate deviation: the modules' DEVIATIONS, the profile's recipe changes, data subsets."""
     out = capsnet.DEVIATIONS + baseline.DEVIATIONS + train.DEVIATIONS
     out += recipe_differences(dataclasses.asdict(params.train), reference)
+    if params.train.amp:
+        out.append(train.BF16_NOTE)
+    if not params.train.deterministic:
+        out.append("train.deterministic = false: cuDNN autotuning and non-deterministic GPU kernels, so a re-run "
+                   "of the same seed is not bit-identical (the paper protocol trains with deterministic: true).")
     if params.prepare.train_subset or params.prepare.test_subset:
         out.append(f"Data subsets: first {params.prepare.train_subset or 'all'} training and "
                    f"{params.prepare.test_subset or 'all'} test digits (prepare.*_subset).")

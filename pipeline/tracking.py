@@ -233,6 +233,7 @@ class EpochLogger:
 def environment() -> dict[str, str]:
     """Versions and device facts recorded with every run."""
     return {
+        "git_commit": git_commit(repo_root()),
         "torch_version": torch.__version__,
         "cuda_version": str(torch.version.cuda),
         "python_version": platform.python_version(),

@@ -189,3 +189,49 @@ def test_cluster_bootstrap_resamples_whole_digits():
     # treating the 1,000 images as independent would claim ≈ ± 2.5 pp
     assert 11 < lo < 15 and 25 < hi < 29
     assert hi_images - lo_images < 6
+
+
+def test_missing_runs_are_listed_not_estimated(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0)
+    fabricate(tmp_path, "capsnet_r1", 1, 2.0)
+    fabricate(tmp_path, "capsnet_r3", 0, 1.0)
+    (tmp_path / "results" / "capsnet_r3" / "seed0" / "predictions.safetensors").unlink()  # stopped before evaluation
+    missing = rp.missing_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0, 1])
+    assert missing == [("capsnet_r3", 0), ("capsnet_r3", 1)]
+    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0, 1], skip=missing)
+    assert [(r.variant, r.seed) for r in runs] == [("capsnet_r1", 0), ("capsnet_r1", 1)]
+    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
+                              not_run={"capsnet_r3": [0, 1]}, deviations=["d"], provenance={"commit": "x"},
+                              figures={}, reference=REFERENCE)
+    assert "## Not run" in text and "- capsnet_r3: seed(s) 0, 1" in text
+    assert "| capsnet_r3 |" not in text.split("## Not run")[0]  # no row, no estimate
+
+
+def test_published_copies_rewrite_the_same_report_without_scores(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.5)
+    fabricate(tmp_path, "capsnet_r3", 0, 1.0)
+    result = tmp_path / "results" / "capsnet_r3" / "seed0"
+    extra = {"test_scores": torch.rand(200, 10).half()}
+    from safetensors.torch import load_file
+    save_file({**load_file(str(result / "predictions.safetensors")), **extra}, str(result / "predictions.safetensors"))
+    (tmp_path / "results" / "capsnet_r1" / "seed1").mkdir(parents=True)  # incomplete: not published
+    copied = rp.publish_runs(tmp_path / "models", tmp_path / "results", tmp_path / "pub")
+    assert copied == [("capsnet_r1", 0), ("capsnet_r3", 0)]
+    kept = load_file(str(tmp_path / "pub" / "results" / "capsnet_r3" / "seed0" / "predictions.safetensors"))
+    assert sorted(kept) == ["affine_test_labels", "affine_test_preds", "test_labels", "test_preds"]
+    original = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0])
+    published = rp.load_runs(tmp_path / "pub" / "models", tmp_path / "pub" / "results", ["capsnet_r1", "capsnet_r3"], [0])
+    pd.testing.assert_frame_equal(rp.effects(original, REFERENCE), rp.effects(published, REFERENCE))
+    pd.testing.assert_frame_equal(rp.summarize(original, REFERENCE), rp.summarize(published, REFERENCE))
+
+
+def test_training_commit_from_config_or_journal(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0)
+    run = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0])[0]
+    run.config.update(run_id="abc", environment={})
+    assert rp.training_commit(run, tmp_path / "journal") == "not recorded"
+    (tmp_path / "journal").mkdir()
+    (tmp_path / "journal" / "abc.jsonl").write_text(json.dumps({"event": "start", "tags": {"git_commit": "17bb48c"}}) + "\n")
+    assert rp.training_commit(run, tmp_path / "journal") == "17bb48c"
+    run.config["environment"]["git_commit"] = "deadbee"
+    assert rp.training_commit(run, tmp_path / "journal") == "deadbee"
