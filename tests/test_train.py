@@ -249,3 +249,14 @@ def test_tracker_requires_the_common_param_keys(tmp_path):
     tracker = tracking.Tracker(f"sqlite:///{tmp_path}/m.db")
     with pytest.raises(ValueError, match="run params lack"):
         tracker.start("x-seed0", {"variant": "x"})
+
+
+def test_checkpoint_every_saves_every_kth_and_the_last_epoch(tmp_path):
+    cfg, data = tiny_config(epochs=3, checkpoint_every=2), tiny_data()
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, data, tmp_path / "k.pt", logger=Recorder(stop_after=1))
+    assert not (tmp_path / "k.pt").exists()  # epoch 1 is not a checkpoint epoch
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, data, tmp_path / "k.pt", logger=Recorder(stop_after=3))  # killed after epoch 3's save
+    assert torch.load(tmp_path / "k.pt", weights_only=False)["epoch"] == 2  # the last epoch (index 2) is saved
+    assert cfg.digest() == tiny_config(epochs=3).digest()  # how often it saves does not change the run

@@ -1,0 +1,77 @@
+"""Deferred tracking: runs journalled without MLflow, replayed later into a store, once."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from pipeline import tracking
+from pipeline.cli import main
+
+PARAMS = {k: k.upper() for k in tracking.PARAM_KEYS}
+
+
+def journal_a_run(folder, root):
+    """The calls `capsnet train` and `evaluate` make, against a journal; returns the journal run id."""
+    journal = tracking.JournalTracker(folder)
+    run_id = journal.start("capsnet_r1-seed0", PARAMS)
+    for epoch in (1, 2):
+        journal.log_metrics(run_id, {"train_loss": 1.0 / epoch, "test_error_pct": 5.0 - epoch}, step=epoch)
+    (root / "models").mkdir()
+    (root / "models" / "config.json").write_text("{}")
+    journal.log_artifact(run_id, root / "models" / "config.json")
+    journal.log_artifact(run_id, root / "models" / "model.safetensors")  # not brought home: tagged as missing
+    journal.end(run_id)
+    assert journal.start("capsnet_r1-seed0", PARAMS, run_id=run_id) == run_id  # a resumed run appends
+    journal.log_metrics(run_id, {"test_error_pct": 2.5}, step=3)
+    journal.end(run_id)
+    return run_id
+
+
+def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    journal_id = journal_a_run(tmp_path / "journal", tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / "journal" / f"{journal_id}.jsonl").read_text().splitlines()]
+    assert lines[0]["event"] == "start" and lines[0]["params"] == PARAMS
+    assert {"event": "artifact", "path": "models/config.json", "folder": None}.items() <= lines[3].items()
+
+    result = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "journal")])
+    assert result.exit_code == 0, result.output
+    assert "1 run(s) added" in result.output
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    (run,) = client.search_runs([client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id])
+    assert run.info.run_name == "capsnet_r1-seed0" and run.info.status == "FINISHED"
+    assert run.data.params == PARAMS and run.data.tags["journal_run_id"] == journal_id
+    assert run.data.tags["missing_artifact.model.safetensors"] == "models/model.safetensors"
+    history = client.get_metric_history(run.info.run_id, "test_error_pct")
+    assert [(m.step, m.value) for m in history] == [(1, 4.0), (2, 3.0), (3, 2.5)]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.json"]
+    assert run.info.start_time == lines[0]["time_ms"]  # the original timestamps, not the sync's
+
+    again = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "journal")])
+    assert again.exit_code == 0 and "0 run(s) added" in again.output and "synced before" in again.output
+
+
+def test_open_tracker_defers_when_a_journal_folder_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv(tracking.JOURNAL_ENV, str(tmp_path / "j"))
+    assert isinstance(tracking.open_tracker(), tracking.JournalTracker)
+    monkeypatch.delenv(tracking.JOURNAL_ENV)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    assert isinstance(tracking.open_tracker(), tracking.Tracker)
+
+
+def test_sync_rejects_an_empty_folder_and_a_foreign_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    (tmp_path / "j").mkdir()
+    result = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "j")])
+    assert result.exit_code == 1 and "holds no *.jsonl journal" in result.output
+    (tmp_path / "j" / "x.jsonl").write_text(json.dumps({"event": "metrics"}) + "\n")
+    result = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "j")])
+    assert result.exit_code == 1 and "not a capsnet tracking journal" in result.output
+
+
+def test_journal_needs_the_common_param_keys(tmp_path):
+    with pytest.raises(ValueError, match="run params lack"):
+        tracking.JournalTracker(tmp_path).start("x", {"variant": "v"})
