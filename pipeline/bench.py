@@ -19,8 +19,8 @@ from torchvision.transforms import v2
 
 from pipeline.data import MNIST_SIZE
 from pipeline.train import (
-    RunConfig, build_model, compute_loss, configure_backends, loss_function, make_optimizer, predict, resolve_device,
-    training_step,
+    RunConfig, build_model, compute_loss, configure_backends, loss_function, loss_recipe, make_optimizer, predict,
+    resolve_device, training_step,
 )
 
 EPOCH_IMAGES = 60_000
@@ -47,7 +47,7 @@ def flop_per_image(cfg: RunConfig, device: torch.device, batch: int = 8) -> floa
     labels = torch.randint(0, cfg.num_classes, (batch,), device=device)
     counter = FlopCounterMode(display=False)
     with counter:
-        loss, _, _ = compute_loss(model, images.unsqueeze(1).float() / 255, labels, cfg.model == "capsnet")
+        loss, _, _ = compute_loss(model, images.unsqueeze(1).float() / 255, labels, loss_recipe(cfg))
         loss.backward()
     return counter.get_total_flops() / batch
 
@@ -133,7 +133,7 @@ def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -
             _sync(device)
             t0 = time.perf_counter()
         x, y = x.to(device), y.to(device)
-        loss, _, _ = compute_loss(model, x, y, cfg.model == "capsnet")
+        loss, _, _ = compute_loss(model, x, y, loss_recipe(cfg))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -32,6 +32,7 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
 PROFILES = ("paper", "gpu", "smoke")
 MODELS = ("baseline_cnn", "capsnet", "pooling_cnn")
 IMAGE_SIZES = (28, 40)  # MNIST (Table 1) and the §5.2 canvas
+RECIPES = ("paper", "official")  # pipeline.capsnet.RECIPES (kept here so params.py does not import torch)
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,15 @@ class VariantParams:
     image_size: int  # 28: MNIST with ±max_shift shifts; 40: §5.2's random position on a 40×40 canvas
     # early stopping: stop once the per-epoch clean-test accuracy reaches this (%); 0 = train every epoch
     target_accuracy_pct: float = field(default=0.0, metadata=_range(0, 100))
+    recipe: str = "paper"  # CapsNet: the paper's text, or what the official code computes (pipeline.capsnet)
 
     def check(self, where: str) -> None:
         if self.model not in MODELS:
             raise ParamsError(f"{where}.model must be one of {MODELS}, got {self.model!r}")
+        if self.recipe not in RECIPES:
+            raise ParamsError(f"{where}.recipe must be one of {RECIPES}, got {self.recipe!r}")
+        if self.recipe != "paper" and self.model != "capsnet":
+            raise ParamsError(f"{where}: recipe {self.recipe!r} is for CapsNets; {self.model} has only recipe: paper")
         if self.image_size not in IMAGE_SIZES:
             raise ParamsError(f"{where}.image_size must be 28 (MNIST) or 40 (the §5.2 canvas), got {self.image_size}")
         if self.model == "capsnet" and self.routing_iterations < 1:

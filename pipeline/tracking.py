@@ -28,7 +28,7 @@ JOURNAL_ENV = "CAPSNET_TRACKING_JOURNAL"
 EXPERIMENT = "capsnet-repro"
 PARAM_KEYS = ("variant", "model", "routing_iterations", "reconstruction", "seed", "batch_size", "lr",
               "lr_decay_rate", "lr_decay_steps", "epochs", "steps", "amp", "compile", "n_params",
-              "device", "torch_version", "profile")
+              "device", "torch_version", "profile", "recipe")
 
 
 def repo_root() -> Path:

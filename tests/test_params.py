@@ -52,6 +52,8 @@ def test_committed_params_are_the_paper_protocol():
     ("variants.capsnet_affnist.target_accuracy_pct", 100.5, "target_accuracy_pct must be <= 100"),
     ("variants.cnn_affnist.routing_iterations", 3, "pooling_cnn has no routing or reconstruction"),
     ("prepare.affnist_transforms", 0, "prepare.affnist_transforms must be >= 1"),
+    ("variants.capsnet_r1.recipe", "keras", "variants.capsnet_r1.recipe must be one of ('paper', 'official')"),
+    ("variants.baseline_cnn.recipe", "official", "recipe 'official' is for CapsNets"),
 ])
 def test_bad_params_fail_naming_the_key(path, value, message):
     with pytest.raises(ParamsError) as err:
