@@ -141,7 +141,8 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
                   "reconstruction": cfg.reconstruction, "seed": seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
                   "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps, "epochs": cfg.epochs,
                   "steps": steps, "amp": cfg.amp, "compile": cfg.compile, "n_params": count_params(cfg),
-                  "device": str(device), "torch_version": env["torch_version"], "profile": cfg.profile}
+                  "device": str(device), "torch_version": env["torch_version"], "profile": cfg.profile,
+                  "recipe": cfg.recipe}
     tracker = tracking.open_tracker()
     run_id = tracker.start(f"{variant}-seed{seed}", run_params,
                            run_id=state["extra"].get("run_id") if state else None)
@@ -270,7 +271,7 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, params
 
     import pandas as pd
 
-    from pipeline import figures, report as rp, tracking
+    from pipeline import figures, report as rp, report_affnist as ra, tracking
     from pipeline.data import MNIST_SIZE
     from pipeline.files import write_text
 
@@ -311,9 +312,9 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, params
             shown[title] = f"figures/{name}.png"
     s52_table, gap, s52_lines = pd.DataFrame(), None, None
     if s52:
-        s52_table, gap = rp.affnist_summary(s52, reference), rp.affnist_gap(s52, reference)
-        s52_lines = rp.render_affnist(s52_table, gap, reference)
-        figures.accuracy_by_transform(rp.transform_bins(s52, "affnist_test"),
+        s52_table, gap = ra.affnist_summary(s52, reference), ra.affnist_gap(s52, reference)
+        s52_lines = ra.render_affnist(s52_table, gap, reference)
+        figures.accuracy_by_transform(ra.transform_bins(s52, "affnist_test"),
                                       "§5.2: affNIST(-style) accuracy by transform parameter", fig_dir / "affnist_bins.png")
         shown["§5.2: accuracy by transform parameter"] = "figures/affnist_bins.png"
 

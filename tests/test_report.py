@@ -10,12 +10,13 @@ import torch
 from safetensors.torch import save_file
 
 from pipeline import report as rp
+from pipeline import report_affnist as ra
 
 REFERENCE = rp.paper_reference()
 
 
 def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="capsnet", recon=True, image_size=28,
-              stop_reason="budget", bins=None):
+              stop_reason="budget", bins=None, recipe=None, history=None):
     """Evaluation files whose per-image predictions give exactly error_pct (clean set) and affine_pct
     (transformed set) on n images; 40×40 variants get §5.2's set names."""
     model_dir, result_dir = root / "models" / variant / f"seed{seed}", root / "results" / variant / f"seed{seed}"
@@ -33,12 +34,15 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
         {f"{clean}_error_pct": error_pct, f"{transformed}_error_pct": affine_pct, "n_params": 8215568}))
     (result_dir / "breakdown.json").write_text(json.dumps(
         {"per_class": {}, "sources": {transformed: f"{transformed} (fabricated)"}, "bins": bins or {}}))
+    config = {"model": model, "routing_iterations": 3, "reconstruction": recon, "image_size": image_size,
+              "target_accuracy_pct": 99.23 if image_size == 40 else 0.0}
+    if recipe is not None:  # runs from before recipes existed have none
+        config["recipe"] = recipe
     (model_dir / "config.json").write_text(json.dumps(
-        {"config": {"model": model, "routing_iterations": 3, "reconstruction": recon, "image_size": image_size,
-                    "target_accuracy_pct": 99.23 if image_size == 40 else 0.0},
-         "train_seconds": 1.0, "stop_reason": stop_reason, "epochs_trained": 1}))
-    pd.DataFrame({"epoch": [1], "test_error_pct": [error_pct], "epoch_seconds": [1.0]}).to_csv(
-        model_dir / "history.csv", index=False)
+        {"config": config, "train_seconds": 1.0, "stop_reason": stop_reason, "epochs_trained": 1}))
+    history = history or [error_pct]
+    pd.DataFrame({"epoch": range(1, len(history) + 1), "test_error_pct": history,
+                  "epoch_seconds": [1.0] * len(history)}).to_csv(model_dir / "history.csv", index=False)
 
 
 def test_means_stds_and_deltas(tmp_path):
@@ -128,7 +132,7 @@ def test_recipe_differences_list_only_changes():
     (13.1, 15.0, "larger gap"),
 ])
 def test_gap_verdict_boundaries(lo, hi, expected):
-    assert rp.gap_verdict(lo, hi, 13.0) == expected
+    assert ra.gap_verdict(lo, hi, 13.0) == expected
 
 
 def test_affnist_summary_gap_and_matched_flag(tmp_path):
@@ -139,17 +143,17 @@ def test_affnist_summary_gap_and_matched_flag(tmp_path):
         fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0, model="pooling_cnn", recon=False,
                   image_size=40, stop_reason="budget" if seed else "target")
     runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_affnist", "cnn_affnist"], [0, 1])
-    table = rp.affnist_summary(runs, REFERENCE).set_index("variant")
+    table = ra.affnist_summary(runs, REFERENCE).set_index("variant")
     assert table.loc["capsnet_affnist", "affnist_acc_mean"] == pytest.approx(79.0)
     assert table.loc["cnn_affnist", "affnist_acc_mean"] == pytest.approx(64.0)
     assert table.loc["capsnet_affnist", "expanded_acc_mean"] == pytest.approx(99.0)
     assert table.loc["cnn_affnist", "stopped"] == "1 1*"
     assert table.loc["capsnet_affnist", "paper_affnist_acc"] == 79.0 and table.loc["cnn_affnist", "paper_affnist_acc"] == 66.0
-    gap = rp.affnist_gap(runs, REFERENCE)
+    gap = ra.affnist_gap(runs, REFERENCE)
     assert gap["gap"] == pytest.approx(15.0) and gap["paper_gap"] == pytest.approx(13.0)
     assert 0 < gap["ci_low"] < 15 < gap["ci_high"] and gap["verdict"] == "reproduced"
     assert gap["matched"] is False  # the CNN's seed 1 ran out of budget
-    text = "\n".join(rp.render_affnist(rp.affnist_summary(runs, REFERENCE), gap, REFERENCE))
+    text = "\n".join(ra.render_affnist(ra.affnist_summary(runs, REFERENCE), gap, REFERENCE))
     assert "Verdict: reproduced" in text and "not compared at matched" in text
     assert "affNIST-style set" in text  # the fabricated source is not the real affNIST
 
@@ -161,7 +165,7 @@ def test_transform_bins_average_over_seeds(tmp_path):
     fabricate(tmp_path, "capsnet_affnist", 0, 1.0, image_size=40, bins=bins([50.0, None]))
     fabricate(tmp_path, "capsnet_affnist", 1, 1.0, image_size=40, bins=bins([70.0, 80.0]))
     runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_affnist"], [0, 1])
-    out = rp.transform_bins(runs, "affnist_test")["capsnet_affnist"]["rotation_deg"]
+    out = ra.transform_bins(runs, "affnist_test")["capsnet_affnist"]["rotation_deg"]
     assert out["centres"] == [-10.0, 10.0]
     assert out["accuracy_pct"] == pytest.approx([60.0, 80.0])  # an empty bin is skipped, not counted as 0
 
@@ -235,3 +239,41 @@ def test_training_commit_from_config_or_journal(tmp_path):
     assert rp.training_commit(run, tmp_path / "journal") == "17bb48c"
     run.config["environment"]["git_commit"] = "deadbee"
     assert rp.training_commit(run, tmp_path / "journal") == "deadbee"
+
+
+def test_both_recipes_side_by_side_with_best_epoch_column(tmp_path):
+    for seed, (err, history) in enumerate([(1.0, [3.0, 0.5, 1.0]), (2.0, [2.5, 2.0, 2.0])]):
+        fabricate(tmp_path, "capsnet_r3_recon", seed, err, history=history)
+        fabricate(tmp_path, "capsnet_r3_recon_official", seed, 0.5, recipe="official", history=[1.0, 0.5])
+    variants = ["capsnet_r3_recon", "capsnet_r3_recon_official"]
+    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", variants, [0, 1])
+    summary = rp.summarize(runs, REFERENCE).set_index("variant")
+    paper, official = summary.loc["capsnet_r3_recon"], summary.loc["capsnet_r3_recon_official"]
+    assert paper.recipe == "paper" and official.recipe == "official"  # a config without recipe is the paper's
+    assert official.paper_test_error == 0.25 and official.verdict == "not reproduced"  # Table 1's r3+recon row
+    assert official.reruns == "" and "XifengGuo" in paper.reruns
+    assert paper.test_error_mean == pytest.approx(1.5)  # the final epoch's evaluation, not the best
+    assert paper.best_errors == "0.50@2 2.00@2" and paper.best_error_mean == pytest.approx(1.25)
+    assert paper.final_epochs == "3 3"
+    effect = rp.effects(runs, REFERENCE).set_index("effect").loc["official vs paper recipe, routing 3, with reconstruction"]
+    assert effect.our_delta == pytest.approx(-1.0) and np.isnan(effect.paper_delta) and effect.same_direction is None
+    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
+                              deviations=["d"], provenance={}, figures={}, reference=REFERENCE)
+    assert "| capsnet_r3_recon_official | official | 3 | yes | 2 | 0.50 ± 0.00 |" in text
+    assert "| capsnet_r3_recon | paper | 3 | yes | 2 | 1.50 ± 0.71 |" in text
+    assert "selected on the test set, so it is optimistic" in text
+    assert "| capsnet_r3_recon | 1.50 | 3 3 | 1.25 | 0.50@2 2.00@2 |" in text
+    assert "| official vs paper recipe, routing 3, with reconstruction | – (no number) | -1.00 |" in text
+
+
+def test_deviations_list_each_recipe_present():
+    from conftest import REPO
+    from pipeline import capsnet
+    from pipeline.params import load_params
+
+    committed = load_params(REPO / "params.yaml")
+    listed = rp.deviations(committed, REFERENCE)
+    assert all(d in listed for d in capsnet.PAPER_RECIPE_DEVIATIONS + capsnet.OFFICIAL_RECIPE_DEVIATIONS)
+    paper_only = dataclasses.replace(committed, ablation=dataclasses.replace(committed.ablation, variants=("capsnet_r1",)))
+    listed = rp.deviations(paper_only, REFERENCE)
+    assert capsnet.PAPER_RECIPE_DEVIATIONS[0] in listed and capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] not in listed
