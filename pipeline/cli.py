@@ -117,7 +117,7 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
     from pipeline import figures, tracking
     from pipeline.data import load_split, test_sets
     from pipeline.files import atomic_path
-    from pipeline.train import NonFiniteLossError, count_params, load_checkpoint, resolve_device, run_config
+    from pipeline.train import ADAM_EPS, NonFiniteLossError, count_params, load_checkpoint, resolve_device, run_config
     from pipeline.train import train as train_run
 
     try:
@@ -163,7 +163,8 @@ def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path:
         writer.writerows(result.history)
     figures.learning_curves(result.history, f"{variant} seed {seed}", out / "learning_curve.png")
     _write_json(out / "config.json", {"config": cfg.__dict__, "run_id": run_id, "params": run_params,
-                                      "environment": env, "train_seconds": time.perf_counter() - t0,
+                                      "optimizer": {"name": "adam", "adam_eps": ADAM_EPS}, "environment": env,
+                                      "train_seconds": time.perf_counter() - t0,
                                       "resumed_from_epoch": result.resumed_from_epoch, "stop_reason": result.stop_reason,
                                       "epochs_trained": len(result.history), "steps_trained": result.steps,
                                       "eval_set": clean_set})
@@ -318,7 +319,7 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, params
                                       "§5.2: affNIST(-style) accuracy by transform parameter", fig_dir / "affnist_bins.png")
         shown["§5.2: accuracy by transform parameter"] = "figures/affnist_bins.png"
 
-    deviations = rp.deviations(p, reference)
+    deviations = rp.deviations(p, reference) + rp.run_deviations(runs)
     env = runs[0].config["environment"]
     versions = {name: md.version(name) for name in ("torch", "torchvision", "dvc", "mlflow", "pandas")}
     trained = sorted({f"torch {r.config['environment']['torch_version']}, Python {r.config['environment']['python_version']}"

@@ -24,6 +24,7 @@ from pipeline import baseline, capsnet, train
 from pipeline.params import Params
 
 MIN_SIGMA = 0.03  # verdict tolerance floor (percentage points)
+LEGACY_ADAM_EPS = 1e-7  # what the code used before 25c5cb7, when config.json did not record it
 EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error(B)
     ("routing 3 vs 1, with reconstruction", "capsnet_r3_recon", "capsnet_r1_recon"),
     ("routing 3 vs 1, no reconstruction", "capsnet_r3", "capsnet_r1"),
@@ -64,6 +65,11 @@ class Run:
     def recipe(self) -> str:
         """paper | official; runs trained before recipes existed are the paper's."""
         return self.config["config"].get("recipe", "paper")
+
+    @property
+    def adam_eps(self) -> float:
+        """Adam's ε; runs trained before config.json recorded it (before 25c5cb7) used 1e-7."""
+        return self.config.get("optimizer", {}).get("adam_eps", LEGACY_ADAM_EPS)
 
 
 def table1_row(variant: str, recipe: str) -> str:
@@ -146,6 +152,17 @@ def publish_runs(models_dir: Path, results_dir: Path, dest: Path) -> list[tuple[
         save_file(keep, str(dest / "results" / variant / seed_dir / "predictions.safetensors"))
         copied.append((variant, seed))
     return copied
+
+
+def run_deviations(runs: list[Run]) -> list[str]:
+    """Deviations that belong to how particular runs were trained, not to today's code."""
+    old = [r for r in runs if r.adam_eps != train.ADAM_EPS]
+    if not old:
+        return []
+    eps = ", ".join(f"{e:g}" for e in sorted({r.adam_eps for r in old}))
+    variants = ", ".join(dict.fromkeys(r.variant for r in old))
+    return [f"Adam ε = {eps} in {len(old)} of {len(runs)} runs ({variants}), trained before the code used TF1's "
+            f"default {train.ADAM_EPS:g} (the official code's; 1e-7 is the Keras default)."]
 
 
 def training_commit(run: Run, journal_dir: Path) -> str:

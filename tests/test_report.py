@@ -277,3 +277,16 @@ def test_deviations_list_each_recipe_present():
     paper_only = dataclasses.replace(committed, ablation=dataclasses.replace(committed.ablation, variants=("capsnet_r1",)))
     listed = rp.deviations(paper_only, REFERENCE)
     assert capsnet.PAPER_RECIPE_DEVIATIONS[0] in listed and capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] not in listed
+
+
+def test_runs_from_before_adam_eps_was_recorded_are_named(tmp_path):
+    from pipeline import train
+
+    for variant in ("capsnet_r1", "capsnet_r3"):
+        fabricate(tmp_path, variant, 0, 1.0)
+    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0])
+    (note,) = rp.run_deviations(runs)
+    assert "Adam ε = 1e-07 in 2 of 2 runs (capsnet_r1, capsnet_r3)" in note
+    for run in runs:
+        run.config["optimizer"] = {"name": "adam", "adam_eps": train.ADAM_EPS}
+    assert rp.run_deviations(runs) == []

@@ -222,12 +222,14 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
     assert "affNIST-style" in breakdown["sources"]["affnist_test"]
     config = json.loads((models / "cnn_affnist" / "seed0" / "config.json").read_text())
     assert config["eval_set"] == "expanded_test" and config["stop_reason"] in ("target", "budget")
+    assert config["optimizer"] == {"name": "adam", "adam_eps": 1e-8}
     result = run_cli(["report", str(models), str(results), str(root / "s52" / "reports"), "--params", str(params)],
                      store, monkeypatch)
     assert result.exit_code == 0, result.output
     text = (root / "s52" / "reports" / "ablation.md").read_text()
     assert "## §5.2 Robustness to affine transformations" in text and "CapsNet − CNN on affNIST" in text
     assert "resampling test digits (all transforms of a digit together)" in text  # the cluster bootstrap is used
+    assert "Adam ε = 1e-07" not in text  # runs trained today record TF1's 1e-8
     assert (root / "s52" / "reports" / "figures" / "affnist_bins.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((root / "s52" / "reports" / "summary.json").read_text())
     assert set(summary["affnist_gap_pp"]) == {"gap", "ci_low", "ci_high"}
