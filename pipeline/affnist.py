@@ -22,13 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.data import AffineRanges, apply_affine, ranges_metadata, sample_affine_params, save_split
+from pipeline.errors import UserError
 
 CANVAS = 40  # §5.2 and affNIST: 40×40 images
 AFFNIST_MIRROR_ENV = "CAPSNET_AFFNIST_MIRROR"
 REAL_AFFNIST = "affNIST test set"  # how a set's source line starts when it is the real affNIST
 
 
-class AffnistError(ValueError):
+class AffnistError(UserError, ValueError):
     """An affNIST .mat file is missing or malformed; the message names the file and the problem."""
 
 

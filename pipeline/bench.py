@@ -142,3 +142,41 @@ def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -
     images_per_s = steps * cfg.batch_size / (time.perf_counter() - t0)
     return {"train_images_per_s": images_per_s, "ms_per_step": 1000 * cfg.batch_size / images_per_s,
             "s_per_epoch": EPOCH_IMAGES / images_per_s, "peak_memory_mb": _peak_memory_mb(device)}
+
+
+def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
+        reference: bool, deterministic: str, device: str):
+    """Yield one row per (batch, mode), the reference loop first when asked: what `capsnet bench` prints."""
+    import dataclasses
+    import datetime
+
+    from pipeline.train import run_config
+
+    dev = resolve_device(device)
+    base = run_config(params, variant, 0, profile="bench", epochs=1, batch_size=batch_sizes[0], amp=False,
+                      compile=False, device=str(dev))
+    if deterministic != "params":
+        base = dataclasses.replace(base, deterministic=deterministic == "on")
+    flop = flop_per_image(base, dev)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    common = {"device": name, "variant": variant, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+              "deterministic": base.deterministic, "flop_per_image_train": flop}
+
+    def row(values: dict) -> dict:
+        values["tflop_per_s"] = values["train_images_per_s"] * flop / 1e12
+        return {**common, **{k: round(x, 3) if isinstance(x, float) else x for k, x in values.items()}}
+
+    for batch in batch_sizes:
+        ref = None
+        if reference:
+            ref = bench_reference(dataclasses.replace(base, batch_size=batch), steps, warmup)
+            yield row({"mode": "reference", "batch": batch, **ref})
+        for mode in modes:
+            amp, compile_mode = MODES[mode]
+            cfg = dataclasses.replace(base, batch_size=batch, amp=amp and dev.type == "cuda",
+                                      compile=compile_mode is not None)
+            result = bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default")
+            if ref:
+                result["speedup_vs_reference"] = result["train_images_per_s"] / ref["train_images_per_s"]
+            yield row({"mode": mode, "batch": batch, **result})
+            torch._dynamo.reset()  # each mode compiles afresh; the on-disk cache still helps

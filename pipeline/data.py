@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from pipeline.errors import UserError
 from pipeline.files import atomic_path
 
 IDX_UBYTE = 0x08
@@ -28,7 +29,7 @@ SPLITS = {"train": "train", "test": "t10k"}
 AFFINE_PARAM_NAMES = ("rotation_deg", "shear", "scale_x", "scale_y", "translate_x", "translate_y")
 
 
-class IdxError(ValueError):
+class IdxError(UserError, ValueError):
     """An IDX file is malformed; the message names the file and the problem."""
 
 
@@ -191,8 +192,15 @@ def load_split(path: str | Path) -> dict[str, torch.Tensor]:
     """images (N, H, W) uint8, labels (N,) uint8 and, for the affine set, affine_params (N, 6)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; run `dvc repro prepare` first")
-    return load_file(str(path))
+        raise UserError(f"{path} not found; build it with `dvc repro prepare`")
+    try:
+        tensors = load_file(str(path))
+    except (OSError, SafetensorError) as err:
+        raise UserError(f"{path} is truncated or corrupt ({err}); rebuild it with `dvc repro -f prepare`") from err
+    if "images" not in tensors or "labels" not in tensors or len(tensors["images"]) != len(tensors["labels"]):
+        raise UserError(f"{path} is not a prepared split (images and labels of one length); "
+                        "rebuild it with `dvc repro -f prepare`")
+    return tensors
 
 
 def split_metadata(path: str | Path) -> dict[str, str]:

@@ -23,6 +23,8 @@ from pathlib import Path
 from torchvision.datasets import MNIST
 from torchvision.datasets.utils import download_url
 
+from pipeline.errors import UserError
+
 MIRROR_ENV = "CAPSNET_MNIST_MIRROR"
 
 # SHA-256 of the *decoded* IDX files: facts about MNIST (LeCun, Cortes, Burges).
@@ -35,13 +37,17 @@ SHA256 = {
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-class DownloadError(RuntimeError):
+class DownloadError(UserError, RuntimeError):
     """MNIST could not be fetched or verified; the message says which file and what to do."""
 
 
 def default_sources() -> list[str]:
     """``$CAPSNET_MNIST_MIRROR`` (when set), then torchvision's public MNIST mirrors."""
     mirror = os.environ.get(MIRROR_ENV, "").strip()
+    local = url2pathname(urlparse(mirror).path) if mirror.startswith("file://") else mirror
+    if mirror and "://" not in mirror.replace("file://", "") and not Path(local).is_dir():
+        raise DownloadError(f"{MIRROR_ENV}={mirror}: no such directory; point it at a folder holding the MNIST "
+                            "IDX files (e.g. ../shared/data/mnist) or unset it to use the public mirrors")
     return ([mirror] if mirror else []) + list(MNIST.mirrors)
 
 

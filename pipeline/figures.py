@@ -141,3 +141,11 @@ def accuracy_by_transform(models: dict[str, dict[str, dict]], title: str, path: 
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     save_figure(fig, path)
+
+
+def placeholder(text: str, path: str | Path) -> None:
+    """A figure that says why there is nothing to plot (the report stage declares every figure)."""
+    fig, ax = plt.subplots(figsize=(5, 1.2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
+    save_figure(fig, path)

@@ -21,6 +21,7 @@ import yaml
 from safetensors.torch import load_file
 
 from pipeline import baseline, capsnet, train
+from pipeline.errors import UserError
 from pipeline.params import Params
 
 MIN_SIGMA = 0.03  # verdict tolerance floor (percentage points)
@@ -38,7 +39,7 @@ EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error
 ]
 
 
-class ReportError(RuntimeError):
+class ReportError(UserError, RuntimeError):
     """An input of the report is missing or inconsistent; the message names it."""
 
 

@@ -13,6 +13,7 @@ into any MLflow store later, with the original steps and timestamps. Syncing twi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -23,12 +24,14 @@ from pathlib import Path
 
 import torch
 
+from pipeline.files import file_lock
+
 JOURNAL_ENV = "CAPSNET_TRACKING_JOURNAL"
 
 EXPERIMENT = "capsnet-repro"
 PARAM_KEYS = ("variant", "model", "routing_iterations", "reconstruction", "seed", "batch_size", "lr",
               "lr_decay_rate", "lr_decay_steps", "epochs", "steps", "amp", "compile", "n_params",
-              "device", "torch_version", "profile", "recipe")
+              "device", "torch_version", "profile", "recipe", "image_size", "n_train", "n_test")
 
 
 def repo_root() -> Path:
@@ -52,6 +55,14 @@ def git_commit(root: Path) -> str:
         return "unknown"
 
 
+def _store_lock(uri: str) -> Path | None:
+    """The lock file beside a sqlite store (creating a fresh store runs migrations that two
+    processes must not run at once); None for other stores, whose servers serialise for us."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///") + ".lock")
+
+
 class Tracker:
     """A thin client bound to the experiment; every call names its run id explicitly."""
 
@@ -59,13 +70,22 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri or tracking_uri()
-        self.client = MlflowClient(self.uri)
+        lock = _store_lock(self.uri)
+        with file_lock(lock, wait=True) if lock else contextlib.nullcontext():
+            self.client = MlflowClient(self.uri)
+            self.experiment_id = self._experiment_id()
+
+    def _experiment_id(self) -> str:
+        """The experiment's id, created on first use (a concurrent creator elsewhere is tolerated)."""
+        import mlflow
+
         experiment = self.client.get_experiment_by_name(EXPERIMENT)
-        if experiment is None:
-            artifacts = (repo_root() / "mlruns").as_uri()
-            self.experiment_id = self.client.create_experiment(EXPERIMENT, artifact_location=artifacts)
-        else:
-            self.experiment_id = experiment.experiment_id
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return self.client.create_experiment(EXPERIMENT, artifact_location=(repo_root() / "mlruns").as_uri())
+        except mlflow.exceptions.MlflowException:
+            return self.client.get_experiment_by_name(EXPERIMENT).experiment_id  # created meanwhile
 
     def start(self, run_name: str, params: dict, run_id: str | None = None) -> str:
         """Reopen ``run_id`` (a resumed run) or create a run with the common param keys and tags."""
@@ -83,11 +103,29 @@ class Tracker:
         self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in common_params(params).items()])
         return run_id
 
+    def close_stale(self, run_name: str, keep: str) -> list[str]:
+        """Mark FAILED every other RUNNING run named ``run_name``: a trainer killed so hard that it
+        could not say so (SIGKILL, power loss). Returns their ids."""
+        query = f"attributes.run_name = '{run_name}' and attributes.status = 'RUNNING'"
+        runs = self.client.search_runs([self.experiment_id], query, max_results=1000)
+        stale = [r.info.run_id for r in runs if r.info.run_id != keep]
+        for run_id in stale:
+            self.set_tag(run_id, "closed_as_stale_by", keep)
+            self.end(run_id, failed=True)
+        return stale
+
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0, timestamp_ms: int | None = None) -> None:
         from mlflow.entities import Metric
 
         now = timestamp_ms or int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def log_metrics_once(self, run_id: str, metrics: dict[str, float], step: int) -> None:
+        """Log each metric unless the run has it at ``step`` already (a stage run again)."""
+        new = {k: v for k, v in metrics.items()
+               if all(m.step != step for m in self.client.get_metric_history(run_id, k))}
+        if new:
+            self.log_metrics(run_id, new, step)
 
     def log_artifact(self, run_id: str, path: str | Path, folder: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), folder)
@@ -98,12 +136,19 @@ class Tracker:
     def end(self, run_id: str, failed: bool = False, end_time_ms: int | None = None) -> None:
         self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED", end_time=end_time_ms)
 
-    def log_report(self, files: list[Path], profile: str) -> str:
-        """A `report` run beside the training runs, tagged with the commit, holding the report files."""
-        tags = {"git_commit": git_commit(repo_root()), "profile": profile, "kind": "report"}
+    def log_report(self, files: list[Path], profile: str, metrics: dict[str, float]) -> str:
+        """A `report` run beside the training runs, tagged with the commit, holding the report files
+        and its headline numbers as metrics."""
+        tags = {"git_commit": git_commit(repo_root()), "profile": profile, "kind": "report",
+                "dvc_stage": os.environ.get("DVC_STAGE", "")}
         run_id = self.client.create_run(self.experiment_id, run_name="report", tags=tags).info.run_id
-        for path in files:
-            self.log_artifact(run_id, path, "report" if path.suffix != ".png" else "report/figures")
+        try:
+            self.log_metrics(run_id, metrics)
+            for path in files:
+                self.log_artifact(run_id, path, "report" if path.suffix != ".png" else "report/figures")
+        except BaseException:
+            self.end(run_id, failed=True)
+            raise
         self.end(run_id)
         return run_id
 
@@ -172,6 +217,16 @@ class JournalTracker:
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         self._write(run_id, "metrics", metrics={k: float(v) for k, v in metrics.items()}, step=step)
 
+    def log_metrics_once(self, run_id: str, metrics: dict[str, float], step: int) -> None:
+        logged = {(e["step"], k) for e in self._events(run_id) if e["event"] == "metrics" for k in e["metrics"]}
+        new = {k: v for k, v in metrics.items() if (step, k) not in logged}
+        if new:
+            self.log_metrics(run_id, new, step)
+
+    def _events(self, run_id: str) -> list[dict]:
+        path = self.folder / f"{run_id}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
     def log_artifact(self, run_id: str, path: str | Path, folder: str | None = None) -> None:
         path = Path(path).resolve()
         shown = path.relative_to(repo_root()) if path.is_relative_to(repo_root()) else path
@@ -183,10 +238,15 @@ class JournalTracker:
     def end(self, run_id: str, failed: bool = False) -> None:
         self._write(run_id, "end", status="FAILED" if failed else "FINISHED")
 
-    def log_report(self, files: list[Path], profile: str) -> str:
+    def close_stale(self, run_name: str, keep: str) -> list[str]:
+        return []  # a journal is replayed as it was written; its runs end when they ended
+
+    def log_report(self, files: list[Path], profile: str, metrics: dict[str, float]) -> str:
         run_id = uuid.uuid4().hex
         self._write(run_id, "start", run_name="report", params={},
-                    tags={"git_commit": git_commit(repo_root()), "profile": profile, "kind": "report"})
+                    tags={"git_commit": git_commit(repo_root()), "profile": profile, "kind": "report",
+                          "dvc_stage": os.environ.get("DVC_STAGE", "")})
+        self.log_metrics(run_id, metrics)
         for path in files:
             self.log_artifact(run_id, path, "report" if path.suffix != ".png" else "report/figures")
         self.end(run_id)

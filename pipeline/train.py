@@ -34,6 +34,7 @@ from pipeline.affnist import random_place
 from pipeline.baseline import BaselineCNN, PoolingCNN
 from pipeline.capsnet import CapsNet, capsnet_loss
 from pipeline.data import random_shift
+from pipeline.errors import UserError
 from pipeline.files import atomic_path
 from pipeline.params import Params
 
@@ -54,7 +55,7 @@ BF16_NOTE = (
     "same 7.4 %, so it is the precision, not torch.compile).")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     """The training loss became NaN or infinite; the message names the first such step."""
 
 
@@ -131,7 +132,8 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"train.device is {name!r} but CUDA is not available; use auto or cpu")
+        raise UserError(f"train.device is {name!r} but torch {torch.__version__} sees no CUDA device; "
+                        "set train.device: auto (or cpu) in params.yaml")
     return device
 
 
@@ -250,7 +252,16 @@ def _lr_lambda(cfg: RunConfig):
     return lambda step: max(cfg.lr_decay_rate ** (step / cfg.lr_decay_steps), floor)
 
 
+def assert_finite_weights(weights: dict[str, torch.Tensor], what: str) -> None:
+    """Refuse to save non-finite weights: a NaN checkpoint would poison every resume after it."""
+    bad = [k for k, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise NonFiniteLossError(f"{what}: non-finite weights in {', '.join(bad[:3])}"
+                                 f"{' …' if len(bad) > 3 else ''}; nothing saved (the last good checkpoint is kept)")
+
+
 def _save_checkpoint(path: Path, state: dict) -> None:
+    assert_finite_weights(state["model"], f"checkpoint {path}")
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
@@ -297,7 +308,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
     n = images.shape[0]
     steps_per_epoch = n // cfg.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images")
+        raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images")
 
     start_epoch, history, stop_reason = 0, [], "budget"
     if state == "load":

@@ -46,14 +46,19 @@ def write_mnist(directory: Path, n_train: int = 40, n_test: int = 20, gz: bool =
     return files
 
 
-@pytest.fixture
-def synthetic_mnist(tmp_path, monkeypatch):
-    """A mirror of synthetic IDX files, with pipeline.download.SHA256 pointed at their hashes."""
+def trust_mnist(monkeypatch, files: dict[str, bytes]) -> None:
+    """Point pipeline.download.SHA256 (what download and prepare verify) at synthetic files' hashes."""
     import hashlib
 
     from pipeline import download
 
+    monkeypatch.setattr(download, "SHA256", {k: hashlib.sha256(v).hexdigest() for k, v in files.items()})
+
+
+@pytest.fixture
+def synthetic_mnist(tmp_path, monkeypatch):
+    """A mirror of synthetic IDX files, with pipeline.download.SHA256 pointed at their hashes."""
     mirror = tmp_path / "mirror"
     files = write_mnist(mirror, gz=True)
-    monkeypatch.setattr(download, "SHA256", {k: hashlib.sha256(v).hexdigest() for k, v in files.items()})
+    trust_mnist(monkeypatch, files)
     return mirror, files

@@ -4,7 +4,7 @@ import torchvision
 from click.testing import CliRunner
 from torchvision.transforms import v2
 
-from conftest import REPO, write_mnist
+from conftest import REPO, trust_mnist, write_mnist
 from pipeline.cli import main
 
 
@@ -47,7 +47,7 @@ def test_download_and_prepare_through_the_cli(synthetic_mnist, tmp_path, monkeyp
 
 def test_a_broken_affnist_mirror_stops_prepare_with_its_name(tmp_path, monkeypatch):
     raw = tmp_path / "raw"
-    write_mnist(raw)
+    trust_mnist(monkeypatch, write_mnist(raw))
     monkeypatch.setenv("CAPSNET_AFFNIST_MIRROR", str(tmp_path / "no-such-affnist"))
     result = CliRunner().invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--montage", str(tmp_path / "m.png"),
                                        "--affnist-montage", str(tmp_path / "a.png"), "--params", str(REPO / "params.yaml")])
@@ -89,3 +89,17 @@ def test_bench_prints_one_json_line_per_configuration():
     assert ours["speedup_vs_reference"] > 0
     # FLOP counted over one training step: > forward-only estimate of conv1+primary+u_hat (~0.39 GFLOP)
     assert 0.39e9 * 2 < ours["flop_per_image_train"] < 0.39e9 * 6
+
+
+def test_prepare_refuses_a_raw_file_changed_after_download(tmp_path, monkeypatch):
+    raw = tmp_path / "raw"
+    trust_mnist(monkeypatch, write_mnist(raw))
+    images = raw / "t10k-images-idx3-ubyte"
+    data = bytearray(images.read_bytes())
+    data[-1] ^= 0xFF  # one pixel byte: still a valid IDX file, silently wrong without the hash check
+    images.write_bytes(bytes(data))
+    result = CliRunner().invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--montage", str(tmp_path / "m.png"),
+                                       "--affnist-montage", str(tmp_path / "a.png"), "--params", str(REPO / "params.yaml")])
+    assert result.exit_code == 1 and result.output.count("\n") == 1  # one line, no traceback
+    assert "t10k-images-idx3-ubyte changed after download" in result.output and "dvc repro -f download" in result.output
+    assert not (tmp_path / "prepared").exists()

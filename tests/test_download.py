@@ -65,12 +65,22 @@ def test_no_source_names_the_mirror_variable(tmp_path, monkeypatch):
         download_mnist(tmp_path / "raw", sources=[str(tmp_path / "missing")])
 
 
-def test_default_sources_put_the_mirror_first(monkeypatch):
-    monkeypatch.setenv("CAPSNET_MNIST_MIRROR", "/some/mirror")
+def test_default_sources_put_the_mirror_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPSNET_MNIST_MIRROR", str(tmp_path))
     sources = download.default_sources()
-    assert sources[0] == "/some/mirror" and len(sources) > 1
+    assert sources[0] == str(tmp_path) and len(sources) > 1
+    monkeypatch.setenv("CAPSNET_MNIST_MIRROR", "https://example.invalid/mnist")  # URLs are tried, not checked here
+    assert download.default_sources()[0] == "https://example.invalid/mnist"
     monkeypatch.delenv("CAPSNET_MNIST_MIRROR")
-    assert "/some/mirror" not in download.default_sources()
+    assert str(tmp_path) not in download.default_sources()
+
+
+@pytest.mark.parametrize("form", ["plain", "file-url"])
+def test_a_mirror_that_does_not_exist_is_named_not_skipped(tmp_path, monkeypatch, form):
+    missing = tmp_path / "no-such-mirror"
+    monkeypatch.setenv("CAPSNET_MNIST_MIRROR", str(missing) if form == "plain" else missing.as_uri())
+    with pytest.raises(DownloadError, match="no-such-mirror: no such directory"):
+        download.default_sources()
 
 
 def test_existing_verified_files_are_kept(synthetic_mnist, tmp_path):

@@ -193,7 +193,8 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
     assert all(r.info.status == "FINISHED" for r in runs)
     assert all(sorted(r.data.params) == sorted(tracking.PARAM_KEYS) for r in runs)
     assert {r.data.params["n_params"] for r in runs} == {"35445522", "8215568"}
-    assert all({"test_error_pct", "affine_test_error_pct", "train_loss", "lr"} <= set(r.data.metrics) for r in runs)
+    assert all({"test_error_pct", "eval_test_error_pct", "eval_affine_test_error_pct", "train_loss", "lr"}
+               <= set(r.data.metrics) for r in runs)
 
 
 def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatch):

@@ -1,0 +1,11 @@
+"""Errors that are the user's to fix. The CLI prints their message as one line, never a traceback,
+so each message names what is wrong and what to do about it."""
+
+
+class UserError(Exception):
+    """Bad input or state: a params value, a file, a device, a path."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (DVC, a scheduler or `kill` stopping a stage): unwind, marking runs FAILED.
+    A BaseException, like KeyboardInterrupt, so no `except Exception` swallows it."""

@@ -1,0 +1,93 @@
+"""Stage `evaluate`: a trained model on its clean and transformed test sets, logged to its run.
+
+28×28 models: MNIST test and the affine-shifted set; 40×40 (§5.2): expanded MNIST and
+affNIST(-style). Writes metrics.json (DVC's metrics), breakdown.json (per-class accuracy, accuracy
+by transform bins, which sets), predictions.safetensors (per image: label, prediction, scores),
+confusion.png and, for reconstruction variants, reconstructions.png and fig4.png.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from pipeline import figures, tracking
+from pipeline.data import load_split, split_metadata, test_sets
+from pipeline.errors import UserError
+from pipeline.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
+from pipeline.files import atomic_path, writable_dir, write_text
+from pipeline.train import RunConfig, build_model, resolve_device
+
+
+def load_model(model_dir: Path) -> tuple[dict, RunConfig, torch.nn.Module]:
+    """(config.json, its RunConfig, the model with its trained weights) of a train stage's output."""
+    retrain = "retrain it with `dvc repro -f train@<variant>-<seed>`"
+    try:
+        saved = json.loads((model_dir / "config.json").read_text())
+        cfg = RunConfig(**saved["config"])
+        weights = load_file(str(model_dir / "model.safetensors"))
+    except FileNotFoundError as err:
+        raise UserError(f"{err.filename} is missing; {retrain}") from err
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise UserError(f"{model_dir / 'config.json'} is not a train stage's config ({err}); {retrain}") from err
+    except (OSError, SafetensorError) as err:
+        raise UserError(f"{model_dir / 'model.safetensors'} is truncated or corrupt ({err}); {retrain}") from err
+    model = build_model(cfg)
+    model.load_state_dict(weights)
+    return saved, cfg, model.to(resolve_device(cfg.device)).eval()
+
+
+def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
+    """Evaluate ``model_dir`` and write ``out``; returns metrics.json's content."""
+    saved, cfg, model = load_model(model_dir)
+    writable_dir(out, "output")
+    metrics, arrays, panels = {}, {}, []
+    breakdown = {"per_class": {}, "sources": {}, "bins": {}}
+    clean_set, transformed_set = test_sets(cfg.image_size)
+    for name in (clean_set, transformed_set):
+        path = data_dir / f"{name}.safetensors"
+        data, meta = load_split(path), split_metadata(path)
+        m, a = evaluate_split(model, data["images"], data["labels"], cfg.eval_batch_size, cfg.num_classes)
+        metrics[f"{name}_error_pct"] = m["error_pct"]
+        metrics[f"n_{name}"] = m["n"]
+        breakdown["per_class"][name] = m["per_class_accuracy"]
+        breakdown["sources"][name] = meta.get("source", name)
+        if "affine_params" in data and "ranges" in meta:
+            correct = a["labels"] == a["preds"]
+            breakdown["bins"][name] = accuracy_by_bins(correct, data["affine_params"], json.loads(meta["ranges"]))
+        arrays.update({f"{name}_{k}": t for k, t in a.items()})
+        if "digit_index" in data:  # affNIST-style: which test digit each image came from (for the report's CI)
+            arrays[f"{name}_digit_index"] = data["digit_index"].int()
+        panels.append((m["confusion_matrix"], name))
+        if name == clean_set:
+            clean_images = data["images"]
+    title = f"{cfg.variant} seed {cfg.seed}"
+    figures.confusion(panels, title, out / "confusion.png")
+    metrics.update(n_params=saved["params"]["n_params"], epochs_trained=saved["epochs_trained"],
+                   reached_target=saved["stop_reason"] == "target")
+    with atomic_path(out / "predictions.safetensors") as tmp:
+        save_file(arrays, str(tmp))
+    write_text(out / "breakdown.json", json.dumps(breakdown, indent=2, sort_keys=True) + "\n")
+    pngs = ["confusion.png"]
+    if cfg.reconstruction:
+        k = min(10, clean_images.shape[0])
+        figures.image_grid([clean_images[:k], reconstructions(model, clean_images[:k])], ["input", "reconstruction"],
+                           f"{title}: reconstructions (predicted capsule)", out / "reconstructions.png")
+        grid = fig4_grid(model, clean_images[0])
+        figures.image_grid(list(grid), [f"dim {d}" for d in range(grid.shape[0])], f"{title}: Fig. 4 perturbations",
+                           out / "fig4.png", col_labels=[f"{round(s, 2) + 0.0:+.2f}" for s in FIG4_STEPS.tolist()])
+        pngs += ["reconstructions.png", "fig4.png"]
+    write_text(out / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    tracker = tracking.open_tracker()
+    run_id = saved["run_id"]
+    # eval_*: training logs test_error_pct per epoch, so the evaluation's own keys never collide with it
+    tracker.log_metrics_once(run_id, {f"eval_{k}": metrics[k] for k in (f"{clean_set}_error_pct",
+                                                                        f"{transformed_set}_error_pct")},
+                             step=saved["epochs_trained"])
+    for artifact in ["metrics.json", "breakdown.json", *pngs]:
+        tracker.log_artifact(run_id, out / artifact, "evaluation")
+    return metrics

@@ -1,0 +1,146 @@
+"""Stage `train`: one (variant, seed) from prepared data to weights, history and config, tracked.
+
+Top to bottom, what the stage must get right: check everything checkable (params, device, batch
+against the data, writable paths) before an MLflow run exists; lock the checkpoint so two trainers
+never work on one run; reopen the run a checkpoint belongs to and close stale RUNNING runs of the
+same (variant, seed); train; write outputs atomically; and mark the run FAILED on every failure
+after it started, SIGTERM included. The CLI only parses arguments and prints the outcome.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from pipeline import figures, tracking
+from pipeline.data import load_split, test_sets
+from pipeline.errors import Terminated, UserError
+from pipeline.files import atomic_path, file_lock, writable_dir, write_text
+from pipeline.params import Params
+from pipeline.profiles import CPU_EPOCH_SECONDS
+from pipeline.train import (ADAM_EPS, RunConfig, assert_finite_weights, count_params, load_checkpoint, resolve_device,
+                            run_config, train)
+
+ARTIFACTS = ("model.safetensors", "learning_curve.png", "history.csv", "config.json")
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Terminated` for the block (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(f"stopped by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclasses.dataclass
+class TrainOutcome:
+    cfg: RunConfig
+    history: list[dict]
+    stop_reason: str
+    eval_set: str
+    run_id: str
+
+
+def write_json(path: Path, obj: dict) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def load_data(data_dir: Path, cfg: RunConfig) -> dict[str, torch.Tensor]:
+    """The training split and the clean test set the model is scored on each epoch."""
+    train_split = load_split(data_dir / "train.safetensors")
+    test_split = load_split(data_dir / f"{test_sets(cfg.image_size)[0]}.safetensors")
+    n = train_split["images"].shape[0]
+    if n < cfg.batch_size:
+        raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images in {data_dir}; "
+                        "lower train.batch_size or raise prepare.train_subset")
+    return {"train_images": train_split["images"], "train_labels": train_split["labels"],
+            "test_images": test_split["images"], "test_labels": test_split["labels"]}
+
+
+def run(params: Params, variant: str, seed: int, data_dir: Path, out_dir: Path, checkpoint: Path) -> TrainOutcome:
+    """Train ``variant`` with ``seed``; resume from ``checkpoint`` when it belongs to the same
+    configuration. Writes model.safetensors, history.csv, learning_curve.png and config.json."""
+    cfg = run_config(params, variant, seed)
+    device = resolve_device(cfg.device)
+    data = load_data(data_dir, cfg)
+    if device.type == "cpu" and cfg.profile != "smoke":
+        hours = CPU_EPOCH_SECONDS[cfg.model, cfg.image_size] * len(data["train_images"]) / 60_000 * cfg.epochs / 3600
+        if hours > 1:
+            warnings.warn(f"{variant} seed {seed}: {cfg.epochs} epochs on a CPU take about {hours:,.0f} h "
+                          "(measured on 2 cores); the paper protocol wants a GPU", stacklevel=2)
+    writable_dir(out_dir, "output")
+    writable_dir(checkpoint.parent, "checkpoint")
+    with file_lock(checkpoint.with_name(checkpoint.name + ".lock"), wait=False,
+                   what=f"{variant} seed {seed}'s checkpoint {checkpoint}"):
+        state = load_checkpoint(checkpoint, cfg)
+        env = tracking.environment()
+        run_params = {
+            "variant": variant, "model": cfg.model, "routing_iterations": cfg.routing_iterations,
+            "reconstruction": cfg.reconstruction, "seed": seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
+            "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps, "epochs": cfg.epochs,
+            "steps": cfg.epochs * (data["train_images"].shape[0] // cfg.batch_size), "amp": cfg.amp,
+            "compile": cfg.compile, "n_params": count_params(cfg), "device": str(device),
+            "torch_version": env["torch_version"], "profile": cfg.profile, "recipe": cfg.recipe,
+            "image_size": cfg.image_size, "n_train": data["train_images"].shape[0],
+            "n_test": data["test_images"].shape[0]}
+        tracker = tracking.open_tracker()
+        run_name = f"{variant}-seed{seed}"
+        run_id = tracker.start(run_name, run_params, run_id=state["extra"].get("run_id") if state else None)
+        tracker.close_stale(run_name, keep=run_id)
+        try:
+            with sigterm_raises():
+                outcome = _train_and_write(cfg, data, checkpoint, out_dir, tracker, run_id, run_params, env, state)
+        except BaseException:
+            tracker.end(run_id, failed=True)
+            raise
+        tracker.end(run_id)
+    return outcome
+
+
+def _train_and_write(cfg: RunConfig, data: dict, checkpoint: Path, out: Path, tracker, run_id: str,
+                     run_params: dict, env: dict, state: dict | None) -> TrainOutcome:
+    t0 = time.perf_counter()
+    result = train(cfg, data, checkpoint, tracker.epoch_logger(run_id), extra={"run_id": run_id}, state=state)
+    weights = {k: t.contiguous() for k, t in result.model.state_dict().items()}
+    assert_finite_weights(weights, f"{cfg.variant} seed {cfg.seed}")
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(weights, str(tmp))
+    with atomic_path(out / "history.csv") as tmp, tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(result.history[0]))
+        writer.writeheader()
+        writer.writerows(result.history)
+    figures.learning_curves(result.history, f"{cfg.variant} seed {cfg.seed}", out / "learning_curve.png")
+    eval_set = test_sets(cfg.image_size)[0]
+    write_json(out / "config.json", {
+        "config": dataclasses.asdict(cfg), "run_id": run_id, "params": run_params,
+        "optimizer": {"name": "adam", "adam_eps": ADAM_EPS}, "environment": env,
+        "train_seconds": time.perf_counter() - t0, "resumed_from_epoch": result.resumed_from_epoch,
+        "stop_reason": result.stop_reason, "epochs_trained": len(result.history), "steps_trained": result.steps,
+        "eval_set": eval_set})
+    if result.resumed_from_epoch < len(result.history):  # something was trained (else these are logged already)
+        tracker.log_metrics(run_id, {"epochs_trained": len(result.history),
+                                     "reached_target": float(result.stop_reason == "target")},
+                            step=len(result.history))
+    for artifact in ARTIFACTS:
+        tracker.log_artifact(run_id, out / artifact)
+    return TrainOutcome(cfg, result.history, result.stop_reason, eval_set, run_id)

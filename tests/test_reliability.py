@@ -1,0 +1,176 @@
+"""No run left half-done: MLflow store creation under concurrency, FAILED on every failure path
+(SIGTERM too), stale RUNNING runs closed, one trainer per checkpoint, and one clear line for bad input."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, write_mnist
+from pipeline import tracking, train_stage
+from pipeline.files import atomic_path, file_lock
+from pipeline.train import NonFiniteLossError, _save_checkpoint
+
+
+@pytest.fixture
+def stage(tmp_path, monkeypatch):
+    """Prepared tiny data, a one-epoch smoke params file and a fresh MLflow store; returns a runner."""
+    from pipeline.affnist import prepare_affnist
+    from pipeline.cli import main
+    from pipeline.data import AffineRanges, prepare
+
+    write_mnist(tmp_path / "raw", n_train=32, n_test=12)
+    out = prepare(tmp_path / "raw", tmp_path / "prepared", train_subset=0, test_subset=0, affine_seed=0,
+                  ranges=AffineRanges())
+    prepare_affnist(tmp_path / "prepared", out["test_images"], out["test_labels"], expanded_seed=1, affnist_seed=2,
+                    transforms_per_digit=1, ranges=AffineRanges())
+    text = (REPO / "params.yaml").read_text()
+    for old, new in [("epochs: 640", "epochs: 1"), ("batch_size: 128", "batch_size: 16"),
+                     ("device: auto", "device: cpu"), ("profile: paper", "profile: smoke")]:
+        text = text.replace(old, new)
+    (tmp_path / "params.yaml").write_text(text)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+
+    def train(*extra, params="params.yaml", catch=True):
+        args = ["train", "capsnet_r1", "0", str(tmp_path / "prepared"), str(tmp_path / "models"),
+                "--checkpoint", str(tmp_path / "ckpt" / "r1.pt"), "--params", str(tmp_path / params), *extra]
+        return CliRunner().invoke(main, args, catch_exceptions=catch)
+
+    return tmp_path, train
+
+
+def runs(root):
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    return [] if experiment is None else client.search_runs([experiment.experiment_id])
+
+
+def one_line_error(result, *fragments):
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: ") and result.output.count("\n") == 1, result.output  # no traceback
+    for fragment in fragments:
+        assert fragment in result.output, result.output
+
+
+def test_concurrent_stages_create_a_fresh_store_once(tmp_path):
+    code = ("import sys; from pipeline import tracking; t = tracking.Tracker(sys.argv[1]); "
+            "print(t.experiment_id)")
+    uri = f"sqlite:///{tmp_path}/fresh.db"
+    env = {**os.environ, "DVC_ROOT": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, uri], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-500:] for _, err in outputs]
+    assert len({out.strip() for out, _ in outputs}) == 1  # one experiment, the same id for all
+
+
+def test_a_failure_while_writing_outputs_marks_the_run_failed(stage, monkeypatch):
+    root, train = stage
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_stage, "save_file", disk_full)
+    result = train()
+    assert isinstance(result.exception, OSError)
+    [run] = runs(root)
+    assert run.info.status == "FAILED"
+    assert not (root / "models" / "model.safetensors").exists()
+    assert not list((root / "models").glob(".*tmp*"))  # no half-written temporary left
+
+
+def test_sigterm_marks_the_run_failed(stage, monkeypatch):
+    root, train = stage
+
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not interrupt")
+
+    monkeypatch.setattr(train_stage, "train", killed)
+    result = train()
+    assert result.exit_code == 143 and "Terminated: stopped by signal 15" in result.output
+    [run] = runs(root)
+    assert run.info.status == "FAILED"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+
+
+def test_a_stale_running_run_is_closed_when_the_stage_runs_again(stage):
+    root, train = stage
+    tracker = tracking.Tracker()
+    params = {k: "x" for k in tracking.PARAM_KEYS}
+    stale = tracker.start("capsnet_r1-seed0", params)  # a trainer killed by SIGKILL: never said it ended
+    other = tracker.start("capsnet_r3-seed0", params)
+    result = train()
+    assert result.exit_code == 0, result.output
+    status = {r.info.run_id: r for r in runs(root)}
+    assert status[stale].info.status == "FAILED" and "closed_as_stale_by" in status[stale].data.tags
+    assert status[other].info.status == "RUNNING"  # another (variant, seed) is not touched
+    [new] = [r for r in status.values() if r.info.run_id not in (stale, other)]
+    assert new.info.status == "FINISHED"
+    assert {"image_size": "28", "n_train": "32", "n_test": "12", "recipe": "paper"}.items() <= new.data.params.items()
+    assert new.data.tags["git_commit"]
+
+
+def test_two_trainers_never_share_a_checkpoint(stage):
+    root, train = stage
+    with file_lock(root / "ckpt" / "r1.pt.lock", wait=False):
+        result = train()
+    one_line_error(result, "capsnet_r1 seed 0's checkpoint", "in use by another process")
+    assert runs(root) == []  # refused before any MLflow run
+
+
+def test_corrupt_prepared_data_names_the_file_and_the_fix(stage):
+    root, train = stage
+    path = root / "prepared" / "train.safetensors"
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    result = train()
+    one_line_error(result, str(path), "truncated or corrupt", "dvc repro -f prepare")
+    assert runs(root) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_without_cuda_is_one_line(stage):
+    root, train = stage
+    (root / "cuda.yaml").write_text((root / "params.yaml").read_text().replace("device: cpu", "device: cuda"))
+    one_line_error(train(params="cuda.yaml"), "train.device is 'cuda'", "sees no CUDA device", "train.device: auto")
+    assert runs(root) == []
+
+
+def test_an_unwritable_output_directory_is_named(stage):
+    root, train = stage
+    (root / "a-file").write_text("")
+    from pipeline.cli import main
+
+    args = ["train", "capsnet_r1", "0", str(root / "prepared"), str(root / "a-file" / "models"),
+            "--checkpoint", str(root / "ckpt" / "r1.pt"), "--params", str(root / "params.yaml")]
+    one_line_error(CliRunner().invoke(main, args), f"cannot write the output directory {root / 'a-file' / 'models'}")
+    assert runs(root) == []
+
+
+def test_a_batch_larger_than_the_data_stops_before_any_run(stage):
+    root, train = stage
+    (root / "big.yaml").write_text((root / "params.yaml").read_text().replace("batch_size: 16", "batch_size: 64"))
+    one_line_error(train(params="big.yaml"), "train.batch_size 64 exceeds the 32 training images")
+    assert runs(root) == []
+
+
+def test_non_finite_weights_are_never_checkpointed(tmp_path):
+    weights = {"w": torch.tensor([1.0, float("nan")]), "steps": torch.tensor([3])}
+    with pytest.raises(NonFiniteLossError, match="non-finite weights in w"):
+        _save_checkpoint(tmp_path / "c.pt", {"model": weights})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_writes_use_unique_temporary_names(tmp_path):
+    with atomic_path(tmp_path / "x.json") as a, atomic_path(tmp_path / "x.json") as b:
+        assert a != b and a.parent == b.parent == tmp_path
+        a.write_text("1")
+        b.write_text("2")
+    assert (tmp_path / "x.json").read_text() == "1"  # the last rename wins; neither write is torn
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
