@@ -18,11 +18,12 @@ $(BIN)/capsnet: pyproject.toml uv.lock
 test: venv  ## the test suite (what CI runs)
 	$(BIN)/python -m pytest
 
-smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes)
+smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes); params.yaml and dvc.lock stay as they were
 	$(PROFILE) smoke --exec dvc exp run
 
-gpu: venv  ## the whole DVC pipeline in the GPU profile (needs CUDA)
+gpu: venv  ## the whole DVC pipeline in the GPU profile (needs CUDA); refuses a params.yaml with other profiles' values
 	$(PROFILE) gpu --exec dvc exp run
 
-repro: venv  ## the whole DVC pipeline with params.yaml as it is (the paper profile when committed)
+repro: venv  ## the whole DVC pipeline in the paper profile; refuses a params.yaml that differs from the committed one
+	$(PROFILE) paper --check
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro

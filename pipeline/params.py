@@ -20,8 +20,10 @@ from typing import Any
 
 import yaml
 
+from pipeline.errors import UserError
 
-class ParamsError(ValueError):
+
+class ParamsError(UserError, ValueError):
     """params.yaml is malformed; the message names the key and what to do."""
 
 
@@ -159,9 +161,22 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         float: isinstance(value, int | float) and not isinstance(value, bool),
         str: isinstance(value, str),
     }[hint]
+    if not ok and hint is float and isinstance(value, str) and _is_number(value):
+        mantissa, _, exponent = value.lower().partition("e")
+        fixed = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}"
+        raise ParamsError(f"{where} is the string {value!r}: YAML reads a number in e-notation without a '.' "
+                          f"as text; write {fixed}")
     if not ok:
         raise ParamsError(f"{where} must be of type {hint.__name__}, got {value!r}")
     return float(value) if hint is float else value
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _load_section(cls: type, raw: Any, where: str) -> Any:
@@ -210,7 +225,23 @@ def parse_params(raw: Any) -> Params:
     for name in loaded["ablation"].variants:
         if name not in variants:
             raise ParamsError(f"ablation.variants names {name!r}, which is not defined under variants")
-    return Params(variants=variants, **loaded)
+    params = Params(variants=variants, **loaded)
+    check_combinations(params)
+    return params
+
+
+def check_combinations(p: Params) -> None:
+    """Settings that are each valid but wrong together."""
+    subsets = {k: v for k, v in (("prepare.train_subset", p.prepare.train_subset),
+                                 ("prepare.test_subset", p.prepare.test_subset)) if v}
+    if subsets and p.base.profile != "smoke":
+        raise ParamsError(f"base.profile is {p.base.profile!r} but {', '.join(subsets)} "
+                          f"{'is' if len(subsets) == 1 else 'are'} set: data subsets are for the smoke profile "
+                          "only (a paper or gpu run on a subset would be reported as the real thing); "
+                          "set them to 0 or use `make smoke`")
+    if p.prepare.train_subset and p.train.batch_size > p.prepare.train_subset:
+        raise ParamsError(f"train.batch_size ({p.train.batch_size}) exceeds prepare.train_subset "
+                          f"({p.prepare.train_subset}): not one batch per epoch; lower the batch or raise the subset")
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

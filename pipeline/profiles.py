@@ -5,6 +5,13 @@ GPU box of scripts/gpu_session.sh) writes the same values into a params file of 
 
     python -m pipeline.profiles gpu --write params.gpu.yaml
     python -m pipeline.profiles smoke --exec dvc exp run      # runs: dvc exp run -S ... -S ...
+    python -m pipeline.profiles paper --check                 # what `make repro` asks first
+
+Profiles never mix. `--check` refuses, naming the keys, when the workspace's params.yaml differs
+from the committed one anywhere the profile does not set itself (a leftover smoke value under a
+gpu run, say), and warns with a time estimate before the paper protocol starts on a CPU. The
+smoke profile's `--exec` puts params.yaml and dvc.lock back as they were when it ends (its
+experiment stays in `dvc exp show`), so a smoke run never changes what `make repro` runs.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import argparse
 import copy
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +28,7 @@ from typing import Any
 import yaml
 
 PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {},  # params.yaml as committed: 640 epochs, 3 seeds, every variant
     # tiny deterministic subsets, 1 epoch, one seed, CPU; one affNIST-style transform per digit, not 32
     "smoke": {"base.profile": "smoke", "prepare.train_subset": 512, "prepare.test_subset": 256,
               "prepare.affnist_transforms": 1, "train.epochs": 1, "train.batch_size": 32, "train.device": "cpu",
@@ -47,6 +56,91 @@ def apply(raw: dict, name: str) -> dict:
     return out
 
 
+RESTORED = ("params.yaml", "dvc.lock")  # what a smoke run puts back as it was
+# Seconds per full 60k-image epoch on a CPU, for the warning before a long CPU run: capsnet measured
+# on this project's 2-core machine (600 s, reports/benchmarks.md); the others scaled from it by the
+# FLOP per training image that `capsnet bench` counts (1.20 / 11.78 / 4.74 / 4.53 GFLOP).
+CPU_EPOCH_SECONDS = {("capsnet", 28): 600, ("baseline_cnn", 28): 5_900, ("capsnet", 40): 2_370,
+                     ("pooling_cnn", 40): 2_270}
+
+
+def flatten(raw: dict, prefix: str = "") -> dict[str, Any]:
+    """{"train.epochs": 640, …} from the nested mapping."""
+    out = {}
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def foreign_keys(workspace: dict, committed: dict, name: str) -> dict[str, tuple[Any, Any]]:
+    """Keys where the workspace differs from the committed params and profile ``name`` does not
+    set them: {key: (workspace value, committed value)}."""
+    here, base = flatten(workspace), flatten(committed)
+    return {k: (here.get(k, "<missing>"), base.get(k, "<missing>")) for k in sorted(here.keys() | base.keys())
+            if here.get(k) != base.get(k) and k not in PROFILES[name]}
+
+
+def committed_params(path: str) -> dict | None:
+    """params.yaml as HEAD has it; None outside a git checkout (nothing to compare with)."""
+    try:
+        text = subprocess.run(["git", "show", f"HEAD:{path}"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return yaml.safe_load(text)
+
+
+def cpu_hours(raw: dict) -> float:
+    """Estimated hours to train every (variant, seed) of ``raw`` on a CPU like this project's."""
+    fraction = (raw["prepare"]["train_subset"] or 60_000) / 60_000
+    seconds = 0.0
+    for variant in raw["ablation"]["variants"]:
+        v = raw["variants"][variant]
+        seconds += CPU_EPOCH_SECONDS[v["model"], v["image_size"]] * fraction * raw["train"]["epochs"]
+    return seconds * len(raw["ablation"]["seeds"]) / 3600
+
+
+def check(name: str, params_path: str = "params.yaml") -> list[str]:
+    """Refuse (SystemExit naming the keys) a workspace that would mix profiles; return warnings."""
+    workspace = yaml.safe_load(Path(params_path).read_text())
+    committed = committed_params(params_path)
+    if committed is not None:
+        foreign = foreign_keys(workspace, committed, name)
+        if foreign:
+            listed = "; ".join(f"{k} = {here!r} (committed: {base!r})" for k, (here, base) in foreign.items())
+            raise SystemExit(f"{params_path} differs from the committed one where the {name} profile does not set "
+                             f"it: {listed}. Restore it (`git checkout {params_path} dvc.lock`) or commit the "
+                             "change, then run again; `dvc repro` runs the workspace as it is.")
+    target = apply(workspace, name)
+    warnings = []
+    if name != "smoke" and target["train"]["device"] in ("auto", "cpu") and not _cuda_available():
+        warnings.append(f"warning: no CUDA device; the {name} profile would train {len(target['ablation']['variants'])} "
+                        f"variants x {len(target['ablation']['seeds'])} seeds x {target['train']['epochs']} epochs on "
+                        f"this CPU: about {cpu_hours(target):,.0f} h (600 s per CapsNet epoch measured on 2 cores). "
+                        "`make smoke` checks the pipeline in minutes; real training wants a GPU.")
+    return warnings
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED) -> int:
+    """Run ``command``, then put ``paths`` back byte for byte (also when it fails or is interrupted)."""
+    saved = {p: Path(p).read_bytes() for p in paths if Path(p).is_file()}
+    try:
+        return subprocess.run(command).returncode
+    finally:
+        for path, content in saved.items():
+            if Path(path).read_bytes() != content:
+                Path(path).write_bytes(content)
+                print(f"restored {path}", file=sys.stderr)
+
+
 def dvc_set_args(name: str) -> list[str]:
     """`-S key=value` arguments for `dvc exp run` (values in YAML/JSON flow syntax)."""
     args = []
@@ -61,8 +155,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", default="params.yaml", help="the base params file")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--write", metavar="PATH", help="write params with the profile applied to PATH")
-    group.add_argument("--exec", nargs=argparse.REMAINDER, metavar="CMD", help="run CMD followed by -S key=value ...")
+    group.add_argument("--check", action="store_true",
+                       help="refuse a workspace params.yaml that would mix profiles; warn before long CPU runs")
+    group.add_argument("--exec", nargs=argparse.REMAINDER, metavar="CMD",
+                       help="check, then run CMD followed by -S key=value ... (smoke: restoring params.yaml, dvc.lock)")
     args = parser.parse_args(argv)
+    if args.check or args.exec is not None:
+        for line in check(args.profile, args.params):
+            print(line, file=sys.stderr)
+        if args.check:
+            return
     if args.write:
         raw = yaml.safe_load(Path(args.params).read_text())
         Path(args.write).write_text(f"# {args.params} with profile {args.profile} (pipeline/profiles.py)\n"
@@ -72,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--exec needs a command")
     command = args.exec + dvc_set_args(args.profile)
     print(" ".join(command), flush=True)
+    if args.profile == "smoke":
+        sys.exit(run_restoring(command))
     os.execvp(command[0], command)
 
 

@@ -54,6 +54,10 @@ def test_committed_params_are_the_paper_protocol():
     ("prepare.affnist_transforms", 0, "prepare.affnist_transforms must be >= 1"),
     ("variants.capsnet_r1.recipe", "keras", "variants.capsnet_r1.recipe must be one of ('paper', 'official')"),
     ("variants.baseline_cnn.recipe", "official", "recipe 'official' is for CapsNets"),
+    ("train.lr", "1e-3", "train.lr is the string '1e-3': YAML reads a number in e-notation without a '.' as text; "
+                         "write 1.0e-3"),
+    ("prepare.train_subset", 512, "base.profile is 'paper' but prepare.train_subset is set: data subsets are for "
+                                  "the smoke profile only"),
 ])
 def test_bad_params_fail_naming_the_key(path, value, message):
     with pytest.raises(ParamsError) as err:
@@ -68,3 +72,20 @@ def test_unknown_section_and_missing_file(tmp_path):
         parse_params(raw)
     with pytest.raises(ParamsError, match="not found"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_lr_written_as_yaml_reads_it_gets_the_fix(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text((REPO / "params.yaml").read_text().replace("lr: 0.001 ", "lr: 1e-3 "))
+    with pytest.raises(ParamsError, match=r"write 1\.0e-3"):
+        load_params(path)
+
+
+def test_a_batch_larger_than_the_subset_fails_at_validation():
+    raw = with_change("base.profile", "smoke")
+    raw["prepare"]["train_subset"] = 64
+    raw["train"]["batch_size"] = 128
+    with pytest.raises(ParamsError, match=r"train.batch_size \(128\) exceeds prepare.train_subset \(64\)"):
+        parse_params(raw)
+    raw["train"]["batch_size"] = 64
+    parse_params(raw)

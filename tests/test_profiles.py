@@ -43,3 +43,50 @@ def test_dvc_arguments_and_written_file(tmp_path):
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
                     "--write", str(out)], check=True, cwd=REPO)
     assert parse_params(yaml.safe_load(out.read_text())).base.profile == "gpu"
+
+
+def smoke_workspace():
+    return profiles.apply(yaml.safe_load((REPO / "params.yaml").read_text()), "smoke")
+
+
+def test_leftover_values_of_another_profile_are_named():
+    committed = yaml.safe_load((REPO / "params.yaml").read_text())
+    foreign = profiles.foreign_keys(smoke_workspace(), committed, "gpu")
+    assert "prepare.train_subset" in foreign and "train.batch_size" in foreign and "ablation.seeds" in foreign
+    assert foreign["train.batch_size"] == (32, 128)
+    assert "train.epochs" not in foreign and "train.device" not in foreign  # the gpu profile sets these itself
+    assert profiles.foreign_keys(committed, committed, "paper") == {}
+
+
+def test_check_refuses_a_workspace_that_mixes_profiles(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], check=True)
+    subprocess.run([*git, "add", "params.yaml"], check=True)
+    subprocess.run([*git, "commit", "-qm", "p"], check=True)
+    profiles.check("gpu")  # as committed: fine
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(smoke_workspace()))
+    with pytest.raises(SystemExit, match=r"train.batch_size = 32 \(committed: 128\).*git checkout params.yaml dvc.lock"):
+        profiles.check("paper")
+    with pytest.raises(SystemExit, match="prepare.train_subset = 512"):
+        profiles.check("gpu")
+
+
+def test_smoke_puts_params_and_lock_back_even_when_it_fails(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("a: 1\n")
+    (tmp_path / "dvc.lock").write_text("lock\n")
+    command = [sys.executable, "-c", "import pathlib, sys; pathlib.Path('params.yaml').write_text('a: 2'); "
+               "pathlib.Path('dvc.lock').write_text('other'); sys.exit(3)"]
+    assert profiles.run_restoring(command) == 3
+    assert (tmp_path / "params.yaml").read_text() == "a: 1\n" and (tmp_path / "dvc.lock").read_text() == "lock\n"
+
+
+def test_cpu_estimate_arithmetic():
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["ablation"] = {"variants": ["capsnet_r1", "baseline_cnn"], "seeds": [0, 1]}
+    raw["train"]["epochs"] = 3
+    raw["prepare"]["train_subset"] = 30_000
+    # (600 + 5,900 s per full epoch) x half the data x 3 epochs x 2 seeds
+    assert profiles.cpu_hours(raw) == pytest.approx((600 + 5900) * 0.5 * 3 * 2 / 3600)
