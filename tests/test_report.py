@@ -290,3 +290,35 @@ def test_runs_from_before_adam_eps_was_recorded_are_named(tmp_path):
     for run in runs:
         run.config["optimizer"] = {"name": "adam", "adam_eps": train.ADAM_EPS}
     assert rp.run_deviations(runs) == []
+
+
+def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_path, monkeypatch):
+    """dvc.yaml declares the same report outputs for every variant list: figures with nothing to
+    show say so, and the DVC plot data exist."""
+    from conftest import REPO
+    from pipeline import report_stage
+    from pipeline.params import load_params
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, recon=False, history=[3.0, 1.0 + seed])
+    p = load_params(REPO / "params.yaml")
+    p = dataclasses.replace(p, ablation=dataclasses.replace(p.ablation, variants=("capsnet_r1",), seeds=(0, 1)))
+    for run in rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0, 1]):
+        (tmp_path / "models" / "capsnet_r1" / f"seed{run.seed}" / "config.json").write_text(json.dumps(
+            {**run.config, "params": {"device": "cpu"},
+             "environment": {"torch_version": "t", "python_version": "p", "device_name": "cpu", "cuda_version": "None"}}))
+    report_stage.run(p, tmp_path / "models", tmp_path / "results", tmp_path / "reports")
+    figs = tmp_path / "reports" / "figures"
+    for name in ("table1_errors", "learning_curves", "reconstructions", "fig4", "affnist_bins"):
+        assert (figs / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    curves = pd.read_csv(tmp_path / "reports" / "plots" / "learning_curves.csv")
+    assert curves.to_dict("list") == {"variant": ["capsnet_r1"] * 2, "epoch": [1, 2], "test_error_pct": [3.0, 1.5]}
+    confusion = pd.read_csv(tmp_path / "reports" / "plots" / "confusion.csv")
+    assert list(confusion.columns) == ["actual", "predicted"] and len(confusion) == 200
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("capsnet-repro").experiment_id])
+    assert run.data.metrics["capsnet_r1/test_error_mean"] == pytest.approx(1.5)
