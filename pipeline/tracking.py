@@ -29,6 +29,8 @@ from pipeline.files import file_lock
 JOURNAL_ENV = "CAPSNET_TRACKING_JOURNAL"
 
 EXPERIMENT = "capsnet-repro"
+# MLflow 3's UI opens experiments in GenAI mode unless they say they are model training
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 PARAM_KEYS = ("variant", "model", "routing_iterations", "reconstruction", "seed", "batch_size", "lr",
               "lr_decay_rate", "lr_decay_steps", "epochs", "steps", "amp", "compile", "n_params",
               "device", "torch_version", "profile", "recipe", "image_size", "n_train", "n_test")
@@ -83,7 +85,8 @@ class Tracker:
         if experiment is not None:
             return experiment.experiment_id
         try:
-            return self.client.create_experiment(EXPERIMENT, artifact_location=(repo_root() / "mlruns").as_uri())
+            return self.client.create_experiment(EXPERIMENT, artifact_location=(repo_root() / "mlruns").as_uri(),
+                                                 tags=EXPERIMENT_TAGS)
         except mlflow.exceptions.MlflowException:
             return self.client.get_experiment_by_name(EXPERIMENT).experiment_id  # created meanwhile
 

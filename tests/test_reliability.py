@@ -68,6 +68,8 @@ def test_concurrent_stages_create_a_fresh_store_once(tmp_path):
     outputs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err[-500:] for _, err in outputs]
     assert len({out.strip() for out, _ in outputs}) == 1  # one experiment, the same id for all
+    experiment = MlflowClient(uri).get_experiment_by_name(tracking.EXPERIMENT)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's Model training view
 
 
 def test_a_failure_while_writing_outputs_marks_the_run_failed(stage, monkeypatch):
