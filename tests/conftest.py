@@ -62,3 +62,21 @@ def synthetic_mnist(tmp_path, monkeypatch):
     files = write_mnist(mirror, gz=True)
     trust_mnist(monkeypatch, files)
     return mirror, files
+
+
+def tiny_pipeline(root: Path, transforms_per_digit: int = 2) -> Path:
+    """Prepared synthetic data (32 train, 12 test digits) in root/prepared and a params.yaml for a
+    one-epoch CPU smoke run in root; returns root."""
+    from pipeline.affnist import prepare_affnist
+    from pipeline.data import AffineRanges, prepare
+
+    write_mnist(root / "raw", n_train=32, n_test=12)
+    out = prepare(root / "raw", root / "prepared", train_subset=0, test_subset=0, affine_seed=0, ranges=AffineRanges())
+    prepare_affnist(root / "prepared", out["test_images"], out["test_labels"], expanded_seed=1, affnist_seed=2,
+                    transforms_per_digit=transforms_per_digit, ranges=AffineRanges())
+    text = (REPO / "params.yaml").read_text()
+    for old, new in [("epochs: 640", "epochs: 1"), ("batch_size: 128", "batch_size: 16"),
+                     ("device: auto", "device: cpu"), ("profile: paper", "profile: smoke")]:
+        text = text.replace(old, new)
+    (root / "params.yaml").write_text(text)
+    return root

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, write_mnist
+from conftest import REPO, tiny_pipeline
 from pipeline import tracking, train_stage
 from pipeline.files import atomic_path, file_lock
 from pipeline.train import NonFiniteLossError, _save_checkpoint
@@ -20,20 +20,9 @@ from pipeline.train import NonFiniteLossError, _save_checkpoint
 @pytest.fixture
 def stage(tmp_path, monkeypatch):
     """Prepared tiny data, a one-epoch smoke params file and a fresh MLflow store; returns a runner."""
-    from pipeline.affnist import prepare_affnist
     from pipeline.cli import main
-    from pipeline.data import AffineRanges, prepare
 
-    write_mnist(tmp_path / "raw", n_train=32, n_test=12)
-    out = prepare(tmp_path / "raw", tmp_path / "prepared", train_subset=0, test_subset=0, affine_seed=0,
-                  ranges=AffineRanges())
-    prepare_affnist(tmp_path / "prepared", out["test_images"], out["test_labels"], expanded_seed=1, affnist_seed=2,
-                    transforms_per_digit=1, ranges=AffineRanges())
-    text = (REPO / "params.yaml").read_text()
-    for old, new in [("epochs: 640", "epochs: 1"), ("batch_size: 128", "batch_size: 16"),
-                     ("device: auto", "device: cpu"), ("profile: paper", "profile: smoke")]:
-        text = text.replace(old, new)
-    (tmp_path / "params.yaml").write_text(text)
+    tiny_pipeline(tmp_path, transforms_per_digit=1)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
 

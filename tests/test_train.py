@@ -9,7 +9,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from conftest import REPO, synthetic_digits, write_mnist
+from conftest import REPO, synthetic_digits, tiny_pipeline
 from mlflow.tracking import MlflowClient
 
 from pipeline import tracking
@@ -150,20 +150,7 @@ def test_tracking_uri_resolution(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def pipeline_dir(tmp_path_factory):
     """Prepared synthetic data and a params.yaml for a one-epoch CPU run."""
-    from pipeline.affnist import prepare_affnist
-    from pipeline.data import AffineRanges, prepare
-
-    root = tmp_path_factory.mktemp("pipe")
-    write_mnist(root / "raw", n_train=32, n_test=12)
-    out = prepare(root / "raw", root / "prepared", train_subset=0, test_subset=0, affine_seed=0, ranges=AffineRanges())
-    prepare_affnist(root / "prepared", out["test_images"], out["test_labels"], expanded_seed=1, affnist_seed=2,
-                    transforms_per_digit=2, ranges=AffineRanges())
-    text = (REPO / "params.yaml").read_text()
-    for old, new in [("epochs: 640", "epochs: 1"), ("batch_size: 128", "batch_size: 16"),
-                     ("device: auto", "device: cpu"), ("profile: paper", "profile: smoke")]:
-        text = text.replace(old, new)
-    (root / "params.yaml").write_text(text)
-    return root
+    return tiny_pipeline(tmp_path_factory.mktemp("pipe"))
 
 
 def run_cli(args, root, monkeypatch):
