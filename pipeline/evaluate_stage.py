@@ -19,7 +19,7 @@ from pipeline import figures, tracking
 from pipeline.data import load_split, split_metadata, test_sets
 from pipeline.errors import UserError
 from pipeline.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
-from pipeline.files import atomic_path, writable_dir, write_text
+from pipeline.files import atomic_path, writable_dir, write_json
 from pipeline.train import RunConfig, build_model, resolve_device
 
 
@@ -71,7 +71,7 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
                    reached_target=saved["stop_reason"] == "target")
     with atomic_path(out / "predictions.safetensors") as tmp:
         save_file(arrays, str(tmp))
-    write_text(out / "breakdown.json", json.dumps(breakdown, indent=2, sort_keys=True) + "\n")
+    write_json(out / "breakdown.json", breakdown)
     pngs = ["confusion.png"]
     if cfg.reconstruction:
         k = min(10, clean_images.shape[0])
@@ -81,7 +81,7 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
         figures.image_grid(list(grid), [f"dim {d}" for d in range(grid.shape[0])], f"{title}: Fig. 4 perturbations",
                            out / "fig4.png", col_labels=[f"{round(s, 2) + 0.0:+.2f}" for s in FIG4_STEPS.tolist()])
         pngs += ["reconstructions.png", "fig4.png"]
-    write_text(out / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    write_json(out / "metrics.json", metrics)
     tracker = tracking.open_tracker()
     run_id = saved["run_id"]
     # eval_*: training logs test_error_pct per epoch, so the evaluation's own keys never collide with it

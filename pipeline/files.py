@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -51,6 +52,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def write_json(path: str | Path, obj: dict) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 @contextmanager

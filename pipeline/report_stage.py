@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata as md
-import json
 import shutil
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from safetensors.torch import load_file
 from pipeline import figures, report as rp, report_affnist as ra, tracking
 from pipeline.data import MNIST_SIZE
 from pipeline.errors import UserError
-from pipeline.files import writable_dir, write_text
+from pipeline.files import writable_dir, write_json, write_text
 from pipeline.params import Params
 
 
@@ -63,7 +62,7 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     for name, content in tables.items():
         write_text(out / name, content)
     headline = headline_numbers(summary, s52_table, gap)
-    write_text(out / "summary.json", json.dumps({"profile": p.base.profile, **headline}, indent=2, sort_keys=True) + "\n")
+    write_json(out / "summary.json", {"profile": p.base.profile, **headline})
     files = [out / name for name in tables] + [out / "summary.json", *(out / v for v in shown.values())]
     tracking.open_tracker().log_report(files, p.base.profile, metrics=flatten(headline))
     return out / "ablation.md"

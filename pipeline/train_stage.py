@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import signal
 import threading
 import time
@@ -26,9 +25,9 @@ from safetensors.torch import save_file
 from pipeline import figures, tracking
 from pipeline.data import load_split, test_sets
 from pipeline.errors import Terminated, UserError
-from pipeline.files import atomic_path, file_lock, writable_dir, write_text
+from pipeline.files import atomic_path, file_lock, writable_dir, write_json
 from pipeline.params import Params
-from pipeline.profiles import CPU_EPOCH_SECONDS
+from pipeline.profiles import cpu_epoch_seconds
 from pipeline.train import (ADAM_EPS, RunConfig, assert_finite_weights, count_params, load_checkpoint, resolve_device,
                             run_config, train)
 
@@ -61,10 +60,6 @@ class TrainOutcome:
     run_id: str
 
 
-def write_json(path: Path, obj: dict) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
 def load_data(data_dir: Path, cfg: RunConfig) -> dict[str, torch.Tensor]:
     """The training split and the clean test set the model is scored on each epoch."""
     train_split = load_split(data_dir / "train.safetensors")
@@ -83,8 +78,9 @@ def run(params: Params, variant: str, seed: int, data_dir: Path, out_dir: Path, 
     cfg = run_config(params, variant, seed)
     device = resolve_device(cfg.device)
     data = load_data(data_dir, cfg)
-    if device.type == "cpu" and cfg.profile != "smoke":
-        hours = CPU_EPOCH_SECONDS[cfg.model, cfg.image_size] * len(data["train_images"]) / 60_000 * cfg.epochs / 3600
+    per_epoch = cpu_epoch_seconds(cfg.model, cfg.image_size)
+    if device.type == "cpu" and cfg.profile != "smoke" and per_epoch is not None:
+        hours = per_epoch * len(data["train_images"]) / 60_000 * cfg.epochs / 3600
         if hours > 1:
             warnings.warn(f"{variant} seed {seed}: {cfg.epochs} epochs on a CPU take about {hours:,.0f} h "
                           "(measured on 2 cores); the paper protocol wants a GPU", stacklevel=2)
