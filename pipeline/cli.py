@@ -119,9 +119,8 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
     from pipeline import evaluate_stage
 
     metrics = evaluate_stage.run(Path(model_dir), Path(data_dir), Path(out_dir))
-    errors = ", ".join(f"{k.removesuffix('_error_pct')} error {v:.2f}%" for k, v in metrics.items()
-                       if k.endswith("_error_pct"))
-    click.echo(f"{model_dir}: {errors} -> {out_dir}")
+    click.echo(f"{model_dir}: test error {metrics['error_pct']:.2f}%, transformed test error "
+               f"{metrics['transformed_error_pct']:.2f}% -> {out_dir}")
 
 
 @main.command()
@@ -133,8 +132,8 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
 @PARAMS_OPTION
 @user_errors
 def report(models_dir: str, results_dir: str, out_dir: str, missing: str, params_path: str) -> None:
-    """Write OUT_DIR/ablation.md, results.csv, effects.csv, affnist.csv, summary.json and figures/
-    from every evaluation.
+    """Write OUT_DIR/ablation.md, results.csv, effects.csv, affnist.csv, metrics/<variant>.json and
+    figures/ from every evaluation.
 
     Table 1 against the paper with verdicts, ablation effects with paired bootstrap CIs, the
     affine-shifted column, §5.2 (CapsNet vs CNN on affNIST(-style), gap CI, accuracy by transform),

@@ -1,7 +1,8 @@
 """Stage `evaluate`: a trained model on its clean and transformed test sets, logged to its run.
 
 28×28 models: MNIST test and the affine-shifted set; 40×40 (§5.2): expanded MNIST and
-affNIST(-style). Writes metrics.json (DVC's metrics), breakdown.json (per-class accuracy, accuracy
+affNIST(-style). Writes metrics.json (DVC's metrics, the same keys for every variant: see
+METRIC_KEYS), breakdown.json (per-class accuracy, accuracy
 by transform bins, which sets), predictions.safetensors (per image: label, prediction, scores),
 confusion.png and, for reconstruction variants, reconstructions.png and fig4.png.
 """
@@ -21,6 +22,20 @@ from pipeline.errors import UserError
 from pipeline.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
 from pipeline.files import atomic_path, writable_dir, write_json
 from pipeline.train import RunConfig, build_model, resolve_device
+
+
+# metrics.json's keys, the same for every variant so `dvc metrics show` is one filled table; which
+# sets "test" and "transformed" are for a variant is breakdown.json's "sources" (data.test_sets).
+METRIC_KEYS = ("error_pct", "transformed_error_pct", "n_test", "n_transformed", "n_params", "epochs_trained",
+               "reached_target")
+
+
+def uniform_metrics(metrics: dict, clean: str, transformed: str) -> dict:
+    """metrics.json in today's keys; files written before 2026-11-22 named the sets in the keys
+    (``test_error_pct``, ``n_affnist_test``, …), as the published GPU runs do."""
+    legacy = {f"{clean}_error_pct": "error_pct", f"{transformed}_error_pct": "transformed_error_pct",
+              f"n_{clean}": "n_test", f"n_{transformed}": "n_transformed"}
+    return {legacy.get(k, k): v for k, v in metrics.items()}
 
 
 def load_model(model_dir: Path) -> tuple[dict, RunConfig, torch.nn.Module]:
@@ -48,14 +63,14 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
     metrics, arrays, panels = {}, {}, []
     breakdown = {"per_class": {}, "sources": {}, "bins": {}}
     clean_set, transformed_set = test_sets(cfg.image_size)
-    for name in (clean_set, transformed_set):
+    for name, (error_key, n_key) in ((clean_set, ("error_pct", "n_test")),
+                                     (transformed_set, ("transformed_error_pct", "n_transformed"))):
         path = data_dir / f"{name}.safetensors"
         data, meta = load_split(path), split_metadata(path)
         m, a = evaluate_split(model, data["images"], data["labels"], cfg.eval_batch_size, cfg.num_classes)
-        metrics[f"{name}_error_pct"] = m["error_pct"]
-        metrics[f"n_{name}"] = m["n"]
+        metrics[error_key], metrics[n_key] = m["error_pct"], m["n"]
         breakdown["per_class"][name] = m["per_class_accuracy"]
-        breakdown["sources"][name] = meta.get("source", name)
+        breakdown["sources"][name] = meta.get("source", name)  # dicts keep order: clean set first
         if "affine_params" in data and "ranges" in meta:
             correct = a["labels"] == a["preds"]
             breakdown["bins"][name] = accuracy_by_bins(correct, data["affine_params"], json.loads(meta["ranges"]))
@@ -85,8 +100,8 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
     tracker = tracking.open_tracker()
     run_id = saved["run_id"]
     # eval_*: training logs test_error_pct per epoch, so the evaluation's own keys never collide with it
-    tracker.log_metrics_once(run_id, {f"eval_{k}": metrics[k] for k in (f"{clean_set}_error_pct",
-                                                                        f"{transformed_set}_error_pct")},
+    tracker.log_metrics_once(run_id, {f"eval_{clean_set}_error_pct": metrics["error_pct"],
+                                      f"eval_{transformed_set}_error_pct": metrics["transformed_error_pct"]},
                              step=saved["epochs_trained"])
     for artifact in ["metrics.json", "breakdown.json", *pngs]:
         tracker.log_artifact(run_id, out / artifact, "evaluation")

@@ -21,6 +21,8 @@ import yaml
 from safetensors.torch import load_file
 
 from pipeline import baseline, capsnet, train
+from pipeline.data import test_sets
+from pipeline.evaluate_stage import uniform_metrics
 from pipeline.errors import UserError
 from pipeline.params import Params
 
@@ -111,9 +113,11 @@ def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: l
                                   f"run `dvc repro evaluate@{variant}-{seed}`")
             pred = load_file(str(result_dir / "predictions.safetensors"))
             sets = [k.removesuffix("_labels") for k in pred if k.endswith("_labels")]
+            config = json.loads((model_dir / "config.json").read_text())
+            metrics = uniform_metrics(json.loads((result_dir / "metrics.json").read_text()),
+                                      *test_sets(config["config"]["image_size"]))
             runs.append(Run(
-                variant, seed, json.loads((result_dir / "metrics.json").read_text()),
-                json.loads((model_dir / "config.json").read_text()), pd.read_csv(model_dir / "history.csv"),
+                variant, seed, metrics, config, pd.read_csv(model_dir / "history.csv"),
                 {name: (pred[f"{name}_labels"] == pred[f"{name}_preds"]).numpy() for name in sets},
                 json.loads((result_dir / "breakdown.json").read_text()),
                 {name: pred[f"{name}_digit_index"].numpy() for name in sets if f"{name}_digit_index" in pred}))
@@ -189,8 +193,8 @@ def summarize(runs: list[Run], reference: dict) -> pd.DataFrame:
     rows = []
     for variant in dict.fromkeys(r.variant for r in runs):
         mine = [r for r in runs if r.variant == variant]
-        errors = [r.metrics["test_error_pct"] for r in mine]
-        affine = [r.metrics["affine_test_error_pct"] for r in mine]
+        errors = [r.metrics["error_pct"] for r in mine]
+        affine = [r.metrics["transformed_error_pct"] for r in mine]
         paper = reference["table1"].get(table1_row(variant, mine[0].recipe), {})
         cfg = mine[0].config["config"]
         mean = float(np.mean(errors))

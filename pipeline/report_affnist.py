@@ -28,8 +28,8 @@ def affnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
     for variant in dict.fromkeys(r.variant for r in runs):
         mine = [r for r in runs if r.variant == variant]
         paper = reference["affnist"][_model_kind(mine[0])]
-        expanded = [100 - r.metrics["expanded_test_error_pct"] for r in mine]
-        affine = [100 - r.metrics["affnist_test_error_pct"] for r in mine]
+        expanded = [100 - r.metrics["error_pct"] for r in mine]  # expanded MNIST
+        affine = [100 - r.metrics["transformed_error_pct"] for r in mine]  # affNIST(-style)
         rows.append({
             "variant": variant, "model": mine[0].config["config"]["model"], "n_seeds": len(mine),
             "n_params": mine[0].metrics["n_params"],

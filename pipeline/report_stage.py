@@ -1,4 +1,4 @@
-"""Stage `report`: every evaluation to reports/ (ablation.md, CSVs, summary.json, figures).
+"""Stage `report`: every evaluation to reports/ (ablation.md, CSVs, metrics/, figures).
 
 Table 1 against the paper with verdicts, ablation effects with paired bootstrap CIs, the
 affine-shifted column, §5.2, deviations and provenance; logged to MLflow as a `report` run with
@@ -13,12 +13,14 @@ import importlib.metadata as md
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from safetensors.torch import load_file
 
 from pipeline import figures, report as rp, report_affnist as ra, tracking
 from pipeline.data import MNIST_SIZE
 from pipeline.errors import UserError
+from pipeline.evaluate_stage import METRIC_KEYS
 from pipeline.files import writable_dir, write_json, write_text
 from pipeline.params import Params
 
@@ -61,9 +63,10 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
               "affnist.csv": s52_table.to_csv(index=False, float_format="%.4f") if s52 else ""}
     for name, content in tables.items():
         write_text(out / name, content)
-    headline = headline_numbers(summary, s52_table, gap)
-    write_json(out / "summary.json", {"profile": p.base.profile, **headline})
-    files = [out / name for name in tables] + [out / "summary.json", *(out / v for v in shown.values())]
+    headline = write_variant_metrics(runs, writable_dir(out / "metrics", "report"))
+    if gap is not None:
+        headline["affnist_gap_pp"] = {k: round(gap[k], 4) for k in ("gap", "ci_low", "ci_high")}
+    files = [out / name for name in tables] + [*(out / v for v in shown.values())]
     tracking.open_tracker().log_report(files, p.base.profile, metrics=flatten(headline))
     return out / "ablation.md"
 
@@ -83,7 +86,7 @@ def table1_figures(runs: list[rp.Run], summary, results_dir: Path, fig_dir: Path
             figures.placeholder("No reconstruction variant in this report", fig_dir / f"{name}.png")
         return shown
     best = recon.sort_values("test_error_mean").iloc[0].variant
-    best_run = min((r for r in runs if r.variant == best), key=lambda r: r.metrics["test_error_pct"])
+    best_run = min((r for r in runs if r.variant == best), key=lambda r: r.metrics["error_pct"])
     for name in ("reconstructions", "fig4"):
         shutil.copyfile(results_dir / best / f"seed{best_run.seed}" / f"{name}.png", fig_dir / f"{name}.png")
     shown[f"Reconstructions ({best}, seed {best_run.seed})"] = "figures/reconstructions.png"
@@ -98,27 +101,31 @@ def dvc_plot_data(runs: list[rp.Run], summary, results_dir: Path, plot_dir: Path
     curves = curves.groupby(["variant", "epoch"], sort=False, as_index=False).test_error_pct.mean()
     write_text(plot_dir / "learning_curves.csv", curves.to_csv(index=False, float_format="%.4f"))
     best = summary.sort_values("test_error_mean").iloc[0].variant
-    run = min((r for r in runs if r.variant == best), key=lambda r: r.metrics["test_error_pct"])
+    run = min((r for r in runs if r.variant == best), key=lambda r: r.metrics["error_pct"])
     predictions = load_file(str(results_dir / best / f"seed{run.seed}" / "predictions.safetensors"))
     confusion = pd.DataFrame({"actual": predictions["test_labels"].numpy(), "predicted": predictions["test_preds"].numpy()})
     write_text(plot_dir / "confusion.csv", confusion.to_csv(index=False))
 
 
-def headline_numbers(summary, s52_table, gap: dict | None) -> dict:
-    """summary.json's content: per variant its mean errors (accuracies for §5.2), and the §5.2 gap."""
-    headline = {r.variant: {"test_error_mean": round(r.test_error_mean, 4),
-                            "affine_test_error_mean": round(r.affine_test_error_mean, 4)} for r in summary.itertuples()}
-    if s52_table is not None:
-        headline.update({r.variant: {"expanded_accuracy_mean": round(r.expanded_acc_mean, 4),
-                                     "affnist_accuracy_mean": round(r.affnist_acc_mean, 4)}
-                         for r in s52_table.itertuples()})
-    if gap is not None:
-        headline["affnist_gap_pp"] = {k: round(gap[k], 4) for k in ("gap", "ci_low", "ci_high")}
-    return headline
+def write_variant_metrics(runs: list[rp.Run], metrics_dir: Path) -> dict[str, dict[str, float]]:
+    """metrics/<variant>.json (DVC metrics): evaluate's metrics.json keys, each the mean over the
+    variant's seeds, or the seeds' common value (reached_target: true, false, or the fraction of
+    seeds that stopped at the target). With the
+    per-run files this makes `dvc metrics show` one table of the same columns, a row per run and
+    per variant. Files of variants no longer listed are removed. Returns what was written."""
+    written = {}
+    for variant in dict.fromkeys(r.variant for r in runs):
+        mine = [r.metrics for r in runs if r.variant == variant]
+        values = {k: [m[k] for m in mine] for k in METRIC_KEYS if all(k in m for m in mine)}
+        written[variant] = {k: v[0] if len(set(v)) == 1 else round(float(np.mean(v)), 4) for k, v in values.items()}
+        write_json(metrics_dir / f"{variant}.json", written[variant])
+    for stale in set(metrics_dir.glob("*.json")) - {metrics_dir / f"{v}.json" for v in written}:
+        stale.unlink()
+    return written
 
 
 def flatten(headline: dict) -> dict[str, float]:
-    """{"capsnet_r1/test_error_mean": 0.41, …}: MLflow metric names for the report run."""
+    """{"capsnet_r1/error_pct": 0.41, …}: MLflow metric names for the report run."""
     return {f"{group}/{key}": value for group, values in headline.items() for key, value in values.items()}
 
 

@@ -31,7 +31,8 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
     save_file({f"{clean}_labels": labels, f"{clean}_preds": preds, f"{transformed}_labels": labels.clone(),
                f"{transformed}_preds": affine_preds}, str(result_dir / "predictions.safetensors"))
     (result_dir / "metrics.json").write_text(json.dumps(
-        {f"{clean}_error_pct": error_pct, f"{transformed}_error_pct": affine_pct, "n_params": 8215568}))
+        {"error_pct": error_pct, "transformed_error_pct": affine_pct, "n_test": n, "n_transformed": n,
+         "n_params": 8215568, "epochs_trained": 1, "reached_target": stop_reason == "target"}))
     (result_dir / "breakdown.json").write_text(json.dumps(
         {"per_class": {}, "sources": {transformed: f"{transformed} (fabricated)"}, "bins": bins or {}}))
     config = {"model": model, "routing_iterations": 3, "reconstruction": recon, "image_size": image_size,
@@ -309,7 +310,14 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
         (tmp_path / "models" / "capsnet_r1" / f"seed{run.seed}" / "config.json").write_text(json.dumps(
             {**run.config, "params": {"device": "cpu"},
              "environment": {"torch_version": "t", "python_version": "p", "device_name": "cpu", "cuda_version": "None"}}))
+    (tmp_path / "reports" / "metrics").mkdir(parents=True)
+    (tmp_path / "reports" / "metrics" / "capsnet_r3.json").write_text("{}")  # a variant no longer listed
     report_stage.run(p, tmp_path / "models", tmp_path / "results", tmp_path / "reports")
+    [variant_metrics] = (tmp_path / "reports" / "metrics").iterdir()
+    assert variant_metrics.name == "capsnet_r1.json"
+    assert json.loads(variant_metrics.read_text()) == {  # means over the two seeds, the per-run keys
+        "error_pct": 1.5, "transformed_error_pct": 50.0, "n_test": 200, "n_transformed": 200, "n_params": 8215568,
+        "epochs_trained": 1, "reached_target": False}
     figs = tmp_path / "reports" / "figures"
     for name in ("table1_errors", "learning_curves", "reconstructions", "fig4", "affnist_bins"):
         assert (figs / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
@@ -321,4 +329,17 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
 
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     [run] = client.search_runs([client.get_experiment_by_name("capsnet-repro").experiment_id])
-    assert run.data.metrics["capsnet_r1/test_error_mean"] == pytest.approx(1.5)
+    assert run.data.metrics["capsnet_r1/error_pct"] == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("image_size, clean, transformed", [(28, "test", "affine_test"),
+                                                            (40, "expanded_test", "affnist_test")])
+def test_runs_evaluated_before_uniform_metric_keys_still_load(tmp_path, image_size, clean, transformed):
+    """The published GPU runs' metrics.json name the sets in the keys (test_error_pct, n_affine_test)."""
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, image_size=image_size)
+    path = tmp_path / "results" / "capsnet_r1" / "seed0" / "metrics.json"
+    path.write_text(json.dumps({f"{clean}_error_pct": 1.0, f"{transformed}_error_pct": 50.0, f"n_{clean}": 200,
+                                f"n_{transformed}": 200, "n_params": 5, "epochs_trained": 1, "reached_target": False}))
+    [run] = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0])
+    assert run.metrics == {"error_pct": 1.0, "transformed_error_pct": 50.0, "n_test": 200, "n_transformed": 200,
+                           "n_params": 5, "epochs_trained": 1, "reached_target": False}

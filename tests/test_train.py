@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from conftest import REPO, synthetic_digits, tiny_pipeline
 from mlflow.tracking import MlflowClient
 
-from pipeline import tracking
+from pipeline import evaluate_stage, tracking
 from pipeline import train as train_module
 from pipeline.train import NonFiniteLossError, RunConfig, train
 
@@ -171,7 +171,8 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
         result = run_cli(["evaluate", str(model_dir), str(root / "prepared"), str(out_dir)], root, monkeypatch)
         assert result.exit_code == 0, result.output
         metrics = json.loads((out_dir / "metrics.json").read_text())
-        assert 0 <= metrics["test_error_pct"] <= 100 and 0 <= metrics["affine_test_error_pct"] <= 100
+        assert set(metrics) == set(evaluate_stage.METRIC_KEYS)  # the same keys for every variant
+        assert 0 <= metrics["error_pct"] <= 100 and 0 <= metrics["transformed_error_pct"] <= 100
     assert (root / "results" / "capsnet_r1_recon" / "fig4.png").is_file()
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
@@ -202,8 +203,8 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
                           str(results / variant / "seed0")], store, monkeypatch)
         assert result.exit_code == 0, result.output
     metrics = json.loads((results / "capsnet_affnist" / "seed0" / "metrics.json").read_text())
-    assert {"expanded_test_error_pct", "affnist_test_error_pct", "n_params", "reached_target"} <= set(metrics)
-    assert metrics["n_affnist_test"] == 2 * metrics["n_expanded_test"]  # 2 transforms per digit here
+    assert set(metrics) == set(evaluate_stage.METRIC_KEYS)
+    assert metrics["n_transformed"] == 2 * metrics["n_test"]  # affNIST-style: 2 transforms per digit here
     assert metrics["n_params"] == 13_475_648
     breakdown = json.loads((results / "cnn_affnist" / "seed0" / "breakdown.json").read_text())
     assert set(breakdown["bins"]["affnist_test"]) == {"rotation_deg", "shear", "scale_x", "scale_y"}
@@ -219,8 +220,10 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
     assert "resampling test digits (all transforms of a digit together)" in text  # the cluster bootstrap is used
     assert "Adam ε = 1e-07" not in text  # runs trained today record TF1's 1e-8
     assert (root / "s52" / "reports" / "figures" / "affnist_bins.png").read_bytes()[:4] == b"\x89PNG"
-    summary = json.loads((root / "s52" / "reports" / "summary.json").read_text())
-    assert set(summary["affnist_gap_pp"]) == {"gap", "ci_low", "ci_high"}
+    variant_metrics = {p.stem: json.loads(p.read_text()) for p in (root / "s52" / "reports" / "metrics").iterdir()}
+    assert set(variant_metrics) == {"capsnet_r1", "capsnet_affnist", "cnn_affnist"}
+    assert variant_metrics["cnn_affnist"]["error_pct"] == pytest.approx(
+        json.loads((results / "cnn_affnist" / "seed0" / "metrics.json").read_text())["error_pct"], abs=1e-4)
 
 
 def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
