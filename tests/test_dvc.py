@@ -1,0 +1,98 @@
+"""The DVC pipeline for real, on tiny synthetic data: run-cache restores across clones, and a smoke
+experiment that leaves the workspace's params.yaml and dvc.lock as committed.
+
+A throwaway git + DVC repository holds this repository's dvc.yaml cut down to the train and
+evaluate stages of one (variant, seed), the prepared data as a `dvc add`ed folder, and pipeline/
+(the stages' code dependencies). The stages run this checkout's `capsnet` command.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, tiny_pipeline
+
+pytest.importorskip("dvc")
+
+BIN = Path(sys.executable).parent
+STAGES = ("train", "evaluate")
+
+
+def sh(cwd: Path, *command: str) -> str:
+    """Run ``command`` in ``cwd`` with this environment's capsnet and dvc; its output, or fail with it."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+MODEL = Path("models/capsnet_r1/seed0/model.safetensors")
+METRICS = Path("results/capsnet_r1/seed0/metrics.json")
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> dict:
+    """A git + DVC repo (its DVC cache outside it) at tag `before` without dvc.lock; then `dvc repro`
+    and its dvc.lock and metrics committed on top. Returns the repo and what the run wrote."""
+    root = tmp_path_factory.mktemp("dvc")
+    repo = root / "a"
+    tiny_pipeline(repo)
+    (repo / "data").mkdir()
+    shutil.move(repo / "prepared", repo / "data" / "prepared")
+    shutil.rmtree(repo / "raw")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["ablation"] = {"variants": ["capsnet_r1"], "seeds": [0]}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {k: pipeline["stages"][k] for k in STAGES}},
+                                                  sort_keys=False))
+    shutil.copytree(REPO / "pipeline", repo / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / ".gitignore").write_text("/checkpoints/\n/mlflow.db*\n/mlruns/\n")
+    sh(repo, "git", "init", "-q", "-b", "main")
+    sh(repo, "dvc", "init", "-q")
+    sh(repo, "dvc", "config", "cache.dir", str(root / "cache"))
+    sh(repo, "dvc", "add", "-q", "data/prepared")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "tiny pipeline")
+    sh(repo, "git", "tag", "before")
+    sh(repo, "dvc", "repro", "-q")
+    sh(repo, "git", "add", "dvc.lock", "results")
+    sh(repo, "git", "commit", "-qm", "ran")
+    return {"repo": repo, "model": (repo / MODEL).read_bytes(), "metrics": json.loads((repo / METRICS).read_text())}
+
+
+def test_a_second_clone_sharing_the_cache_restores_train_and_evaluate_from_the_run_cache(ran, tmp_path):
+    """What scale-out relies on: a stage run in one clone is restored, not rerun, in another."""
+    assert (ran["repo"] / "checkpoints/capsnet_r1/seed0.pt").is_file()  # resume state, outside DVC
+    b = tmp_path / "b"
+    sh(tmp_path, "git", "clone", "-q", "--branch", "before", str(ran["repo"]), str(b))  # no dvc.lock
+    sh(b, "dvc", "checkout", "-q", "data/prepared.dvc")
+    out = sh(b, "dvc", "repro")
+    for stage in ("train@capsnet_r1-0", "evaluate@capsnet_r1-0"):
+        assert f"Stage '{stage}' is cached - skipping run, checking out outputs" in out
+    assert (b / MODEL).read_bytes() == ran["model"]
+    assert json.loads((b / METRICS).read_text()) == ran["metrics"]
+    assert not (b / "checkpoints").exists() and not (b / "mlflow.db").exists()  # nothing trained, nothing logged
+    assert "up to date" in sh(b, "dvc", "status")
+
+
+def test_a_smoke_experiment_leaves_params_and_lock_as_committed(ran):
+    """`make smoke`'s command, for real: the experiment is in `dvc exp show` with its metrics, and the
+    workspace's params.yaml and dvc.lock are what git has."""
+    a = ran["repo"]
+    out = sh(a, sys.executable, "-m", "pipeline.profiles", "smoke", "--exec", "dvc", "exp", "run")
+    assert "restored params.yaml" in out and "restored dvc.lock" in out
+    assert sh(a, "git", "status", "--porcelain", "params.yaml", "dvc.lock") == ""
+    [baseline] = [row for row in json.loads(sh(a, "dvc", "exp", "show", "--json")) if row.get("experiments")]
+    [experiment] = baseline["experiments"]
+    result = experiment["revs"][0]["data"]
+    assert result["params"]["params.yaml"]["data"]["train"]["batch_size"] == 32  # the smoke value
+    run_metrics = result["metrics"]["results/capsnet_r1/seed0/metrics.json"]["data"]
+    assert 0 <= run_metrics["error_pct"] <= 100
