@@ -217,17 +217,20 @@ class CapsNet(nn.Module):
             official_init(self)
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> CapsNetOutput:
-        """images (B, 1, H, W) in [0, 1], labels (B,) or None -> CapsNetOutput.
+        """images (B, 1, H, W) in [0, 1], labels (B,), (B, T) or None -> CapsNetOutput.
 
         With labels (training) the decoder sees the labelled class's capsule; without, the
-        longest capsule's (evaluation).
+        longest capsule's (evaluation). MultiMNIST's (B, 2) labels run the decoder once per digit,
+        each masked by its own label: reconstructions (B, 2, 1, H, W).
         """
         x = F.relu(self.conv1(images))  # (B, 256, H-8, W-8)
         u = self.primary(x)  # (B, N_in, 8)
         v, _ = self.digits(u)  # (B, K, 16)
         lengths = capsule_length(v)  # (B, K)
         reconstructions = None
-        if self.decoder is not None:
+        if self.decoder is not None and labels is not None and labels.dim() == 2:
+            reconstructions = torch.stack([self.decoder(v, t) for t in labels.unbind(1)], dim=1)  # (B, T, 1, H, W)
+        elif self.decoder is not None:
             target = labels if labels is not None else lengths.argmax(dim=1)  # (B,)
             reconstructions = self.decoder(v, target)  # (B, 1, H, W)
         return CapsNetOutput(lengths, v, reconstructions)
@@ -252,8 +255,11 @@ def official_init(model: CapsNet) -> None:
 def margin_loss(lengths: torch.Tensor, labels: torch.Tensor, *, m_plus: float = 0.9,
                 m_minus: float = 0.1, lambda_: float = 0.5) -> torch.Tensor:
     """Eq. 4: L_k = T_k max(0, m⁺ − ‖v_k‖)² + λ (1 − T_k) max(0, ‖v_k‖ − m⁻)², summed over k,
-    averaged over the batch.  lengths (B, K), labels (B,) class indices -> scalar."""
-    t = F.one_hot(labels, lengths.shape[1]).to(lengths.dtype)  # (B, K)
+    averaged over the batch.  lengths (B, K), labels (B,) class indices or (B, T) with T_k = 1
+    for each listed class (MultiMNIST: both digits present) -> scalar."""
+    t = F.one_hot(labels, lengths.shape[1]).to(lengths.dtype)  # (B, K) or (B, T, K)
+    if t.dim() == 3:
+        t = t.amax(dim=1)  # (B, K)
     present = t * F.relu(m_plus - lengths) ** 2  # (B, K)
     absent = lambda_ * (1 - t) * F.relu(lengths - m_minus) ** 2  # (B, K)
     return (present + absent).sum(dim=1).mean()
@@ -263,27 +269,32 @@ def reconstruction_loss(reconstructions: torch.Tensor, images: torch.Tensor, *,
                         scale: float = 0.0005) -> torch.Tensor:
     """Per-image **sum** of squared pixel errors (pixels in [0, 1]) × scale, averaged over the batch.
 
-    (B, 1, H, W), (B, 1, H, W) -> scalar. Not a per-pixel mean, which is H·W times too weak.
+    (B, 1, H, W), (B, 1, H, W) -> scalar; MultiMNIST's (B, 2, 1, H, W) pairs sum SSE_a + SSE_b per
+    example. Not a per-pixel mean, which is H·W times too weak.
     """
     sse = ((reconstructions - images) ** 2).flatten(1).sum(dim=1)  # (B,)
     return scale * sse.mean()
 
 
 def capsnet_loss(output: CapsNetOutput, images: torch.Tensor, labels: torch.Tensor,
-                 recipe: str = "paper") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 recipe: str = "paper", targets: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(total, margin, reconstruction) of a CapsNet batch: the one loss train and bench use.
 
     paper: Eq. 4 (summed over classes, batch mean) + 0.0005 × per-image SSE (batch mean).
     official: the official code's `_margin_loss` halves Eq. 4's terms and `evaluate` averages over
     the batch *and* the K classes, so its margin term is Eq. 4 / (2K) = Eq. 4 / 20; the reconstruction
     term is the same 0.0005 × per-image SSE (relative to Eq. 4: weight 0.01, 20× the paper's text).
-    output.lengths (B, K), images (B, 1, H, W), labels (B,) -> three scalars (fp32).
+    output.lengths (B, K), images (B, 1, H, W), labels (B,) -> three scalars (fp32). MultiMNIST:
+    labels (B, 2) and ``targets`` (B, 2, 1, H, W), each digit alone, which its reconstruction is
+    scored against (the input is the default target).
     """
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
     margin = margin_loss(output.lengths.float(), labels)
     if recipe == "official":
         margin = margin / (2 * output.lengths.shape[1])
-    recon = (reconstruction_loss(output.reconstructions.float(), images) if output.reconstructions is not None
+    target = images if targets is None else targets
+    recon = (reconstruction_loss(output.reconstructions.float(), target) if output.reconstructions is not None
              else torch.zeros((), device=images.device))
     return margin + recon, margin, recon

@@ -119,8 +119,9 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
     from pipeline import evaluate_stage
 
     metrics = evaluate_stage.run(Path(model_dir), Path(data_dir), Path(out_dir))
-    click.echo(f"{model_dir}: test error {metrics['error_pct']:.2f}%, transformed test error "
-               f"{metrics['transformed_error_pct']:.2f}% -> {out_dir}")
+    transformed = (f", transformed test error {metrics['transformed_error_pct']:.2f}%"
+                   if "transformed_error_pct" in metrics else "")
+    click.echo(f"{model_dir}: test error {metrics['error_pct']:.2f}%{transformed} -> {out_dir}")
 
 
 @main.command()

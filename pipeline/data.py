@@ -25,6 +25,7 @@ from pipeline.files import atomic_path
 
 IDX_UBYTE = 0x08
 MNIST_SIZE = 28
+MULTIMNIST_SIZE = 36  # pipeline.multimnist.CANVAS: 28 + 2 × its padding of 4
 SPLITS = {"train": "train", "test": "t10k"}
 AFFINE_PARAM_NAMES = ("rotation_deg", "shear", "scale_x", "scale_y", "translate_x", "translate_y")
 
@@ -211,7 +212,10 @@ def split_metadata(path: str | Path) -> dict[str, str]:
 
 def test_sets(image_size: int) -> tuple[str, str]:
     """The (clean, transformed) test sets a model of this input size is evaluated on: MNIST and the
-    affine-shifted set at 28×28 (Table 1); expanded MNIST and affNIST(-style) at 40×40 (§5.2)."""
+    affine-shifted set at 28×28 (Table 1); expanded MNIST and affNIST(-style) at 40×40 (§5.2);
+    MultiMNIST's test recipes at 36×36 (§6), which have no transformed twin ("")."""
+    if image_size == MULTIMNIST_SIZE:
+        return "multimnist_test", ""
     return ("test", "affine_test") if image_size == MNIST_SIZE else ("expanded_test", "affnist_test")
 
 

@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from pipeline import figures, tracking
+from pipeline import multimnist as mm
 from pipeline.data import load_split, split_metadata, test_sets
 from pipeline.errors import UserError
 from pipeline.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
@@ -25,7 +26,8 @@ from pipeline.train import RunConfig, build_model, resolve_device
 
 
 # metrics.json's keys, the same for every variant so `dvc metrics show` is one filled table; which
-# sets "test" and "transformed" are for a variant is breakdown.json's "sources" (data.test_sets).
+# sets "test" and "transformed" are for a variant is breakdown.json's "sources" (data.test_sets);
+# MultiMNIST variants have no transformed set, so no transformed_* keys.
 METRIC_KEYS = ("error_pct", "transformed_error_pct", "n_test", "n_transformed", "n_params", "epochs_trained",
                "reached_target")
 
@@ -60,6 +62,8 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
     """Evaluate ``model_dir`` and write ``out``; returns metrics.json's content."""
     saved, cfg, model = load_model(model_dir)
     writable_dir(out, "output")
+    if cfg.multimnist:
+        return run_multimnist(saved, cfg, model, data_dir, out)
     metrics, arrays, panels = {}, {}, []
     breakdown = {"per_class": {}, "sources": {}, "bins": {}}
     clean_set, transformed_set = test_sets(cfg.image_size)
@@ -105,4 +109,54 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
                              step=saved["epochs_trained"])
     for artifact in ["metrics.json", "breakdown.json", *pngs]:
         tracker.log_artifact(run_id, out / artifact, "evaluation")
+    return metrics
+
+
+def run_multimnist(saved: dict, cfg: RunConfig, model: torch.nn.Module, data_dir: Path, out: Path) -> dict:
+    """MultiMNIST (§6): pair error on every test recipe, composed on the device batch by batch.
+
+    metrics.json has no transformed set (MultiMNIST has none); breakdown.json adds the share of
+    pairs with at least one digit right (the official code's "almost correct"); predictions hold the
+    true and predicted pairs (P, 2), sorted, as uint8; confusion.png is the per-digit confusion
+    (`multimnist.digit_confusion`); reconstruction variants get reconstructions.png, the Fig. 5
+    overlay of the two predicted capsules' reconstructions for a few pairs and one failure.
+    """
+    path = data_dir / "multimnist_test.safetensors"
+    split, meta = load_split(path), split_metadata(path)
+    if "pairs" not in split or "shifts" not in split:
+        raise UserError(f"{path} holds no MultiMNIST recipes; rebuild it with `dvc repro -f prepare`")
+    _, predicted = mm.predict_pairs(model, split["images"], split["pairs"], split["shifts"], cfg.eval_batch_size)
+    predicted = predicted.cpu()  # (P, 2)
+    truth = split["labels"].long()[split["pairs"].long()].sort(dim=1).values  # (P, 2)
+    correct = mm.pair_correct(predicted, truth)  # (P,)
+    one_right = (truth[:, :, None] == predicted[:, None, :]).any(dim=2).any(dim=1)  # (P,)
+    n = int(truth.shape[0])
+    metrics = {"error_pct": 100.0 * int((~correct).sum()) / n, "n_test": n,
+               "n_params": saved["params"]["n_params"], "epochs_trained": saved["epochs_trained"],
+               "reached_target": saved["stop_reason"] == "target"}
+    breakdown = {"per_class": {}, "sources": {"multimnist_test": meta.get("source", "multimnist_test")}, "bins": {},
+                 "at_least_one_right_pct": 100.0 * float(one_right.float().mean())}
+    with atomic_path(out / "predictions.safetensors") as tmp:
+        save_file({"multimnist_test_labels": truth.to(torch.uint8), "multimnist_test_preds": predicted.to(torch.uint8)},
+                  str(tmp))
+    write_json(out / "breakdown.json", breakdown)
+    title = f"{cfg.variant} seed {cfg.seed}"
+    figures.confusion([(mm.digit_confusion(predicted, truth, cfg.num_classes).tolist(), "MultiMNIST, per digit")],
+                      title, out / "confusion.png")
+    pngs = ["confusion.png"]
+    if cfg.reconstruction:
+        shown = torch.cat([torch.nonzero(correct).flatten()[:5], torch.nonzero(~correct).flatten()[:1]])  # (≤6,)
+        merged, _ = mm.compose(split["images"], split["pairs"][shown], split["shifts"][shown])  # (k, 36, 36)
+        recons = mm.reconstruct_pairs(model, merged, predicted[shown])  # (k, 2, 36, 36)
+        titles = [f"{'' if bool(correct[i]) else 'FAIL '}true {tuple(truth[i].tolist())}\n"
+                  f"red {int(predicted[i, 0])}, green {int(predicted[i, 1])}" for i in shown.tolist()]
+        figures.multimnist_reconstructions(merged, recons, titles, f"{title}: reconstructions from the two "
+                                           "predicted capsules", out / "reconstructions.png")
+        pngs.append("reconstructions.png")
+    write_json(out / "metrics.json", metrics)
+    tracker = tracking.open_tracker()
+    tracker.log_metrics_once(saved["run_id"], {"eval_multimnist_test_error_pct": metrics["error_pct"]},
+                             step=saved["epochs_trained"])
+    for artifact in ["metrics.json", "breakdown.json", *pngs]:
+        tracker.log_artifact(saved["run_id"], out / artifact, "evaluation")
     return metrics

@@ -149,3 +149,23 @@ def placeholder(text: str, path: str | Path) -> None:
     ax.axis("off")
     ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
     save_figure(fig, path)
+
+
+def multimnist_reconstructions(inputs: torch.Tensor, recons: torch.Tensor, titles: list[str], title: str,
+                               path: str | Path) -> None:
+    """Fig. 5 style: per example the input (top) and, below, the reconstructions from the two
+    predicted capsules drawn in red and green over the input in grey.
+    inputs (k, H, W) uint8, recons (k, 2, H, W) in [0, 1]."""
+    k = inputs.shape[0]
+    fig, axes = plt.subplots(2, k, figsize=(1.25 * k, 2.9), squeeze=False)
+    for n in range(k):
+        grey = inputs[n].float() / 255  # (H, W)
+        overlay = torch.stack([torch.maximum(0.35 * grey, recons[n, 0]), torch.maximum(0.35 * grey, recons[n, 1]),
+                               0.35 * grey], dim=-1)  # (H, W, 3)
+        axes[0, n].imshow(grey, cmap="gray", vmin=0, vmax=1)
+        axes[1, n].imshow(overlay.clamp(0, 1).numpy())
+        axes[0, n].set_title(titles[n], fontsize=7)
+        for ax in axes[:, n]:
+            ax.axis("off")
+    fig.suptitle(title, fontsize=9, y=1.08)
+    save_figure(fig, path)

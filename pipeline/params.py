@@ -32,8 +32,8 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
 
 
 PROFILES = ("paper", "gpu", "smoke")
-MODELS = ("baseline_cnn", "capsnet", "pooling_cnn")
-IMAGE_SIZES = (28, 40)  # MNIST (Table 1) and the §5.2 canvas
+MODELS = ("baseline_cnn", "capsnet", "pooling_cnn", "multimnist_cnn")
+IMAGE_SIZES = (28, 40, 36)  # MNIST (Table 1), the §5.2 canvas, the MultiMNIST canvas (§6)
 RECIPES = ("paper", "official")  # pipeline.capsnet.RECIPES (kept here so params.py does not import torch)
 
 
@@ -60,6 +60,9 @@ class PrepareParams:
     expanded_seed: int = field(metadata=_range(0))  # §5.2 expanded MNIST: digit positions on the 40×40 canvas
     affnist_seed: int = field(metadata=_range(0))  # §5.2 affNIST-style set: its transforms
     affnist_transforms: int = field(metadata=_range(1, 64))  # transforms per test digit (affNIST: 32)
+    multimnist_pairs_per_digit: int = field(metadata=_range(1))  # MultiMNIST test recipes per test digit (paper: 1,000)
+    multimnist_max_shift: int = field(metadata=_range(0, 8))  # each digit's shift, px each way (paper 4; official README 6)
+    multimnist_seed: int = field(metadata=_range(0))  # the MultiMNIST test recipes
 
     def check(self, where: str) -> None:
         if self.min_scale > self.max_scale:
@@ -84,6 +87,7 @@ class TrainParams:
     log_every: int = field(default=50, metadata=_range(1))  # steps between host reads of the loss
     eval_batch_size: int = field(default=1000, metadata=_range(1))
     checkpoint_every: int = field(default=1, metadata=_range(1))  # epochs between resume checkpoints
+    multimnist_epoch_size: int = field(default=60_000, metadata=_range(1))  # MultiMNIST examples sampled per epoch
 
     def check(self, where: str) -> None:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
@@ -95,7 +99,7 @@ class VariantParams:
     model: str
     routing_iterations: int = field(metadata=_range(0))
     reconstruction: bool
-    image_size: int  # 28: MNIST with ±max_shift shifts; 40: §5.2's random position on a 40×40 canvas
+    image_size: int  # 28: MNIST with ±max_shift shifts; 40: §5.2's random position on a 40×40 canvas; 36: MultiMNIST
     # early stopping: stop once the per-epoch clean-test accuracy reaches this (%); 0 = train every epoch
     target_accuracy_pct: float = field(default=0.0, metadata=_range(0, 100))
     recipe: str = "paper"  # CapsNet: the paper's text, or what the official code computes (pipeline.capsnet)
@@ -108,7 +112,11 @@ class VariantParams:
         if self.recipe != "paper" and self.model != "capsnet":
             raise ParamsError(f"{where}: recipe {self.recipe!r} is for CapsNets; {self.model} has only recipe: paper")
         if self.image_size not in IMAGE_SIZES:
-            raise ParamsError(f"{where}.image_size must be 28 (MNIST) or 40 (the §5.2 canvas), got {self.image_size}")
+            raise ParamsError(f"{where}.image_size must be 28 (MNIST), 40 (the §5.2 canvas) or 36 (MultiMNIST), "
+                              f"got {self.image_size}")
+        if (self.model == "multimnist_cnn") != (self.image_size == 36) and self.model != "capsnet":
+            raise ParamsError(f"{where}: MultiMNIST (image_size 36) takes model capsnet or multimnist_cnn, "
+                              f"and multimnist_cnn only image_size 36; got {self.model} at {self.image_size}")
         if self.model == "capsnet" and self.routing_iterations < 1:
             raise ParamsError(f"{where}.routing_iterations must be >= 1, got {self.routing_iterations}")
         if self.model != "capsnet" and (self.routing_iterations or self.reconstruction):

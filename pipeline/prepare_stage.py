@@ -2,7 +2,8 @@
 
 The raw files are checked against MNIST's SHA-256 before decoding (a byte changed after download
 is an error, never silent corruption); then train/test/affine_test (28×28) and §5.2's
-expanded_test/affnist_test (40×40) are written, each atomically, with two montages to look at.
+expanded_test/affnist_test (40×40) and MultiMNIST's test recipes (multimnist_test: the test digits
+and the pairs and shifts to compose, never pixels) are written, each atomically, with two montages.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pipeline.affnist import affnist_mirror, prepare_affnist
 from pipeline.data import AffineRanges, IdxError, prepare
 from pipeline.errors import UserError
 from pipeline.figures import affine_montage
+from pipeline.multimnist import prepare_multimnist
 from pipeline.params import Params
 
 
@@ -42,6 +44,9 @@ def run(params: Params, raw_dir: Path, out_dir: Path, montage: Path, affnist_mon
     s52 = prepare_affnist(out_dir, out["test_images"], out["test_labels"], expanded_seed=p.expanded_seed,
                           affnist_seed=p.affnist_seed, transforms_per_digit=p.affnist_transforms, ranges=ranges,
                           mirror=affnist_mirror())
+    recipes = prepare_multimnist(out_dir, out["test_images"], out["test_labels"],
+                                 pairs_per_digit=p.multimnist_pairs_per_digit, max_shift=p.multimnist_max_shift,
+                                 seed=p.multimnist_seed)
     n = out["test_images"].shape[0]
     k = min(p.montage_count, n)
     affine_montage(out["test_images"][:k], out["affine_images"][:k], out["affine_params"][:k], montage)
@@ -51,4 +56,5 @@ def run(params: Params, raw_dir: Path, out_dir: Path, montage: Path, affnist_mon
     affine_montage(s52["expanded"][:len(shown)], shown, None if transforms is None else transforms[::step][:k],
                    affnist_montage, labels=("expanded", "affNIST"), title=f"§5.2 test sets: {s52['source']}")
     return (f"prepared {out_dir}: {n} test digits, {n} affine-shifted, {n} expanded (40×40); "
-            f"{s52['source']}: {len(s52['labels']):,} images; montages {montage}, {affnist_montage}")
+            f"{s52['source']}: {len(s52['labels']):,} images; MultiMNIST: {len(recipes['pairs']):,} test recipes; "
+            f"montages {montage}, {affnist_montage}")

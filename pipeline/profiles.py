@@ -32,7 +32,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     # tiny deterministic subsets, 1 epoch, one seed, CPU; one affNIST-style transform per digit, not 32
     "smoke": {"base.profile": "smoke", "prepare.train_subset": 512, "prepare.test_subset": 256,
               "prepare.affnist_transforms": 1, "train.epochs": 1, "train.batch_size": 32, "train.device": "cpu",
-              "train.log_every": 4, "ablation.seeds": [0]},
+              "train.log_every": 4, "ablation.seeds": [0], "prepare.multimnist_pairs_per_digit": 2,
+              "train.multimnist_epoch_size": 512},
     # 50 epochs (the length popular re-runs use), 3 seeds, on CUDA: bf16 autocast, model + loss
     # compiled together, cuDNN autotuning instead of deterministic kernels, a checkpoint every 5 epochs
     "gpu": {"base.profile": "gpu", "train.epochs": 50, "train.amp": True, "train.compile": True,

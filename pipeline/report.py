@@ -21,7 +21,7 @@ import yaml
 from safetensors.torch import load_file
 
 from pipeline import baseline, capsnet, train
-from pipeline.data import test_sets
+from pipeline.data import MULTIMNIST_SIZE, test_sets
 from pipeline.evaluate_stage import uniform_metrics
 from pipeline.errors import UserError
 from pipeline.params import Params
@@ -75,6 +75,16 @@ class Run:
         return self.config.get("optimizer", {}).get("adam_eps", LEGACY_ADAM_EPS)
 
 
+MULTIMNIST_DEVIATIONS = [
+    "MultiMNIST training draws a fresh pair and fresh shifts for every example of every step (an epoch = "
+    "train.multimnist_epoch_size examples) instead of the paper's fixed 60M-image set; the test set is fixed "
+    "recipes (prepare.multimnist_pairs_per_digit partners per test digit; the paper: 1,000).",
+    "MultiMNIST learning curves score the first 10,000 test recipes (one partner per test digit) each epoch; "
+    "the reported error uses every recipe.",
+    "MultiMNIST column verdicts use σ = max(0.1, our seed std): the paper gives single numbers.",
+]
+
+
 def table1_row(variant: str, recipe: str) -> str:
     """The paper's Table 1 row a variant replicates: an official-recipe twin shares its paper twin's row."""
     return variant.removesuffix("_official") if recipe == "official" else variant
@@ -98,6 +108,12 @@ def missing_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds
             if not all(p.is_file() for p in _needed(models_dir, results_dir, v, s))]
 
 
+def _correct(labels, preds) -> np.ndarray:
+    """(N,) bool per test example; MultiMNIST's (N, 2) sorted pairs are right only as a whole."""
+    same = (labels == preds).numpy()
+    return same.all(axis=1) if same.ndim == 2 else same
+
+
 def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: list[int],
               skip: list[tuple[str, int]] = ()) -> list[Run]:
     """Every (variant, seed)'s evaluation but those in ``skip``; a missing one is an error naming it and its path."""
@@ -118,7 +134,7 @@ def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: l
                                       *test_sets(config["config"]["image_size"]))
             runs.append(Run(
                 variant, seed, metrics, config, pd.read_csv(model_dir / "history.csv"),
-                {name: (pred[f"{name}_labels"] == pred[f"{name}_preds"]).numpy() for name in sets},
+                {name: _correct(pred[f"{name}_labels"], pred[f"{name}_preds"]) for name in sets},
                 json.loads((result_dir / "breakdown.json").read_text()),
                 {name: pred[f"{name}_digit_index"].numpy() for name in sets if f"{name}_digit_index" in pred}))
     return runs
@@ -153,7 +169,9 @@ def publish_runs(models_dir: Path, results_dir: Path, dest: Path) -> list[tuple[
                 if (src / name).is_file():
                     shutil.copyfile(src / name, out / name)
         pred = load_file(str(metrics.parent / "predictions.safetensors"))
-        keep = {k: t.contiguous() for k, t in pred.items() if k.endswith(("_labels", "_preds", "_digit_index"))}
+        # MultiMNIST's (P, 2) pairs are left out (10M rows at paper size): the report reads only their metrics
+        keep = {k: t.contiguous() for k, t in pred.items()
+                if k.endswith(("_labels", "_preds", "_digit_index")) and t.dim() == 1}
         save_file(keep, str(dest / "results" / variant / seed_dir / "predictions.safetensors"))
         copied.append((variant, seed))
     return copied
@@ -280,8 +298,9 @@ SMOKE_BANNER = ("> **⚠ SMOKE RUN — these numbers come from the smoke profile
 def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profile: str,
                     not_run: dict[str, list[int]] | None = None,
                     deviations: list[str], provenance: dict, figures: dict[str, str], reference: dict,
-                    affnist: list[str] | None = None) -> str:
-    """reports/ablation.md: banner (smoke), Table 1 replica, effects, affine column, §5.2 (the lines of
+                    affnist: list[str] | None = None, multimnist: list[str] | None = None) -> str:
+    """reports/ablation.md: banner (smoke), Table 1 replica, Table 1 with both columns (the lines of
+    report_multimnist.render_both_columns, when given), effects, affine column, §5.2 (the lines of
     render_affnist, when given), figures, deviations, provenance."""
     lines = ["# Table 1 replica: Dynamic Routing Between Capsules", ""]
     if profile == "smoke":
@@ -302,6 +321,8 @@ def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profil
         paper = fmt_pct(r.paper_test_error) + ("" if math.isnan(r.paper_test_error_std) else f" ± {r.paper_test_error_std:.3f}")
         lines.append(f"| {r.variant} | {recipe} | {routing} | {recon} | {r.n_seeds} | {fmt_pct(r.test_error_mean)} ± "
                      f"{fmt_pct(r.test_error_std)} | {r.test_errors} | {paper} | {r.delta:+.2f} | {r.verdict} | {r.reruns} |")
+    if multimnist:
+        lines += ["", *multimnist]
     lines += ["", "## Checkpoint selection", "",
               "The final epoch's error (the headline above) beside the lowest per-epoch error of each run, "
               "`error@epoch`. **The best epoch is selected on the test set, so it is optimistic**: it is shown "
@@ -363,6 +384,8 @@ def deviations(params: Params, reference: dict) -> list[str]:
     if params.prepare.train_subset or params.prepare.test_subset:
         out.append(f"Data subsets: first {params.prepare.train_subset or 'all'} training and "
                    f"{params.prepare.test_subset or 'all'} test digits (prepare.*_subset).")
+    if any(params.variant(v).image_size == MULTIMNIST_SIZE for v in params.ablation.variants):
+        out += baseline.MULTIMNIST_DEVIATIONS + MULTIMNIST_DEVIATIONS
     if params.prepare.affnist_transforms != 32:
         out.append(f"affNIST-style set: {params.prepare.affnist_transforms} transform(s) per test digit "
                    "(affNIST has 32; prepare.affnist_transforms).")

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from safetensors.torch import load_file
 
-from pipeline import figures, report as rp, report_affnist as ra, tracking
-from pipeline.data import MNIST_SIZE
+from pipeline import figures, report as rp, report_affnist as ra, report_multimnist as rm, tracking
+from pipeline.data import MNIST_SIZE, MULTIMNIST_SIZE
 from pipeline.errors import UserError
 from pipeline.evaluate_stage import METRIC_KEYS
 from pipeline.files import writable_dir, write_json, write_text
@@ -35,11 +35,17 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
     runs = rp.load_runs(models_dir, results_dir, variants, seeds, skip=skip)
     table1 = [r for r in runs if r.image_size == MNIST_SIZE]
-    s52 = [r for r in runs if r.image_size != MNIST_SIZE]
+    multi = [r for r in runs if r.image_size == MULTIMNIST_SIZE]
+    s52 = [r for r in runs if r.image_size not in (MNIST_SIZE, MULTIMNIST_SIZE)]
     if not table1:
         raise UserError("ablation.variants lists no Table 1 (28×28) variant; the report needs at least one")
     summary, effect_table = rp.summarize(table1, reference), rp.effects(table1, reference)
-    shown = table1_figures(runs, summary, results_dir, fig_dir)
+    shown = table1_figures(table1 + s52, summary, results_dir, fig_dir)
+    multi_table, multi_lines = None, None
+    if multi:
+        multi_table = rm.multimnist_summary(multi, reference)
+        multi_lines = rm.render_both_columns(summary, multi_table, reference)
+    shown.update(multimnist_figure(multi, multi_table, results_dir, fig_dir))
     dvc_plot_data(table1, summary, results_dir, writable_dir(out / "plots", "report"))
     for name, title in (("affine_montage", "Affine-shifted test set"), ("affnist_montage", "§5.2 test sets")):
         if (fig_dir / f"{name}.png").is_file():
@@ -57,10 +63,11 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     text = rp.render_markdown(summary, effect_table, profile=p.base.profile, not_run=not_run,
                               deviations=rp.deviations(p, reference) + rp.run_deviations(runs),
                               provenance=provenance(p, runs, not_run, models_dir), figures=shown,
-                              reference=reference, affnist=s52_lines)
+                              reference=reference, affnist=s52_lines, multimnist=multi_lines)
     tables = {"ablation.md": text, "results.csv": summary.to_csv(index=False, float_format="%.4f"),
               "effects.csv": effect_table.to_csv(index=False, float_format="%.4f"),
-              "affnist.csv": s52_table.to_csv(index=False, float_format="%.4f") if s52 else ""}
+              "affnist.csv": s52_table.to_csv(index=False, float_format="%.4f") if s52 else "",
+              "multimnist.csv": multi_table.to_csv(index=False, float_format="%.4f") if multi else ""}
     for name, content in tables.items():
         write_text(out / name, content)
     headline = write_variant_metrics(runs, writable_dir(out / "metrics", "report"))
@@ -92,6 +99,21 @@ def table1_figures(runs: list[rp.Run], summary, results_dir: Path, fig_dir: Path
     shown[f"Reconstructions ({best}, seed {best_run.seed})"] = "figures/reconstructions.png"
     shown[f"Fig. 4 perturbations ({best}, seed {best_run.seed})"] = "figures/fig4.png"
     return shown
+
+
+def multimnist_figure(runs: list[rp.Run], table, results_dir: Path, fig_dir: Path) -> dict[str, str]:
+    """figures/multimnist_reconstructions.png: the Fig. 5 overlay of the lowest-error MultiMNIST
+    reconstruction variant's best seed, or a placeholder saying there is none."""
+    path = fig_dir / "multimnist_reconstructions.png"
+    recon = [r for r in runs if r.config["config"]["reconstruction"]]
+    if not recon:
+        figures.placeholder("No MultiMNIST reconstruction variant in this report", path)
+        return {}
+    means = table.set_index("variant").error_mean
+    best = min(recon, key=lambda r: (means[r.variant], r.metrics["error_pct"]))
+    shutil.copyfile(results_dir / best.variant / f"seed{best.seed}" / "reconstructions.png", path)
+    return {f"MultiMNIST reconstructions ({best.variant}, seed {best.seed}; red and green: the two predicted "
+            "capsules)": "figures/multimnist_reconstructions.png"}
 
 
 def dvc_plot_data(runs: list[rp.Run], summary, results_dir: Path, plot_dir: Path) -> None:

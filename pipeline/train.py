@@ -31,10 +31,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from pipeline.affnist import random_place
-from pipeline.baseline import BaselineCNN, PoolingCNN
-from pipeline.capsnet import CapsNet, capsnet_loss
+from pipeline.baseline import BaselineCNN, MultiMNISTCNN, PoolingCNN
+from pipeline.capsnet import CapsNet, capsnet_loss, margin_loss
 from pipeline.data import random_shift
 from pipeline.errors import UserError
+from pipeline import multimnist as mm
 from pipeline.files import atomic_path
 from pipeline.params import Params
 
@@ -86,13 +87,21 @@ class RunConfig:
     eval_batch_size: int
     device: str
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
+    multimnist_epoch_size: int = 60_000  # MultiMNIST: examples sampled per epoch (pipeline.multimnist)
     recipe: str = "paper"  # CapsNet: paper | official (pipeline.capsnet); the CNNs have one recipe, "paper"
+
+    @property
+    def multimnist(self) -> bool:
+        """A MultiMNIST variant (§6): two overlapping digits on the 36×36 canvas."""
+        return self.image_size == mm.CANVAS
 
     def digest(self) -> str:
         """Hash of the fields that change the mathematics (a checkpoint resumes only on a match)."""
         fields = dataclasses.asdict(self) | {"adam_eps": ADAM_EPS}
         for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every"):
             fields.pop(cosmetic)
+        if not self.multimnist:  # unused there: digests (checkpoints) from before MultiMNIST stay valid
+            fields.pop("multimnist_epoch_size")
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -142,6 +151,8 @@ def build_model(cfg: RunConfig) -> torch.nn.Module:
         return CapsNet(cfg.routing_iterations, cfg.reconstruction, cfg.image_size, cfg.num_classes, cfg.recipe)
     if cfg.model == "pooling_cnn":
         return PoolingCNN(cfg.image_size, cfg.num_classes)
+    if cfg.model == "multimnist_cnn":
+        return MultiMNISTCNN(cfg.image_size, cfg.num_classes)
     return BaselineCNN(cfg.image_size, cfg.num_classes)
 
 
@@ -166,16 +177,19 @@ def loss_recipe(cfg: RunConfig) -> str | None:
     return cfg.recipe if cfg.model == "capsnet" else None
 
 
-def compute_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                 recipe: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compute_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: str | None,
+                 targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(total, margin or cross-entropy, reconstruction) for one batch, all on the device.
 
     ``recipe``: `capsnet_loss`'s recipe for a CapsNet, None for a CNN (`loss_recipe(cfg)`).
+    MultiMNIST: y (B, 2) and ``targets`` (B, 2, 1, S, S), each digit alone; its CNN takes the
+    margin loss on raw outputs with both classes positive (the official code's default loss).
     """
     if recipe is None:
-        loss = F.cross_entropy(model(x).float(), y)
+        scores = model(x).float()  # (B, K)
+        loss = margin_loss(scores, y) if y.dim() == 2 else F.cross_entropy(scores, y)
         return loss, loss, torch.zeros((), device=x.device)
-    return capsnet_loss(model(x, y), x, y, recipe)
+    return capsnet_loss(model(x, y), x, y, recipe, targets)
 
 
 class LossOf(torch.nn.Module):
@@ -186,8 +200,9 @@ class LossOf(torch.nn.Module):
         super().__init__()
         self.model, self.recipe = model, recipe
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return compute_loss(self.model, x, y, self.recipe)
+    def forward(self, x: torch.Tensor, y: torch.Tensor,
+                targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return compute_loss(self.model, x, y, self.recipe, targets)
 
 
 def loss_function(model: torch.nn.Module, cfg: RunConfig, compile_mode: str = "default") -> torch.nn.Module:
@@ -224,16 +239,22 @@ def predict(model: torch.nn.Module, images: torch.Tensor, batch_size: int, amp: 
 
 
 def training_step(loss_fn: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, images: torch.Tensor,
-                  labels: torch.Tensor, generator: torch.Generator, cfg: RunConfig, amp: bool) -> torch.Tensor:
+                  labels: torch.Tensor, generator: torch.Generator, cfg: RunConfig, amp: bool,
+                  digits: torch.Tensor | None = None) -> torch.Tensor:
     """One optimiser step on a uint8 batch (B, h, w): augment, loss, backward, Adam, lr decay.
 
     ``loss_fn`` is `loss_function(model, cfg)`. Returns (total, margin or cross-entropy,
     reconstruction) detached on the device (no sync). The same function runs in `capsnet train`
-    and `capsnet bench`; the augmentation stays outside the compiled graph.
+    and `capsnet bench`; the augmentation stays outside the compiled graph. MultiMNIST batches
+    come composed (`multimnist.compose`): images (B, 36, 36), labels (B, 2), and ``digits``
+    (B, 2, 36, 36), each digit alone, the reconstruction targets; they get no further augmentation.
     """
-    x = to_float(augment(images, cfg.image_size, cfg.max_shift, generator))  # (B, 1, S, S)
+    if digits is None:
+        x, targets = to_float(augment(images, cfg.image_size, cfg.max_shift, generator)), None  # (B, 1, S, S)
+    else:
+        x, targets = to_float(images), digits.unsqueeze(2).float().div_(255)  # (B, 1, S, S), (B, 2, 1, S, S)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-        loss, margin, recon = loss_fn(x, labels)
+        loss, margin, recon = loss_fn(x, labels) if targets is None else loss_fn(x, labels, targets)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -285,6 +306,10 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
 
     ``data``: train_images (N, 28, 28) uint8, train_labels (N,), and the clean test set the model
     is scored on each epoch, test_images (M, S, S) with S = cfg.image_size, test_labels (M,).
+    MultiMNIST (cfg.multimnist): every step composes a fresh batch of pairs from the train split,
+    an epoch is cfg.multimnist_epoch_size examples, and the per-epoch test error is the pair error
+    on the first `multimnist.CURVE_RECIPES` of test_pairs (P, 2) / test_shifts (P, 2, 2) over the
+    28×28 test_images.
     With ``cfg.target_accuracy_pct`` > 0 training stops after the first epoch whose test
     accuracy reaches it (§5.2 early stopping); ``stop_reason`` says which end was reached.
     ``extra`` is stored in every checkpoint (the tracking run id, say). ``state`` is the checkpoint
@@ -306,9 +331,14 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
     test_images = data["test_images"].to(device)  # (N_test, H, W) uint8, copied once per run
     test_labels = data["test_labels"].to(device).long()  # (N_test,)
     n = images.shape[0]
-    steps_per_epoch = n // cfg.batch_size
+    steps_per_epoch = (cfg.multimnist_epoch_size if cfg.multimnist else n) // cfg.batch_size
     if steps_per_epoch == 0:
-        raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images")
+        raise UserError(f"train.batch_size {cfg.batch_size} exceeds the "
+                        f"{cfg.multimnist_epoch_size if cfg.multimnist else n} training examples of an epoch")
+    if cfg.multimnist:
+        curve_pairs = data["test_pairs"][:mm.CURVE_RECIPES].long()  # (P', 2)
+        curve_shifts = data["test_shifts"][:mm.CURVE_RECIPES]  # (P', 2, 2)
+        curve_labels = test_labels[curve_pairs.to(device)]  # (P', 2)
 
     start_epoch, history, stop_reason = 0, [], "budget"
     if state == "load":
@@ -331,12 +361,17 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         sums = torch.zeros(3, device=device)  # total, margin, reconstruction
         first_bad = torch.full((), -1, device=device, dtype=torch.long)
         step_dev = torch.full((), epoch * steps_per_epoch, device=device, dtype=torch.long)
-        perm = torch.randperm(n, generator=generator, device=device)  # (N,)
+        perm = None if cfg.multimnist else torch.randperm(n, generator=generator, device=device)  # (N,)
         bar = tqdm(range(steps_per_epoch), desc=f"{cfg.variant} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}",
                    leave=False, mininterval=1.0, disable=None)
         for step in bar:
-            idx = perm[step * cfg.batch_size:(step + 1) * cfg.batch_size]  # (B,)
-            parts = training_step(loss_fn, optimizer, scheduler, images[idx], labels[idx], generator, cfg, amp)  # (3,)
+            if cfg.multimnist:  # a fresh pair and fresh shifts for every example
+                pairs, shifts = mm.sample_pairs(labels, cfg.batch_size, cfg.max_shift, generator)  # (B, 2), (B, 2, 2)
+                merged, digits = mm.compose(images, pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
+                parts = training_step(loss_fn, optimizer, scheduler, merged, labels[pairs], generator, cfg, amp, digits)
+            else:
+                idx = perm[step * cfg.batch_size:(step + 1) * cfg.batch_size]  # (B,)
+                parts = training_step(loss_fn, optimizer, scheduler, images[idx], labels[idx], generator, cfg, amp)  # (3,)
             first_bad = torch.where(~torch.isfinite(parts[0]) & (first_bad < 0), step_dev, first_bad)
             sums += parts
             step_dev += 1
@@ -350,8 +385,12 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         bar.close()
         totals = (sums / steps_per_epoch).tolist()
         seconds = time.perf_counter() - t0
-        _, preds = predict(model, test_images, cfg.eval_batch_size, amp)
-        test_error = 100.0 * int((preds != test_labels).sum()) / test_labels.shape[0]  # exact count, one sync
+        if cfg.multimnist:
+            _, preds = mm.predict_pairs(model, test_images, curve_pairs, curve_shifts, cfg.eval_batch_size, amp)
+            test_error = 100.0 * int((~mm.pair_correct(preds, curve_labels)).sum()) / curve_labels.shape[0]
+        else:
+            _, preds = predict(model, test_images, cfg.eval_batch_size, amp)
+            test_error = 100.0 * int((preds != test_labels).sum()) / test_labels.shape[0]  # exact count, one sync
         metrics = {
             "epoch": epoch + 1,
             "train_loss": totals[0], "margin_loss": totals[1], "reconstruction_loss": totals[2],

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from pipeline import figures, tracking
-from pipeline.data import load_split, test_sets
+from pipeline.data import load_split, split_metadata, test_sets
 from pipeline.errors import Terminated, UserError
 from pipeline.files import atomic_path, file_lock, writable_dir, write_json
 from pipeline.params import Params
@@ -68,14 +68,25 @@ def load_data(data_dir: Path, cfg: RunConfig) -> dict[str, torch.Tensor]:
     if n < cfg.batch_size:
         raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images in {data_dir}; "
                         "lower train.batch_size or raise prepare.train_subset")
-    return {"train_images": train_split["images"], "train_labels": train_split["labels"],
+    data = {"train_images": train_split["images"], "train_labels": train_split["labels"],
             "test_images": test_split["images"], "test_labels": test_split["labels"]}
+    if cfg.multimnist:  # the recipes index the 28×28 test digits stored beside them
+        data.update(test_pairs=test_split["pairs"], test_shifts=test_split["shifts"])
+    return data
+
+
+def multimnist_max_shift(data_dir: Path) -> int:
+    """The shift the MultiMNIST test recipes were drawn with (prepare.multimnist_max_shift); training
+    draws its pairs with the same."""
+    return int(split_metadata(data_dir / "multimnist_test.safetensors")["max_shift"])
 
 
 def run(params: Params, variant: str, seed: int, data_dir: Path, out_dir: Path, checkpoint: Path) -> TrainOutcome:
     """Train ``variant`` with ``seed``; resume from ``checkpoint`` when it belongs to the same
     configuration. Writes model.safetensors, history.csv, learning_curve.png and config.json."""
     cfg = run_config(params, variant, seed)
+    if cfg.multimnist:
+        cfg = dataclasses.replace(cfg, max_shift=multimnist_max_shift(data_dir))
     device = resolve_device(cfg.device)
     data = load_data(data_dir, cfg)
     per_epoch = cpu_epoch_seconds(cfg.model, cfg.image_size)
@@ -94,7 +105,8 @@ def run(params: Params, variant: str, seed: int, data_dir: Path, out_dir: Path, 
             "variant": variant, "model": cfg.model, "routing_iterations": cfg.routing_iterations,
             "reconstruction": cfg.reconstruction, "seed": seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
             "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps, "epochs": cfg.epochs,
-            "steps": cfg.epochs * (data["train_images"].shape[0] // cfg.batch_size), "amp": cfg.amp,
+            "steps": cfg.epochs * ((cfg.multimnist_epoch_size if cfg.multimnist else data["train_images"].shape[0])
+                                   // cfg.batch_size), "amp": cfg.amp,
             "compile": cfg.compile, "n_params": count_params(cfg), "device": str(device),
             "torch_version": env["torch_version"], "profile": cfg.profile, "recipe": cfg.recipe,
             "image_size": cfg.image_size, "n_train": data["train_images"].shape[0],

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from conftest import REPO, synthetic_digits
+from pipeline import multimnist as mm
 from pipeline.params import load_params
 from pipeline.train import (
     augment, build_model, loss_function, make_optimizer, run_config, to_float, training_step,
@@ -42,11 +43,16 @@ def config(variant: str, **changes):
 
 
 def batch(cfg, seed: int = 0):
-    """An augmented batch (B, 1, S, S) on the GPU and its labels, as training_step builds one."""
+    """An augmented batch (B, 1, S, S) on the GPU, its labels and reconstruction targets (None but
+    for MultiMNIST: (B, 2) labels, (B, 2, 1, S, S) digits alone), as the training loop builds them."""
     images, labels = synthetic_digits(BATCH, seed=seed)
     generator = torch.Generator(device="cuda").manual_seed(seed)
+    if cfg.multimnist:
+        pairs, shifts = mm.sample_pairs(labels.cuda().long(), BATCH, cfg.max_shift, generator)
+        merged, digits = mm.compose(images.cuda(), pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
+        return to_float(merged), labels.cuda().long()[pairs], digits.unsqueeze(2).float() / 255
     x = to_float(augment(images.cuda(), cfg.image_size, cfg.max_shift, generator))  # (B, 1, S, S)
-    return x, labels.cuda().long()
+    return x, labels.cuda().long(), None
 
 
 @pytest.fixture
@@ -57,10 +63,10 @@ def tf32_off():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def loss_and_grads(model, cfg, x, y, amp: bool):
+def loss_and_grads(model, cfg, x, y, targets, amp: bool):
     fn = loss_function(model, cfg)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-        total, _, _ = fn(x, y)
+        total, _, _ = fn(x, y) if targets is None else fn(x, y, targets)
     model.zero_grad(set_to_none=True)
     total.backward()
     grads = torch.cat([p.grad.float().flatten() for p in model.parameters()])  # (n_params,)
@@ -73,9 +79,9 @@ def compare(variant: str, amp: bool) -> tuple[float, float]:
     torch.manual_seed(0)
     reference = build_model(cfg).cuda().eval()  # eval: dropout off (see the module docstring)
     fast = copy.deepcopy(reference)
-    x, y = batch(cfg)
-    ref_loss, ref_grads = loss_and_grads(reference, dataclasses.replace(cfg, compile=False), x, y, amp=False)
-    fast_loss, fast_grads = loss_and_grads(fast, dataclasses.replace(cfg, compile=True), x, y, amp=amp)
+    x, y, targets = batch(cfg)
+    ref_loss, ref_grads = loss_and_grads(reference, dataclasses.replace(cfg, compile=False), x, y, targets, amp=False)
+    fast_loss, fast_grads = loss_and_grads(fast, dataclasses.replace(cfg, compile=True), x, y, targets, amp=amp)
     assert torch.isfinite(ref_loss) and torch.isfinite(ref_grads).all()
     assert torch.isfinite(fast_loss) and torch.isfinite(fast_grads).all(), "non-finite loss or gradient"
     loss_rel = float((fast_loss - ref_loss).abs() / ref_loss.abs())

@@ -48,7 +48,7 @@ def test_committed_params_are_the_paper_protocol():
     ("ablation.variants", ["capsnet_r9"], "ablation.variants names 'capsnet_r9'"),
     ("variants.baseline_cnn.reconstruction", True, "baseline_cnn has no routing or reconstruction"),
     ("train.device", "tpu", "train.device must be"),
-    ("variants.capsnet_affnist.image_size", 32, "variants.capsnet_affnist.image_size must be 28 (MNIST) or 40"),
+    ("variants.capsnet_affnist.image_size", 32, "variants.capsnet_affnist.image_size must be 28 (MNIST), 40 (the §5.2 canvas) or 36"),
     ("variants.capsnet_affnist.target_accuracy_pct", 100.5, "target_accuracy_pct must be <= 100"),
     ("variants.cnn_affnist.routing_iterations", 3, "pooling_cnn has no routing or reconstruction"),
     ("prepare.affnist_transforms", 0, "prepare.affnist_transforms must be >= 1"),

@@ -80,9 +80,9 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tmp_path, 
     real = train_module.compute_loss
     calls = {"n": 0}
 
-    def poisoned(model, x, y, capsnet):
+    def poisoned(model, x, y, capsnet, targets=None):
         calls["n"] += 1
-        loss, margin, recon = real(model, x, y, capsnet)
+        loss, margin, recon = real(model, x, y, capsnet, targets)
         return (loss * float("nan"), margin, recon) if calls["n"] == 5 else (loss, margin, recon)
 
     monkeypatch.setattr(train_module, "compute_loss", poisoned)
@@ -230,7 +230,8 @@ def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
     root = pipeline_dir
     real = train_module.compute_loss
     monkeypatch.setattr(train_module, "compute_loss",
-                        lambda m, x, y, capsnet: tuple(t * float("nan") for t in real(m, x, y, capsnet)))
+                        lambda m, x, y, capsnet, targets=None: tuple(t * float("nan")
+                                                                     for t in real(m, x, y, capsnet, targets)))
     result = run_cli(["train", "capsnet_r1", "0", str(root / "prepared"), str(root / "models" / "nan"),
                       "--checkpoint", str(root / "ckpt" / "nan.pt"), "--params", str(root / "params.yaml")], root, monkeypatch)
     assert result.exit_code == 1 and "non-finite loss at step" in result.output

@@ -1,0 +1,149 @@
+"""MultiMNIST (§6): recipes, composition, the two-digit losses, the pair rule, models, training, report."""
+
+import json
+
+import pytest
+import torch
+
+from pipeline import multimnist as mm
+from pipeline.baseline import MultiMNISTCNN
+from pipeline.capsnet import CapsNet, capsnet_loss, margin_loss, reconstruction_loss
+from pipeline.train import RunConfig, train
+
+LABELS = torch.arange(60) % 10  # (60,) six digits per class
+
+
+def test_pairs_are_two_classes_and_shifts_cover_the_range():
+    pairs, shifts = mm.sample_pairs(LABELS, 5000, 4, torch.Generator().manual_seed(0))
+    assert pairs.shape == (5000, 2) and shifts.shape == (5000, 2, 2)
+    assert bool((LABELS[pairs[:, 0]] != LABELS[pairs[:, 1]]).all())
+    assert shifts.min() == -4 and shifts.max() == 4 and set(shifts.flatten().tolist()) == set(range(-4, 5))
+    assert len(set(pairs[:, 1].tolist())) == 60  # every digit can be the partner
+
+
+def test_test_recipes_are_deterministic_round_by_round_and_compact():
+    r = mm.test_recipes(LABELS, 3, 6, seed=7)
+    assert r["pairs"].dtype == torch.int32 and r["shifts"].dtype == torch.int8 and r["pairs"].shape == (180, 2)
+    assert r["pairs"][:, 0].tolist() == list(range(60)) * 3  # any prefix of N recipes covers every digit
+    assert bool((LABELS[r["pairs"][:, 0].long()] != LABELS[r["pairs"][:, 1].long()]).all())
+    assert int(r["shifts"].abs().max()) == 6  # the official README's --shift=6 is runnable
+    again, other = mm.test_recipes(LABELS, 3, 6, seed=7), mm.test_recipes(LABELS, 3, 6, seed=8)
+    assert all(torch.equal(r[k], again[k]) for k in r)
+    assert not torch.equal(r["pairs"], other["pairs"])
+
+
+def test_place_pads_by_four_and_shifts_with_zero_fill():
+    digit = torch.zeros(1, 28, 28, dtype=torch.uint8)
+    digit[0, 0, 0], digit[0, 27, 27] = 7, 9
+    for dy, dx in [(0, 0), (3, -2), (-4, 4)]:
+        canvas = mm.place(digit, torch.tensor([[dy, dx]]))[0]  # (36, 36)
+        assert canvas.shape == (36, 36) and canvas[4 + dy, 4 + dx] == 7 and canvas[31 + dy, 31 + dx] == 9
+        assert int(canvas.sum()) == 16
+    assert int(mm.place(digit, torch.tensor([[-6, 0]]))[0].sum()) == 9  # ink pushed past the border is lost
+
+
+def test_compose_merges_as_saturating_sum():
+    images = torch.zeros(2, 28, 28, dtype=torch.uint8)
+    images[0, 10, 10], images[1, 10, 10], images[1, 11, 11] = 200, 100, 50
+    merged, digits = mm.compose(images, torch.tensor([[0, 1]]), torch.zeros(1, 2, 2, dtype=torch.int8))
+    assert merged.dtype == torch.uint8 and merged[0, 14, 14] == 255 and merged[0, 15, 15] == 50  # min(200 + 100, 255)
+    assert digits[0, 0, 14, 14] == 200 and digits[0, 1, 14, 14] == 100  # each digit alone: the targets
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_composing_on_the_device_equals_the_cpu():
+    images = torch.randint(0, 256, (60, 28, 28), dtype=torch.uint8)
+    r = mm.test_recipes(LABELS, 2, 4, seed=1)
+    cpu = mm.compose(images, r["pairs"], r["shifts"])
+    gpu = mm.compose(images.cuda(), r["pairs"].cuda(), r["shifts"].cuda())
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, gpu))
+
+
+def test_margin_loss_with_two_positive_classes_by_hand():
+    lengths = torch.tensor([[0.8, 0.95, 0.3]])  # classes 0 and 1 present, 2 absent
+    # present: (0.9 − 0.8)² = 0.01 and max(0, 0.9 − 0.95)² = 0; absent: 0.5 · (0.3 − 0.1)² = 0.02
+    assert float(margin_loss(lengths, torch.tensor([[0, 1]]))) == pytest.approx(0.03)
+    assert float(margin_loss(lengths, torch.tensor([[1, 0]]))) == pytest.approx(0.03)  # order-free
+
+
+def test_two_digit_reconstruction_loss_sums_both_digits_by_hand():
+    recon = torch.zeros(1, 2, 1, 2, 2)
+    target = torch.zeros(1, 2, 1, 2, 2)
+    target[0, 0, 0, 0, 0], target[0, 1, 0, 1, 1] = 1.0, 0.5  # SSE_a = 1, SSE_b = 0.25
+    assert float(reconstruction_loss(recon, target)) == pytest.approx(0.0005 * 1.25)
+
+
+def test_decoder_reconstructs_each_digit_from_its_own_capsule():
+    torch.manual_seed(0)
+    model = CapsNet(routing_iterations=1, reconstruction=True, image_size=36).eval().requires_grad_(False)
+    x, labels = torch.rand(2, 1, 36, 36), torch.tensor([[3, 7], [0, 9]])
+    out = model(x, labels)
+    assert out.reconstructions.shape == (2, 2, 1, 36, 36)
+    for k in range(2):
+        assert torch.allclose(out.reconstructions[:, k], model.decoder(out.poses, labels[:, k]))
+    targets = torch.rand(2, 2, 1, 36, 36)
+    total, margin, recon = capsnet_loss(out, x, labels, "paper", targets)
+    assert float(recon) == pytest.approx(float(reconstruction_loss(out.reconstructions, targets)))
+    assert float(total) == pytest.approx(float(margin + recon))
+
+
+def test_pair_rule_is_order_free_and_one_right_digit_is_an_error():
+    predicted = mm.top2(torch.tensor([[0.1, 0.9, 0.2, 0.8], [0.9, 0.1, 0.8, 0.2], [0.5, 0.6, 0.1, 0.0]]))
+    assert predicted.tolist() == [[1, 3], [0, 2], [0, 1]]
+    truth = torch.tensor([[3, 1], [0, 3], [2, 3]])
+    assert mm.pair_correct(predicted, truth).tolist() == [True, False, False]
+    cm = mm.digit_confusion(predicted, truth, num_classes=4)
+    assert cm[1, 1] == cm[3, 3] == cm[0, 0] == 1 and cm[3, 2] == 1  # 3 missed, 2 predicted instead
+    assert cm[2, 0] == 1 and cm[3, 1] == 1 and int(cm.sum()) == 6  # neither right: paired in sorted order
+
+
+def test_36_pixel_models_have_the_papers_parameter_counts():
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(CapsNet(3, True, 36)) == 11_361_808  # paper §6: 11.36M
+    assert count(MultiMNISTCNN(36)) == 24_535_306  # paper §6: 24.56M
+    assert CapsNet(3, True, 36).config.num_primary == 3_200
+
+
+@pytest.mark.parametrize("model, routing, recon", [("multimnist_cnn", 0, False), ("capsnet", 1, True)])
+def test_multimnist_variants_train_on_cpu_with_finite_loss(tmp_path, model, routing, recon):
+    from conftest import synthetic_digits
+
+    images, labels = synthetic_digits(40, seed=1)
+    test_images, test_labels = synthetic_digits(20, seed=2)
+    r = mm.test_recipes(test_labels, 2, 4, seed=0)
+    data = {"train_images": images, "train_labels": labels, "test_images": test_images, "test_labels": test_labels,
+            "test_pairs": r["pairs"], "test_shifts": r["shifts"]}
+    cfg = RunConfig(variant="m", model=model, routing_iterations=routing, reconstruction=recon, image_size=36,
+                    num_classes=10, target_accuracy_pct=0.0, seed=0, profile="smoke", epochs=2, batch_size=8,
+                    lr=1e-3, lr_decay_rate=0.96, lr_decay_steps=2000, lr_min=1e-6, max_shift=4, amp=False,
+                    compile=False, deterministic=True, log_every=2, eval_batch_size=16, device="cpu",
+                    multimnist_epoch_size=24)
+    result = train(cfg, data, tmp_path / "ckpt.pt")
+    assert result.steps == 6 and len(result.history) == 2
+    assert all(torch.isfinite(torch.tensor(h["train_loss"])) for h in result.history)
+    assert all((h["reconstruction_loss"] > 0) == recon for h in result.history)  # the CNN has no decoder
+    assert 0 <= result.history[-1]["test_error_pct"] <= 100
+
+
+def test_report_renders_the_multimnist_column_from_fabricated_runs(tmp_path):
+    from test_report import REFERENCE, fabricate
+
+    from pipeline import report as rp, report_multimnist as rm
+
+    for seed, err in enumerate([0.3, 0.4]):
+        fabricate(tmp_path, "capsnet_r3_recon", seed, err)
+    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r3_recon"], [0, 1])
+    multi = []
+    for seed, err in enumerate([5.0, 5.4]):
+        run = runs[0]
+        multi.append(rp.Run("multimnist_r3_recon", seed, {"error_pct": err, "n_params": 11_361_808}, run.config,
+                            run.history, {}, {}, {}))
+    table = rm.multimnist_summary(multi, REFERENCE)
+    row = table.set_index("variant").loc["multimnist_r3_recon"]
+    assert row.error_mean == pytest.approx(5.2) and row.sigma == pytest.approx(0.2828, abs=1e-4)
+    assert row.verdict == "reproduced" and row.table1_row == "capsnet_r3_recon"
+    text = "\n".join(rm.render_both_columns(rp.summarize(runs, REFERENCE), table, REFERENCE))
+    assert "| CapsNet | 3 | yes | 0.35 ± 0.07 | 0.25 | 5.20 ± 0.28 | 5.2 | reproduced |" in text
+    assert "| Baseline | – | – | not run | 0.39 | not run | 8.1 | – |" in text
+    assert "| CapsNet | 1 | no | not run | 0.34 | – | – | – |" in text
+    json.dumps(table.to_dict())  # the CSV/JSON outputs can hold it
