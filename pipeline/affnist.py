@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from pipeline.data import AffineRanges, apply_affine, ranges_metadata, sample_affine_params, save_split
+from pipeline.data import AffineRanges, apply_affine, ranges_metadata, sample_affine_params, save_split, translate
 from pipeline.errors import UserError
 
 CANVAS = 40  # §5.2 and affNIST: 40×40 images
@@ -39,15 +38,10 @@ def place_on_canvas(images: torch.Tensor, offsets: torch.Tensor, canvas: int = C
     images (B, H, W), offsets (B, 2) integer rows/columns in [0, canvas − H] × [0, canvas − W]
     -> (B, canvas, canvas), same dtype and device; one gather, no host synchronisation.
     """
-    b, h, w = images.shape
+    _, h, w = images.shape
     if h > canvas or w > canvas:
         raise ValueError(f"{h}×{w} digits do not fit on a {canvas}×{canvas} canvas")
-    pad_y, pad_x = canvas - h, canvas - w
-    padded = F.pad(images, (pad_x, pad_x, pad_y, pad_y))  # (B, H + 2·pad_y, W + 2·pad_x)
-    device = images.device
-    rows = torch.arange(canvas, device=device).view(1, canvas, 1) + pad_y - offsets[:, 0].view(b, 1, 1)  # (B, C, 1)
-    cols = torch.arange(canvas, device=device).view(1, 1, canvas) + pad_x - offsets[:, 1].view(b, 1, 1)  # (B, 1, C)
-    return padded[torch.arange(b, device=device).view(b, 1, 1), rows, cols]  # (B, C, C)
+    return translate(images, offsets, canvas)
 
 
 def random_offsets(n: int, digit: int, canvas: int, generator: torch.Generator,

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.capsnet import OFFICIAL_BIAS, OFFICIAL_CONV1_STD, OFFICIAL_STD
+
 DROPOUT = 0.5
 CONV_CHANNELS = (256, 256, 128)
 FC_SIZES = (328, 192)
@@ -34,7 +36,7 @@ DEVIATIONS = [
 MULTIMNIST_DEVIATIONS = [
     "MultiMNIST baseline (multimnist_baseline): the official conv_model.py (conv 5×5 512, pool, conv 5×5 256, "
     "pool, FC 1024, FC 10, no dropout, its initialisation) with SAME padding, inferred from the paper's 24.56M "
-    "(24,535,306 by arithmetic; the code's default VALID padding gives 12.7M); trained with the code's default "
+    "(24,535,306 by arithmetic; the code's default VALID padding gives 12,738,826); trained with the code's default "
     "margin loss on its raw outputs, both classes positive; the paper describes neither.",
 ]
 POOLING_FC_SIZES = (848, 192)  # chosen so that the 40×40 count is within 0.1 % of the 40×40 CapsNet
@@ -87,10 +89,10 @@ class MultiMNISTCNN(nn.Module):
     """The MultiMNIST baseline (§6), as the official conv_model.py builds it: 5×5 conv 512 → ReLU →
     2×2 max-pool → 5×5 conv 256 → ReLU → 2×2 max-pool → FC 1024 ReLU → FC num_classes (linear),
     SAME padding, no dropout; the official code's initialisation (truncated normal ±2σ: convs std
-    5e-2, FCs 0.1; biases 0.1). 24,535,306 parameters at 36×36: the paper's 24.56M holds with
-    SAME padding (the code's default `padding` hparam is VALID, which gives 12.7M). Trained as the
-    code's default `loss_type: margin` does: Eq. 4's margin loss on the 10 raw outputs, both
-    digits' classes positive (pipeline.train)."""
+    5e-2, FCs 0.1; biases 0.1). 24,535,306 parameters at 36×36: the paper's 24.56M holds with SAME
+    padding, while the code's default `padding` hparam, VALID, gives 12,738,826 (both counts are
+    tested). Trained as the code's default `loss_type: margin` does: Eq. 4's margin loss on the 10
+    raw outputs, both digits' classes positive (pipeline.train)."""
 
     CHANNELS, FC, POOLED = (512, 256), 1024, 4  # two 2×2 pools shrink the side 4×
 
@@ -102,9 +104,11 @@ class MultiMNISTCNN(nn.Module):
         self.fc1 = nn.Linear(self.CHANNELS[1] * side * side, self.FC)
         self.out = nn.Linear(self.FC, num_classes)
         with torch.no_grad():
-            for layer, std in ((self.conv1, 5e-2), (self.conv2, 5e-2), (self.fc1, 0.1), (self.out, 0.1)):
+            # the official variables.weight_variable: convs 5e-2 (as CapsNet's conv1), fully connected 0.1
+            for layer, std in ((self.conv1, OFFICIAL_CONV1_STD), (self.conv2, OFFICIAL_CONV1_STD),
+                               (self.fc1, OFFICIAL_STD), (self.out, OFFICIAL_STD)):
                 nn.init.trunc_normal_(layer.weight, std=std, a=-2 * std, b=2 * std)
-                layer.bias.fill_(0.1)
+                layer.bias.fill_(OFFICIAL_BIAS)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, 1, S, S) in [0, 1] -> raw class scores (B, num_classes)."""

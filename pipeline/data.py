@@ -25,7 +25,7 @@ from pipeline.files import atomic_path
 
 IDX_UBYTE = 0x08
 MNIST_SIZE = 28
-MULTIMNIST_SIZE = 36  # pipeline.multimnist.CANVAS: 28 + 2 × its padding of 4
+MULTIMNIST_SIZE = 36  # MultiMNIST's canvas (§6): each 28×28 digit padded by 4 (pipeline.multimnist)
 SPLITS = {"train": "train", "test": "t10k"}
 AFFINE_PARAM_NAMES = ("rotation_deg", "shear", "scale_x", "scale_y", "translate_x", "translate_y")
 
@@ -246,18 +246,31 @@ def prepare(raw_dir: str | Path, out_dir: str | Path, *, train_subset: int, test
 # --- training-time augmentation ----------------------------------------------------------------
 
 
+def translate(images: torch.Tensor, offsets: torch.Tensor, size: int) -> torch.Tensor:
+    """Draw each (H, W) image on a black size×size canvas with its top-left corner at offsets[b]
+    = (dy, dx); offsets may be negative or reach past the edge (ink outside the canvas is cut).
+
+    (B, H, W), (B, 2) integers on the same device -> (B, size, size), same dtype; one gather and a
+    mask, no host synchronisation. The one mechanism behind ±2 px shifts (Table 1), placement on
+    §5.2's 40×40 canvas and MultiMNIST's padded, shifted digits.
+    """
+    b, h, w = images.shape
+    side = torch.arange(size, device=images.device).view(1, size)  # (1, size)
+    rows = side - offsets[:, :1].long()  # (B, size) source row of each canvas row
+    cols = side - offsets[:, 1:].long()  # (B, size)
+    inside = ((rows >= 0) & (rows < h))[:, :, None] & ((cols >= 0) & (cols < w))[:, None, :]  # (B, size, size)
+    batch = torch.arange(b, device=images.device).view(b, 1, 1)  # (B, 1, 1)
+    gathered = images[batch, rows.clamp(0, h - 1)[:, :, None], cols.clamp(0, w - 1)[:, None, :]]  # (B, size, size)
+    return gathered * inside.to(images.dtype)
+
+
 def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
     """Shift each image by its own random (dy, dx) in [−max_shift, max_shift]², zero padding.
 
-    (B, H, W) -> (B, H, W), same dtype and device; one gather, no host synchronisation.
+    (B, H, W) -> (B, H, W), same dtype and device; no host synchronisation.
     """
     if max_shift == 0:
         return images
     b, h, w = images.shape
-    device = images.device
-    padded = F.pad(images, (max_shift, max_shift, max_shift, max_shift))  # (B, H+2m, W+2m)
-    shift = torch.randint(-max_shift, max_shift + 1, (b, 2), generator=generator, device=device)  # (B, 2)
-    rows = torch.arange(h, device=device).view(1, h, 1) + max_shift - shift[:, 0].view(b, 1, 1)  # (B, H, 1)
-    cols = torch.arange(w, device=device).view(1, 1, w) + max_shift - shift[:, 1].view(b, 1, 1)  # (B, 1, W)
-    batch = torch.arange(b, device=device).view(b, 1, 1)  # (B, 1, 1)
-    return padded[batch, rows, cols]  # (B, H, W)
+    shift = torch.randint(-max_shift, max_shift + 1, (b, 2), generator=generator, device=images.device)  # (B, 2)
+    return translate(images, shift, h)  # square MNIST digits

@@ -125,8 +125,7 @@ def run_multimnist(saved: dict, cfg: RunConfig, model: torch.nn.Module, data_dir
     split, meta = load_split(path), split_metadata(path)
     if "pairs" not in split or "shifts" not in split:
         raise UserError(f"{path} holds no MultiMNIST recipes; rebuild it with `dvc repro -f prepare`")
-    _, predicted = mm.predict_pairs(model, split["images"], split["pairs"], split["shifts"], cfg.eval_batch_size)
-    predicted = predicted.cpu()  # (P, 2)
+    predicted = mm.predict_pairs(model, split["images"], split["pairs"], split["shifts"], cfg.eval_batch_size).cpu()  # (P, 2)
     truth = split["labels"].long()[split["pairs"].long()].sort(dim=1).values  # (P, 2)
     correct = mm.pair_correct(predicted, truth)  # (P,)
     one_right = (truth[:, :, None] == predicted[:, None, :]).any(dim=2).any(dim=1)  # (P,)

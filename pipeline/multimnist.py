@@ -20,36 +20,49 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import NamedTuple
+
 import torch
-import torch.nn.functional as F
 
-from pipeline.data import MNIST_SIZE, MULTIMNIST_SIZE, save_split
+from pipeline.data import MNIST_SIZE, MULTIMNIST_SIZE, save_split, translate
 
-PAD = 4
-CANVAS = MNIST_SIZE + 2 * PAD  # 36
-assert CANVAS == MULTIMNIST_SIZE
+CANVAS = MULTIMNIST_SIZE  # 36
+PAD = (CANVAS - MNIST_SIZE) // 2  # 4
 CURVE_RECIPES = 10_000  # per-epoch learning curve: the first recipes (one partner per test digit)
 
 
-def sample_pairs(labels: torch.Tensor, n: int, max_shift: int, generator: torch.Generator,
+class ClassIndex(NamedTuple):
+    """A split's labels grouped by class, built once per split (`class_index`) for `sample_pairs`."""
+
+    labels: torch.Tensor  # (N,) long
+    order: torch.Tensor  # (N,) digit indices sorted by class
+    starts: torch.Tensor  # (K,) where each class begins in order
+    counts: torch.Tensor  # (K,) digits per class
+
+
+def class_index(labels: torch.Tensor, num_classes: int = 10) -> ClassIndex:
+    labels = labels.long()
+    counts = torch.bincount(labels, minlength=num_classes)  # (K,)
+    return ClassIndex(labels, torch.argsort(labels, stable=True), torch.cumsum(counts, 0) - counts, counts)
+
+
+def sample_pairs(index: ClassIndex, n: int, max_shift: int, generator: torch.Generator,
                  a: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """n random recipes over a split with ``labels`` (N,) long, on labels' device, no host sync.
+    """n random recipes over a split (its `class_index`), on its device, no host sync.
 
     Returns pairs (n, 2) long: a uniform over the split (or the given ``a`` (n,)), b uniform over
-    the digits whose class differs from a's; and shifts (n, 2, 2) long (per digit: dy, dx), each
-    uniform in [−max_shift, max_shift].
+    the digits whose class differs from a's (a uniform position in the class-sorted order with
+    a's class block cut out); and shifts (n, 2, 2) long (per digit: dy, dx), each uniform in
+    [−max_shift, max_shift].
     """
+    labels, order, starts, counts = index
     device = labels.device
     if a is None:
         a = torch.randint(labels.shape[0], (n,), generator=generator, device=device)  # (n,)
-    counts = torch.bincount(labels, minlength=10)  # (K,)
-    order = torch.argsort(labels, stable=True)  # (N,) digit indices grouped by class
-    starts = torch.cumsum(counts, 0) - counts  # (K,) where each class begins in order
-    weights = counts.float().expand(n, -1).clone()  # (n, K)
-    weights[torch.arange(n, device=device), labels[a]] = 0  # another class, drawn ∝ its digit count
-    class_b = torch.multinomial(weights, 1, generator=generator).squeeze(1)  # (n,)
-    offset = (torch.rand(n, generator=generator, device=device) * counts[class_b]).long()  # (n,)
-    b = order[starts[class_b] + torch.minimum(offset, counts[class_b] - 1)]  # (n,) uniform within the class
+    start_a, count_a = starts[labels[a]], counts[labels[a]]  # (n,), (n,)
+    others = labels.shape[0] - count_a  # (n,) digits of the other classes
+    r = torch.minimum((torch.rand(n, generator=generator, device=device) * others).long(), others - 1)  # (n,)
+    b = order[torch.where(r < start_a, r, r + count_a)]  # (n,) skips a's class block
     shifts = torch.randint(-max_shift, max_shift + 1, (n, 2, 2), generator=generator, device=device)  # (n, 2, 2)
     return torch.stack([a, b], dim=1), shifts
 
@@ -61,26 +74,16 @@ def test_recipes(labels: torch.Tensor, pairs_per_digit: int, max_shift: int, see
 
     Returns {"pairs": (P, 2) int32, "shifts": (P, 2, 2) int8} with P = N · pairs_per_digit.
     """
-    labels = labels.long().cpu()
+    index = class_index(labels.cpu())
     a = torch.arange(labels.shape[0]).repeat(pairs_per_digit)  # (P,)
-    pairs, shifts = sample_pairs(labels, a.shape[0], max_shift, torch.Generator().manual_seed(seed), a=a)
+    pairs, shifts = sample_pairs(index, a.shape[0], max_shift, torch.Generator().manual_seed(seed), a=a)
     return {"pairs": pairs.int(), "shifts": shifts.to(torch.int8)}
 
 
 def place(digits: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
-    """Pad each 28×28 digit by PAD to 36×36 and shift it by (dy, dx) with zero fill.
-
-    digits (n, 28, 28) uint8, shifts (n, 2) [dy, dx], |d| ≤ any max_shift -> (n, 36, 36) uint8.
-    """
-    n = digits.shape[0]
-    reach = PAD + int(shifts.abs().max()) if n else PAD  # enough zero border for every shift
-    padded = F.pad(digits, (reach, reach, reach, reach))  # (n, 28 + 2·reach, 28 + 2·reach)
-    top = reach - PAD - shifts[:, 0].long()  # (n,) first padded row of the canvas
-    left = reach - PAD - shifts[:, 1].long()  # (n,)
-    side = torch.arange(CANVAS, device=digits.device)  # (36,)
-    rows = (top[:, None] + side)[:, :, None]  # (n, 36, 1)
-    cols = (left[:, None] + side)[:, None, :]  # (n, 1, 36)
-    return padded[torch.arange(n, device=digits.device)[:, None, None], rows, cols]  # (n, 36, 36)
+    """Pad each 28×28 digit by PAD to 36×36 and shift it by (dy, dx) with zero fill (ink pushed past
+    the border is lost).  digits (n, 28, 28) uint8, shifts (n, 2) [dy, dx] -> (n, 36, 36) uint8."""
+    return translate(digits, PAD + shifts, CANVAS)
 
 
 def compose(images: torch.Tensor, pairs: torch.Tensor, shifts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,23 +112,22 @@ def pair_correct(predicted: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def predict_pairs(model: torch.nn.Module, images: torch.Tensor, pairs: torch.Tensor, shifts: torch.Tensor,
-                  batch_size: int, amp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class scores (P, K) float32 and predicted pairs (P, 2) of test recipes, composed batch by
-    batch on the model's device (at most ``batch_size`` examples in memory as pixels)."""
+                  batch_size: int, amp: bool = False) -> torch.Tensor:
+    """Predicted pairs (P, 2) (`top2`) of test recipes, on the model's device, composed batch by
+    batch (at most ``batch_size`` examples in memory as pixels)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    images = images.to(device)
-    scores = []
+    images, pairs, shifts = images.to(device), pairs.to(device), shifts.to(device)  # no-ops once on the device
+    predicted = []
     for start in range(0, pairs.shape[0], batch_size):
         merged, _ = compose(images, pairs[start:start + batch_size], shifts[start:start + batch_size])
         x = merged.unsqueeze(1).float().div_(255)  # (b, 1, 36, 36)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             out = model(x)
-        scores.append((out if torch.is_tensor(out) else out.lengths).float())  # (b, K)
+        predicted.append(top2((out if torch.is_tensor(out) else out.lengths).float()))  # (b, 2)
     model.train(was_training)
-    scores = torch.cat(scores)  # (P, K)
-    return scores, top2(scores)
+    return torch.cat(predicted)  # (P, 2)
 
 
 def prepare_multimnist(out_dir: Path, test_images: torch.Tensor, test_labels: torch.Tensor, *,

@@ -75,16 +75,6 @@ class Run:
         return self.config.get("optimizer", {}).get("adam_eps", LEGACY_ADAM_EPS)
 
 
-MULTIMNIST_DEVIATIONS = [
-    "MultiMNIST training draws a fresh pair and fresh shifts for every example of every step (an epoch = "
-    "train.multimnist_epoch_size examples) instead of the paper's fixed 60M-image set; the test set is fixed "
-    "recipes (prepare.multimnist_pairs_per_digit partners per test digit; the paper: 1,000).",
-    "MultiMNIST learning curves score the first 10,000 test recipes (one partner per test digit) each epoch; "
-    "the reported error uses every recipe.",
-    "MultiMNIST column verdicts use σ = max(0.1, our seed std): the paper gives single numbers.",
-]
-
-
 def table1_row(variant: str, recipe: str) -> str:
     """The paper's Table 1 row a variant replicates: an official-recipe twin shares its paper twin's row."""
     return variant.removesuffix("_official") if recipe == "official" else variant
@@ -385,7 +375,9 @@ def deviations(params: Params, reference: dict) -> list[str]:
         out.append(f"Data subsets: first {params.prepare.train_subset or 'all'} training and "
                    f"{params.prepare.test_subset or 'all'} test digits (prepare.*_subset).")
     if any(params.variant(v).image_size == MULTIMNIST_SIZE for v in params.ablation.variants):
-        out += baseline.MULTIMNIST_DEVIATIONS + MULTIMNIST_DEVIATIONS
+        from pipeline import report_multimnist  # it builds on this module
+
+        out += baseline.MULTIMNIST_DEVIATIONS + report_multimnist.DEVIATIONS
     if params.prepare.affnist_transforms != 32:
         out.append(f"affNIST-style set: {params.prepare.affnist_transforms} transform(s) per test digit "
                    "(affNIST has 32; prepare.affnist_transforms).")

@@ -254,7 +254,7 @@ def training_step(loss_fn: torch.nn.Module, optimizer: torch.optim.Optimizer, sc
     else:
         x, targets = to_float(images), digits.unsqueeze(2).float().div_(255)  # (B, 1, S, S), (B, 2, 1, S, S)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-        loss, margin, recon = loss_fn(x, labels) if targets is None else loss_fn(x, labels, targets)
+        loss, margin, recon = loss_fn(x, labels, targets)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -335,10 +335,11 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
     if steps_per_epoch == 0:
         raise UserError(f"train.batch_size {cfg.batch_size} exceeds the "
                         f"{cfg.multimnist_epoch_size if cfg.multimnist else n} training examples of an epoch")
-    if cfg.multimnist:
-        curve_pairs = data["test_pairs"][:mm.CURVE_RECIPES].long()  # (P', 2)
-        curve_shifts = data["test_shifts"][:mm.CURVE_RECIPES]  # (P', 2, 2)
-        curve_labels = test_labels[curve_pairs.to(device)]  # (P', 2)
+    if cfg.multimnist:  # built once: the class index for sampling, the curve's recipes on the device
+        train_index = mm.class_index(labels)
+        curve_pairs = data["test_pairs"][:mm.CURVE_RECIPES].to(device).long()  # (P', 2)
+        curve_shifts = data["test_shifts"][:mm.CURVE_RECIPES].to(device)  # (P', 2, 2)
+        curve_labels = test_labels[curve_pairs]  # (P', 2)
 
     start_epoch, history, stop_reason = 0, [], "budget"
     if state == "load":
@@ -366,7 +367,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
                    leave=False, mininterval=1.0, disable=None)
         for step in bar:
             if cfg.multimnist:  # a fresh pair and fresh shifts for every example
-                pairs, shifts = mm.sample_pairs(labels, cfg.batch_size, cfg.max_shift, generator)  # (B, 2), (B, 2, 2)
+                pairs, shifts = mm.sample_pairs(train_index, cfg.batch_size, cfg.max_shift, generator)  # (B, 2), (B, 2, 2)
                 merged, digits = mm.compose(images, pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
                 parts = training_step(loss_fn, optimizer, scheduler, merged, labels[pairs], generator, cfg, amp, digits)
             else:
@@ -386,7 +387,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         totals = (sums / steps_per_epoch).tolist()
         seconds = time.perf_counter() - t0
         if cfg.multimnist:
-            _, preds = mm.predict_pairs(model, test_images, curve_pairs, curve_shifts, cfg.eval_batch_size, amp)
+            preds = mm.predict_pairs(model, test_images, curve_pairs, curve_shifts, cfg.eval_batch_size, amp)
             test_error = 100.0 * int((~mm.pair_correct(preds, curve_labels)).sum()) / curve_labels.shape[0]
         else:
             _, preds = predict(model, test_images, cfg.eval_batch_size, amp)

@@ -48,7 +48,7 @@ def batch(cfg, seed: int = 0):
     images, labels = synthetic_digits(BATCH, seed=seed)
     generator = torch.Generator(device="cuda").manual_seed(seed)
     if cfg.multimnist:
-        pairs, shifts = mm.sample_pairs(labels.cuda().long(), BATCH, cfg.max_shift, generator)
+        pairs, shifts = mm.sample_pairs(mm.class_index(labels.cuda()), BATCH, cfg.max_shift, generator)
         merged, digits = mm.compose(images.cuda(), pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
         return to_float(merged), labels.cuda().long()[pairs], digits.unsqueeze(2).float() / 255
     x = to_float(augment(images.cuda(), cfg.image_size, cfg.max_shift, generator))  # (B, 1, S, S)
@@ -66,7 +66,7 @@ def tf32_off():
 def loss_and_grads(model, cfg, x, y, targets, amp: bool):
     fn = loss_function(model, cfg)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-        total, _, _ = fn(x, y) if targets is None else fn(x, y, targets)
+        total, _, _ = fn(x, y, targets)
     model.zero_grad(set_to_none=True)
     total.backward()
     grads = torch.cat([p.grad.float().flatten() for p in model.parameters()])  # (n_params,)

@@ -14,7 +14,7 @@ LABELS = torch.arange(60) % 10  # (60,) six digits per class
 
 
 def test_pairs_are_two_classes_and_shifts_cover_the_range():
-    pairs, shifts = mm.sample_pairs(LABELS, 5000, 4, torch.Generator().manual_seed(0))
+    pairs, shifts = mm.sample_pairs(mm.class_index(LABELS), 5000, 4, torch.Generator().manual_seed(0))
     assert pairs.shape == (5000, 2) and shifts.shape == (5000, 2, 2)
     assert bool((LABELS[pairs[:, 0]] != LABELS[pairs[:, 1]]).all())
     assert shifts.min() == -4 and shifts.max() == 4 and set(shifts.flatten().tolist()) == set(range(-4, 5))
@@ -101,6 +101,9 @@ def test_36_pixel_models_have_the_papers_parameter_counts():
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(CapsNet(3, True, 36)) == 11_361_808  # paper §6: 11.36M
     assert count(MultiMNISTCNN(36)) == 24_535_306  # paper §6: 24.56M
+    valid = [torch.nn.Conv2d(1, 512, 5), torch.nn.Conv2d(512, 256, 5), torch.nn.Linear(6 * 6 * 256, 1024),
+             torch.nn.Linear(1024, 10)]  # the code's default VALID padding: 36 → 32 → 16 → 12 → 6
+    assert sum(count(m) for m in valid) == 12_738_826  # far from 24.56M, so the paper used SAME
     assert CapsNet(3, True, 36).config.num_primary == 3_200
 
 
