@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Here, after a GPU session (scripts/gpu_session.sh): bring its runs home.
-#   bash scripts/gpu_import.sh /work/.device/N      (the device tool's files_at folder)
-# Unpacks the newest runs archive there into .gpu/import/ (models, results, journal, logs), copies
+#   bash scripts/gpu_import.sh /work/.device/N [/work/.device/M ...]   (the device tool's files_at folders)
+# Unpacks the newest runs archive of each folder, in the order given, into .gpu/import/ (models,
+# results, journal, logs), copies
 # its models/ and results/ to where the DVC stages write them, replays the tracking journal into
 # MLflow (mlflow.db or $MLFLOW_TRACKING_URI), copies the compact run records of *these* runs (never
 # a local smoke run) into reports/runs/ (committed: no weights), and rewrites the report from them.
 set -euo pipefail
-folder=$(cd "$1" && pwd)
+[ $# -gt 0 ] || { echo "usage: $0 FOLDER [FOLDER ...] (the device tool's files_at folders)" >&2; exit 2; }
+folders=()
+for f in "$@"; do folders+=("$(cd "$f" && pwd)"); done
 cd "$(dirname "$0")/.."
-newest=$(ls "$folder"/runs-*.tar.gz.part-* | sed 's/\.part-.*//' | sort -u | tail -1)
 rm -rf .gpu/import && mkdir -p .gpu/import
-cat "$newest".part-* | tar xzf - -C .gpu/import
+# One warm machine's archives are cumulative; naming several folders also merges archives of
+# sessions run before gpu_session.sh evaluated into gpu_results/ (whose calls lost metrics.json).
+for folder in "${folders[@]}"; do
+  newest=$(ls "$folder"/runs-*.tar.gz.part-* | sed 's/\.part-.*//' | sort -u | tail -1)
+  cat "$newest".part-* | tar xzf - -C .gpu/import
+done
 cp -r .gpu/import/models .gpu/import/results .
 BIN=.venv/bin
 $BIN/capsnet track sync .gpu/import/journal

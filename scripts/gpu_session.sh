@@ -63,14 +63,17 @@ for variant in $BENCH; do
   say "bench $variant exit $?"
 done
 
+# Evaluations go to gpu_results/ (git-ignored), packed as results/: the device tool re-sends the
+# working tree each call and deletes files there that are not git-ignored, which the committed
+# results/**/metrics.json are (a 2026-11-23 session lost every earlier call's metrics.json that way).
 job() {  # one (variant, seed): train then evaluate, inside the deadline
   local variant=${1%%:*} seed=${1##*:} left=$((DEADLINE - $(date +%s)))
-  if [ -f "results/$variant/seed$seed/metrics.json" ]; then echo "$1 done before"; return 0; fi
+  if [ -f "gpu_results/$variant/seed$seed/metrics.json" ]; then echo "$1 done before"; return 0; fi
   if [ "$left" -lt 60 ]; then echo "$1 not started: ${left}s left"; return 0; fi
   timeout "$left" python3 -m pipeline.cli train "$variant" "$seed" data/prepared "models/$variant/seed$seed" \
       --checkpoint "checkpoints/$variant/seed$seed.pt" --params params.gpu.yaml >>"logs/$variant-$seed.log" 2>&1 \
     && timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pipeline.cli evaluate \
-      "models/$variant/seed$seed" data/prepared "results/$variant/seed$seed" >>"logs/$variant-$seed.log" 2>&1
+      "models/$variant/seed$seed" data/prepared "gpu_results/$variant/seed$seed" >>"logs/$variant-$seed.log" 2>&1
   echo "$1 exit $? after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$variant-$seed.log")"
 }
 export -f job
@@ -81,9 +84,9 @@ fi
 
 say "packing"
 shopt -s nullglob
-runs=(models/*/seed*/config.json models/*/seed*/history.csv models/*/seed*/learning_curve.png results journal logs)
+runs=(models/*/seed*/config.json models/*/seed*/history.csv models/*/seed*/learning_curve.png gpu_results journal logs)
 if [ ${#runs[@]} -gt 0 ]; then
-  tar czf - "${runs[@]}" params.gpu.yaml | split -b 15m - "$OUT/runs-$START.tar.gz.part-"
+  tar czf - --transform "s,^gpu_results,results," "${runs[@]}" params.gpu.yaml | split -b 15m - "$OUT/runs-$START.tar.gz.part-"
 fi
 tar czf "$OUT/inductor-cache.tar.gz" -C .gpu inductor 2>/dev/null
 [ "$(stat -c %s "$OUT/inductor-cache.tar.gz" 2>/dev/null || echo 0)" -gt 15000000 ] && rm -f "$OUT/inductor-cache.tar.gz"

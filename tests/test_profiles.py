@@ -90,3 +90,18 @@ def test_cpu_estimate_arithmetic():
     raw["prepare"]["train_subset"] = 30_000
     # (600 + 5,900 s per full epoch) x half the data x 3 epochs x 2 seeds
     assert profiles.cpu_hours(raw) == pytest.approx((600 + 5900) * 0.5 * 3 * 2 / 3600)
+
+
+def test_gpu_session_writes_only_git_ignored_paths():
+    """The device tool re-sends the working tree each call and deletes there what git does not
+    ignore: a run output of scripts/gpu_session.sh outside .gitignore (results/**/metrics.json was)
+    vanishes between calls of one session."""
+    script = (REPO / "scripts" / "gpu_session.sh").read_text()
+    written = ["models/v/seed0/model.safetensors", "checkpoints/v/seed0.pt", "gpu_results/v/seed0/metrics.json",
+               "journal/run.jsonl", "logs/v-0.log", "params.gpu.yaml", "data/prepared/train.safetensors"]
+    for path in written:
+        assert path.split("/")[0] in script, path
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=REPO, capture_output=True,
+                             text=True).stdout.split()
+    assert ignored == written
+    assert '"results/$variant' not in script  # evaluate never writes into the committed results/ tree
