@@ -45,12 +45,15 @@ def tracking_uri() -> str:
 
 
 def git_commit(root: Path) -> str:
-    """HEAD (+ "-dirty"), or $CAPSNET_GIT_COMMIT where the tree has no .git (a copy on a GPU box)."""
+    """HEAD (+ "-dirty" when a tracked file outside reports/ differs from it), or $CAPSNET_GIT_COMMIT
+    where the tree has no .git (a copy on a GPU box). reports/ is what the report stage rewrites, so
+    its own outputs never mark the code that wrote them dirty."""
     if os.environ.get("CAPSNET_GIT_COMMIT"):
         return os.environ["CAPSNET_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)reports"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):

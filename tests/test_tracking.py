@@ -75,3 +75,21 @@ def test_sync_rejects_an_empty_folder_and_a_foreign_file(tmp_path, monkeypatch):
 def test_journal_needs_the_common_param_keys(tmp_path):
     with pytest.raises(ValueError, match="run params lack"):
         tracking.JournalTracker(tmp_path).start("x", {"variant": "v"})
+
+
+def test_git_commit_is_dirty_for_code_changes_but_not_for_report_outputs(tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.delenv("CAPSNET_GIT_COMMIT", raising=False)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "ablation.md").write_text("old\n")
+    (tmp_path / "train.py").write_text("x = 1\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], cwd=tmp_path, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "reports" / "ablation.md").write_text("rewritten by the report stage\n")
+    assert tracking.git_commit(tmp_path) == head
+    (tmp_path / "train.py").write_text("x = 2\n")
+    assert tracking.git_commit(tmp_path) == head + "-dirty"
