@@ -12,7 +12,7 @@ export UV_COMPILE_BYTECODE := 1
 # Profiles (smoke, gpu) are DVC's own -S overrides, defined once in pipeline/profiles.py.
 PROFILE := PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pipeline.profiles
 
-.PHONY: venv test smoke gpu repro
+.PHONY: venv test smoke gpu gpus repro
 venv: $(BIN)/capsnet
 $(BIN)/capsnet: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q 'uv==0.13.9'
@@ -31,3 +31,7 @@ gpu: venv  ## the whole DVC pipeline in the GPU profile (needs CUDA); refuses a 
 repro: venv  ## the whole DVC pipeline in the paper profile; refuses a params.yaml that differs from the committed one
 	$(PROFILE) paper --check
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
+
+gpus: venv  ## one node, several GPUs: every (variant, seed) its own DVC stage process on its own GPU (GPUS="0 1 2 3"; default all), then dvc repro
+	$(PROFILE) paper --check
+	BIN=$(abspath $(BIN)) bash scripts/fanout.sh

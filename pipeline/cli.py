@@ -148,6 +148,29 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, params
 
 
 @main.command()
+@click.option("--index", type=int, default=None,
+              help="print only the item at this position (a SLURM array task id, a Kubernetes completion index)")
+@click.option("--count", is_flag=True, help="print how many items there are")
+@click.option("--kind", type=click.Choice(["item", "train", "evaluate"]), default="item", show_default=True,
+              help="print bare items (<variant>-<seed>) or that DVC stage's names")
+@PARAMS_OPTION
+@user_errors
+def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
+    """The (variant, seed) items of params.yaml's ablation, one per line, as dvc.yaml's matrix names
+    them: what `make gpus`, the SLURM array and the Kubernetes Indexed Job fan out."""
+    from pipeline import stages as stage_list
+
+    names = stage_list.items(load_params(params_path))
+    if index is not None:
+        names = [stage_list.item_at(names, index)]
+    if count:
+        click.echo(len(names))
+        return
+    for name in names:
+        click.echo(name if kind == "item" else f"{kind}@{name}")
+
+
+@main.command()
 @click.option("--variant", default="capsnet_r3_recon", show_default=True, help="a variant from params.yaml")
 @click.option("--batch", "batch_sizes", type=int, multiple=True, default=[128], show_default=True,
               help="batch size (repeat for several)")

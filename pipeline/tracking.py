@@ -277,12 +277,22 @@ def common_params(params: dict) -> dict:
 
 
 def run_tags() -> dict[str, str]:
+    """Where a run ran, so a fanned-out run can be traced: commit, DVC stage, host and GPU."""
     return {
         "git_commit": git_commit(repo_root()),
         "dvc_stage": os.environ.get("DVC_STAGE", ""),
         "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
+        **placement(),
+    }
+
+
+def placement() -> dict[str, str]:
+    """The host, the GPUs this process was given (CUDA_VISIBLE_DEVICES, as a fan-out slot or a
+    scheduler set it) and the name of the one it uses (cuda:0 of those it sees)."""
+    return {
         "host": platform.node(),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "",
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",
     }
 
 
@@ -303,5 +313,7 @@ def environment() -> dict[str, str]:
         "torch_version": torch.__version__,
         "cuda_version": str(torch.version.cuda),
         "python_version": platform.python_version(),
-        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
+        "dvc_stage": os.environ.get("DVC_STAGE", ""),
+        **placement(),
     }

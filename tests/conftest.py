@@ -1,6 +1,8 @@
 """Shared helpers: tiny synthetic MNIST IDX files written by the tests themselves."""
 
 import gzip
+import os
+import sys
 import struct
 from pathlib import Path
 
@@ -79,4 +81,40 @@ def tiny_pipeline(root: Path, transforms_per_digit: int = 2) -> Path:
                      ("device: auto", "device: cpu"), ("profile: paper", "profile: smoke")]:
         text = text.replace(old, new)
     (root / "params.yaml").write_text(text)
+    return root
+
+
+def dvc_repo(root: Path, variants: list[str], seeds: list[int], *, scripts: bool = False) -> Path:
+    """A git + DVC repository at ``root`` holding this repository's dvc.yaml cut down to the train and
+    evaluate stages, tiny prepared data as a `dvc add`ed folder, params.yaml's ablation set to
+    ``variants`` × ``seeds``, pipeline/ (the stages' code dependencies) and, with ``scripts``, the
+    scripts/ folder; one commit, with a DVC cache outside it (``root``/../cache). The stages run
+    the test environment's `capsnet` (callers put it on PATH)."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    tiny_pipeline(root)
+    (root / "data").mkdir()
+    shutil.move(root / "prepared", root / "data" / "prepared")
+    shutil.rmtree(root / "raw")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["ablation"] = {"variants": variants, "seeds": seeds}
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {k: pipeline["stages"][k] for k in ("train", "evaluate")}},
+                                                  sort_keys=False))
+    shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    if scripts:
+        shutil.copytree(REPO / "scripts", root / "scripts")
+    (root / ".gitignore").write_text("/checkpoints/\n/mlflow.db*\n/mlruns/\n/logs/\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["git", "init", "-q", "-b", "main"], ["dvc", "init", "-q"],
+                    ["dvc", "config", "cache.dir", str(root.parent / "cache")], ["dvc", "add", "-q", "data/prepared"],
+                    [*git, "add", "-A"], [*git, "commit", "-qm", "tiny pipeline"]):
+        done = subprocess.run(command, cwd=root, capture_output=True, text=True,
+                              env={**os.environ, "DVC_NO_ANALYTICS": "1",
+                                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+        assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout}\n{done.stderr}"
     return root

@@ -8,19 +8,16 @@ evaluate stages of one (variant, seed), the prepared data as a `dvc add`ed folde
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import REPO, tiny_pipeline
+from conftest import dvc_repo
 
 pytest.importorskip("dvc")
 
 BIN = Path(sys.executable).parent
-STAGES = ("train", "evaluate")
 
 
 def sh(cwd: Path, *command: str) -> str:
@@ -42,25 +39,7 @@ def ran(tmp_path_factory) -> dict:
     """A git + DVC repo (its DVC cache outside it) at tag `before` without dvc.lock; then `dvc repro`
     and its dvc.lock and metrics committed on top. Returns the repo and what the run wrote."""
     root = tmp_path_factory.mktemp("dvc")
-    repo = root / "a"
-    tiny_pipeline(repo)
-    (repo / "data").mkdir()
-    shutil.move(repo / "prepared", repo / "data" / "prepared")
-    shutil.rmtree(repo / "raw")
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["ablation"] = {"variants": ["capsnet_r1"], "seeds": [0]}
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {k: pipeline["stages"][k] for k in STAGES}},
-                                                  sort_keys=False))
-    shutil.copytree(REPO / "pipeline", repo / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    (repo / ".gitignore").write_text("/checkpoints/\n/mlflow.db*\n/mlruns/\n")
-    sh(repo, "git", "init", "-q", "-b", "main")
-    sh(repo, "dvc", "init", "-q")
-    sh(repo, "dvc", "config", "cache.dir", str(root / "cache"))
-    sh(repo, "dvc", "add", "-q", "data/prepared")
-    sh(repo, "git", "add", "-A")
-    sh(repo, "git", "commit", "-qm", "tiny pipeline")
+    repo = dvc_repo(root / "a", ["capsnet_r1"], [0])
     sh(repo, "git", "tag", "before")
     sh(repo, "dvc", "repro", "-q")
     sh(repo, "git", "add", "dvc.lock", "results")

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One node, several GPUs (`make gpus`): every (variant, seed) of params.yaml's ablation trains and
+# evaluates as its own DVC stage process, one per GPU, then one `dvc repro` finishes the pipeline.
+#
+#   GPUS="0 1 2 3" bash scripts/fanout.sh     # device indices; default: every GPU nvidia-smi lists
+#
+# xargs keeps one process per slot (--process-slot-var) and each slot sets CUDA_VISIBLE_DEVICES to
+# its GPU, so training uses cuda:0 of the one GPU it sees. DVC runs the stages (`dvc --wait-for-lock
+# repro -s`: the repository lock is held only between stages, never while one trains), records each
+# in dvc.lock and the run-cache; the final `dvc repro` reruns none of them. Nothing else schedules:
+# `capsnet stages` only lists the items. Each item's output goes to logs/fanout/<item>.log.
+# On a machine without CUDA the slots are only labels (training runs on the CPU): the tests fan out
+# that way with GPUS="0 1 2 3".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN="${BIN:-$PWD/.venv/bin}"
+export PATH="$BIN:$PATH"
+gpus="${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ' || true)}"
+read -r -a slots <<<"$gpus"
+if [ ${#slots[@]} -eq 0 ]; then
+  echo "no GPU found (nvidia-smi lists none): set GPUS to the device indices to use, e.g. GPUS=\"0 1\"" >&2
+  exit 2
+fi
+export FANOUT_SLOTS="${slots[*]}"
+mkdir -p logs/fanout
+
+if dvc stage list --name-only | grep -qx prepare; then
+  dvc --wait-for-lock repro prepare  # the upstream stages (download, prepare), once
+fi
+
+run_item() {  # one (variant, seed) in xargs slot $SLOT: its train and evaluate stages
+  local item=$1 slots gpu start
+  read -r -a slots <<<"$FANOUT_SLOTS"
+  gpu=${slots[$SLOT]}
+  start=$(date +%s)
+  if CUDA_VISIBLE_DEVICES=$gpu dvc --wait-for-lock repro -s "train@$item" >"logs/fanout/$item.log" 2>&1 \
+     && CUDA_VISIBLE_DEVICES=$gpu dvc --wait-for-lock repro -s "evaluate@$item" >>"logs/fanout/$item.log" 2>&1; then
+    echo "$item: done on GPU $gpu in $(( $(date +%s) - start )) s"
+  else
+    echo "$item: FAILED on GPU $gpu after $(( $(date +%s) - start )) s; see logs/fanout/$item.log" >&2
+    return 1
+  fi
+}
+export -f run_item
+
+echo "fanning out $(capsnet stages --count) (variant, seed) items over ${#slots[@]} slot(s): GPUs ${slots[*]}"
+status=0
+capsnet stages | xargs -P "${#slots[@]}" --process-slot-var=SLOT -I{} bash -c 'run_item "$1"' _ {} || status=$?
+if [ "$status" -ne 0 ]; then
+  echo "some items failed (xargs status $status); the others are in dvc.lock and the run-cache. Fix and rerun: done items are skipped" >&2
+  exit 1
+fi
+dvc --wait-for-lock repro  # what is left (the report); every fanned-out stage is up to date

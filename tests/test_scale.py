@@ -1,0 +1,264 @@
+"""Scale-out for real, on CPU: `make gpus`' fan-out (scripts/fanout.sh) of four (variant, seed)
+items over four fake GPU slots into one DVC workspace, logging to an MLflow server on loopback; the
+SLURM array script's tasks run as local processes (SLURM variables set) against a DVC remote, with
+deferred tracking, then gathered from the run-cache in another clone; the stage list they share.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, dvc_repo, tiny_pipeline
+
+from pipeline import stages
+from pipeline.errors import UserError
+from pipeline.params import load_params
+
+pytest.importorskip("dvc")
+
+BIN = Path(sys.executable).parent
+VARIANTS, SEEDS = ["capsnet_r1", "baseline_cnn"], [0, 1]
+ITEMS = ["capsnet_r1-0", "capsnet_r1-1", "baseline_cnn-0", "baseline_cnn-1"]
+FAKE_GPUS = ["0", "1", "2", "3"]
+
+
+def env(**extra: str) -> dict:
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
+            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+            **extra}
+
+
+def sh(cwd: Path, *command: str, **extra: str) -> str:
+    done = subprocess.run(command, cwd=cwd, env=env(**extra), capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def lock_stages(repo: Path) -> set[str]:
+    return set(yaml.safe_load((repo / "dvc.lock").read_text())["stages"])
+
+
+def every_stage() -> set[str]:
+    return {f"{kind}@{item}" for kind in stages.KINDS for item in ITEMS}
+
+
+# ---- the stage list ---------------------------------------------------------------------------
+
+
+def test_stage_list_is_dvc_matrix_names_in_params_order():
+    """What every engine fans out: the items of the committed params.yaml, named as DVC names them."""
+    names = stages.items(load_params(REPO / "params.yaml"))
+    listed = sh(REPO, "dvc", "stage", "list", "--name-only").split()
+    assert {f"train@{n}" for n in names} == {s for s in listed if s.startswith("train@")}
+    assert {f"evaluate@{n}" for n in names} == {s for s in listed if s.startswith("evaluate@")}
+    assert sh(REPO, "capsnet", "stages").split() == names
+    assert sh(REPO, "capsnet", "stages", "--count").strip() == str(len(names))
+    assert sh(REPO, "capsnet", "stages", "--index", "1", "--kind", "train").strip() == f"train@{names[1]}"
+
+
+def test_an_array_index_outside_the_list_names_the_range_to_submit():
+    with pytest.raises(UserError, match=r"index 4 is outside the 4 .* submit the array as 0-3"):
+        stages.item_at(ITEMS, 4)
+    with pytest.raises(UserError, match="outside"):
+        stages.item_at(ITEMS, -1)
+    assert [stages.item_at(ITEMS, i) for i in range(4)] == ITEMS
+
+
+def test_kubernetes_example_runs_the_task_script_once_per_item():
+    job = yaml.safe_load((REPO / "scripts" / "cluster" / "k8s_indexed_job.yaml").read_text())
+    assert job["kind"] == "Job" and job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == len(stages.items(load_params(REPO / "params.yaml")))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert 'task.sh "$JOB_COMPLETION_INDEX"' in container["args"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+
+
+def test_train_and_evaluate_run_where_dvc_is_not_installed(tmp_path):
+    """A GPU box with only torch: the stage commands never import dvc (an import of it fails here)."""
+    root = tiny_pipeline(tmp_path)
+    block = "import sys; sys.modules['dvc'] = None; from pipeline.cli import main; main()"
+    for args in (["train", "capsnet_r1", "0", "prepared", "models/r1", "--checkpoint", "ck/r1.pt"],
+                 ["evaluate", "models/r1", "prepared", "results/r1"]):
+        sh(root, sys.executable, "-c", block, *args, CAPSNET_TRACKING_JOURNAL=str(tmp_path / "journal"),
+           PYTHONPATH=str(REPO))
+    assert json.loads((root / "results/r1/metrics.json").read_text())["n_test"] == 12
+
+
+# ---- one node: make gpus ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory):
+    """`mlflow server` on loopback with a sqlite store on its own disk, as README's "Scaling out" runs it."""
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = (root / "server.log").open("w")
+    server = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root}/store.db",
+                               "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+                               "--port", str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, env=env())
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{uri}/health", timeout=2)
+            break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, (root / "server.log").read_text()
+            time.sleep(0.5)
+    yield uri
+    server.terminate()
+    server.wait(30)
+
+
+@pytest.fixture(scope="module")
+def fanned_out(tmp_path_factory, tracking_server):
+    """scripts/fanout.sh over four fake GPU slots: four items, each its train and evaluate stage."""
+    repo = dvc_repo(tmp_path_factory.mktemp("node") / "repo", VARIANTS, SEEDS, scripts=True)
+    t0 = time.perf_counter()
+    done = subprocess.run(["bash", "scripts/fanout.sh"], cwd=repo, capture_output=True, text=True,
+                          env=env(GPUS=" ".join(FAKE_GPUS), BIN=str(BIN), MLFLOW_TRACKING_URI=tracking_server))
+    return {"repo": repo, "done": done, "seconds": time.perf_counter() - t0, "uri": tracking_server}
+
+
+def test_fanned_out_stages_all_succeed_and_dvc_holds_every_one(fanned_out):
+    repo, done = fanned_out["repo"], fanned_out["done"]
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert "fanning out 4 (variant, seed) items over 4 slot(s)" in done.stdout
+    for item in ITEMS:
+        assert f"{item}: done on GPU" in done.stdout
+        assert "Running stage 'train@" + item in (repo / "logs" / "fanout" / f"{item}.log").read_text()
+    assert lock_stages(repo) == every_stage()
+    assert "up to date" in sh(repo, "dvc", "status")
+    again = sh(repo, "dvc", "repro")
+    assert "Running stage" not in again and "up to date" in again
+
+
+def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_out):
+    from mlflow.tracking import MlflowClient
+
+    from pipeline import tracking
+
+    client = MlflowClient(fanned_out["uri"])
+    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {f"{i.rsplit('-', 1)[0]}-seed{i.rsplit('-', 1)[1]}" for i in ITEMS}
+    head = sh(fanned_out["repo"], "git", "rev-parse", "HEAD").strip()
+    slots = set()
+    for item in ITEMS:
+        variant, seed = item.rsplit("-", 1)
+        run = runs[f"{variant}-seed{seed}"]
+        assert run.info.status == "FINISHED"
+        tags = run.data.tags
+        assert tags["dvc_stage"] == f"train@{item}" and tags["host"] == socket.gethostname()
+        assert tags["git_commit"] == head
+        slots.add(tags["cuda_visible_devices"])
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "test_error_pct")] == [1]
+        assert "eval_test_error_pct" in run.data.metrics  # the evaluate stage logged to the same run
+        config = json.loads((fanned_out["repo"] / "models" / variant / f"seed{seed}" / "config.json").read_text())
+        assert config["environment"]["dvc_stage"] == f"train@{item}"
+        assert config["environment"]["cuda_visible_devices"] == tags["cuda_visible_devices"]
+    assert slots == set(FAKE_GPUS)  # one item per slot, each slot's GPU its own
+
+
+# ---- a cluster: the SLURM array script, its tasks as local processes, then the gather step -------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A repo whose data is in a DVC remote (a folder), the SLURM script's four array tasks run at once
+    as local processes with SLURM's variables, journalling their runs; then gather.sh in a new clone."""
+    root = tmp_path_factory.mktemp("cluster")
+    origin = dvc_repo(root / "origin", VARIANTS, SEEDS, scripts=True)
+    sh(origin, "dvc", "remote", "add", "-d", "store", str(root / "remote"))
+    sh(origin, "dvc", "push", "-q")
+    sh(origin, "dvc", "config", "--unset", "cache.dir")  # each clone its own cache: only the remote is shared
+    sh(origin, "git", "commit", "-qam", "remote")
+    common = {"CAPSNET_REPO": str(origin), "CAPSNET_VENV": str(BIN.parent), "CAPSNET_SCRATCH": str(root / "scratch"),
+              "CAPSNET_TRACKING_JOURNAL": str(root / "journal"), "SLURM_SUBMIT_DIR": str(origin),
+              "SLURM_ARRAY_JOB_ID": "77"}
+    (root / "scratch").mkdir()
+    tasks = [subprocess.Popen(["bash", str(origin / "scripts/cluster/slurm_array.sbatch")], cwd=root, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=env(**common, SLURM_ARRAY_TASK_ID=str(i), CUDA_VISIBLE_DEVICES=str(i)))
+             for i in range(len(ITEMS) + 1)]  # one index too many: its task must refuse
+    outputs = [(task.wait(600), task.stdout.read()) for task in tasks]
+    login = root / "login"
+    sh(root, "git", "clone", "-q", str(origin), str(login))
+    gather = subprocess.run(["bash", "scripts/cluster/gather.sh"], cwd=login, capture_output=True, text=True,
+                            env=env(BIN=str(BIN)))
+    return {"root": root, "outputs": outputs, "login": login, "gather": gather}
+
+
+def test_each_array_task_runs_the_item_of_its_index(cluster):
+    for index, (status, output) in enumerate(cluster["outputs"][:len(ITEMS)]):
+        assert status == 0, output
+        assert f"task {index}: {ITEMS[index]} on " in output and f"CUDA_VISIBLE_DEVICES={index}" in output
+        assert f"task {index}: {ITEMS[index]} done" in output
+    status, output = cluster["outputs"][len(ITEMS)]
+    assert status != 0 and "submit the array as 0-3" in output
+    assert not list((cluster["root"] / "scratch").iterdir())  # every task removed its clone, the refused one too
+
+
+def test_gather_restores_every_stage_from_the_run_cache(cluster):
+    gather = cluster["gather"]
+    assert gather.returncode == 0, f"{gather.stdout}\n{gather.stderr}"
+    out = gather.stdout + gather.stderr
+    for stage in every_stage():
+        assert f"Stage '{stage}' is cached - skipping run, checking out outputs" in out
+    assert "Running stage" not in out
+    assert lock_stages(cluster["login"]) == every_stage()
+    assert "up to date" in sh(cluster["login"], "dvc", "status")
+    assert not (cluster["login"] / "mlflow.db").exists()  # nothing trained or logged at the gather
+
+
+def test_deferred_runs_synced_later_equal_the_directly_logged_ones(cluster, fanned_out, tmp_path):
+    """The same items: journalled on the array tasks and synced at the gather checkout (which holds the
+    restored outputs) against logged live to the tracking server by the fan-out."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline import tracking
+
+    store = f"sqlite:///{tmp_path}/synced.db"
+    out = sh(cluster["login"], "capsnet", "track", "sync", str(cluster["root"] / "journal"), MLFLOW_TRACKING_URI=store)
+    assert f"{len(ITEMS)} run(s) added" in out
+    synced, live = MlflowClient(store), MlflowClient(fanned_out["uri"])
+
+    def by_name(client):
+        experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+        return {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+
+    def artifacts(client, run_id, path=None):
+        found = []
+        for a in client.list_artifacts(run_id, path):
+            found += artifacts(client, run_id, a.path) if a.is_dir else [a.path]
+        return sorted(found)
+
+    synced_runs, live_runs = by_name(synced), by_name(live)
+    assert set(synced_runs) == set(live_runs)
+    for name, run in synced_runs.items():
+        other = live_runs[name]
+        assert run.info.status == other.info.status == "FINISHED"
+        assert run.data.params == other.data.params
+        assert set(run.data.metrics) == set(other.data.metrics)
+        for key in run.data.metrics:
+            mine = [(m.step, m.value) for m in synced.get_metric_history(run.info.run_id, key)]
+            theirs = [(m.step, m.value) for m in live.get_metric_history(other.info.run_id, key)]
+            assert [s for s, _ in mine] == [s for s, _ in theirs], key
+            if key.endswith("error_pct"):
+                assert [v for _, v in mine] == [v for _, v in theirs], key  # same seed, data and code
+        assert artifacts(synced, run.info.run_id) == artifacts(live, other.info.run_id)
+        assert run.data.tags["dvc_stage"] == other.data.tags["dvc_stage"]
+        assert run.data.tags["cuda_visible_devices"] in FAKE_GPUS
