@@ -176,30 +176,43 @@ def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_
 # ---- a cluster: the SLURM array script, its tasks as local processes, then the gather step -------
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A repo whose data is in a DVC remote (a folder), the SLURM script's four array tasks run at once
-    as local processes with SLURM's variables, journalling their runs; then gather.sh in a new clone."""
-    root = tmp_path_factory.mktemp("cluster")
+def origin_with_remote(root: Path) -> Path:
+    """The repository every task clones: its data in a DVC remote (a folder), no shared cache."""
     origin = dvc_repo(root / "origin", VARIANTS, SEEDS, scripts=True)
     sh(origin, "dvc", "remote", "add", "-d", "store", str(root / "remote"))
     sh(origin, "dvc", "push", "-q")
     sh(origin, "dvc", "config", "--unset", "cache.dir")  # each clone its own cache: only the remote is shared
     sh(origin, "git", "commit", "-qam", "remote")
-    common = {"CAPSNET_REPO": str(origin), "CAPSNET_VENV": str(BIN.parent), "CAPSNET_SCRATCH": str(root / "scratch"),
-              "CAPSNET_TRACKING_JOURNAL": str(root / "journal"), "SLURM_SUBMIT_DIR": str(origin),
-              "SLURM_ARRAY_JOB_ID": "77"}
     (root / "scratch").mkdir()
+    return origin
+
+
+def task_env(root: Path, origin: Path) -> dict:
+    return {"CAPSNET_REPO": str(origin), "CAPSNET_VENV": str(BIN.parent), "CAPSNET_SCRATCH": str(root / "scratch"),
+            "CAPSNET_TRACKING_JOURNAL": str(root / "journal")}
+
+
+def gather(root: Path, origin: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    login = root / "login"
+    sh(root, "git", "clone", "-q", str(origin), str(login))
+    return login, subprocess.run(["bash", "scripts/cluster/gather.sh"], cwd=login, capture_output=True, text=True,
+                                 env=env(BIN=str(BIN)))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The SLURM script's array tasks run at once as local processes with SLURM's variables (one index
+    too many), journalling their runs; then gather.sh in a new clone."""
+    root = tmp_path_factory.mktemp("cluster")
+    origin = origin_with_remote(root)
+    common = {**task_env(root, origin), "SLURM_SUBMIT_DIR": str(origin), "SLURM_ARRAY_JOB_ID": "77"}
     tasks = [subprocess.Popen(["bash", str(origin / "scripts/cluster/slurm_array.sbatch")], cwd=root, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               env=env(**common, SLURM_ARRAY_TASK_ID=str(i), CUDA_VISIBLE_DEVICES=str(i)))
              for i in range(len(ITEMS) + 1)]  # one index too many: its task must refuse
     outputs = [(task.wait(600), task.stdout.read()) for task in tasks]
-    login = root / "login"
-    sh(root, "git", "clone", "-q", str(origin), str(login))
-    gather = subprocess.run(["bash", "scripts/cluster/gather.sh"], cwd=login, capture_output=True, text=True,
-                            env=env(BIN=str(BIN)))
-    return {"root": root, "outputs": outputs, "login": login, "gather": gather}
+    login, gathered = gather(root, origin)
+    return {"root": root, "outputs": outputs, "login": login, "gather": gathered}
 
 
 def test_each_array_task_runs_the_item_of_its_index(cluster):
@@ -262,3 +275,31 @@ def test_deferred_runs_synced_later_equal_the_directly_logged_ones(cluster, fann
         assert artifacts(synced, run.info.run_id) == artifacts(live, other.info.run_id)
         assert run.data.tags["dvc_stage"] == other.data.tags["dvc_stage"]
         assert run.data.tags["cuda_visible_devices"] in FAKE_GPUS
+
+
+def slurm_answers() -> bool:
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not slurm_answers(), reason="no SLURM cluster answers here (scripts/cluster/one_node_slurm.sh "
+                                                 "makes one on loopback)")
+def test_the_array_script_on_a_real_slurm_cluster(tmp_path):
+    """README's sbatch command, submitted for real (one node on loopback: scripts/cluster/one_node_slurm.sh);
+    SLURM chooses the index and the GPU of each task; the gather step restores every stage."""
+    origin = origin_with_remote(tmp_path)
+    (origin / "logs" / "slurm").mkdir(parents=True)
+    out = sh(origin, "sbatch", "--wait", f"--array=0-{len(ITEMS) - 1}", "--cpus-per-task=1", "--mem=2G",
+             "scripts/cluster/slurm_array.sbatch", **task_env(tmp_path, origin))
+    job = out.split()[-1]
+    logs = {int(p.stem.rsplit("_", 1)[1]): p.read_text() for p in (origin / "logs" / "slurm").glob(f"{job}_*.out")}
+    assert sorted(logs) == list(range(len(ITEMS)))
+    for index, log in logs.items():
+        assert f"task {index}: {ITEMS[index]} done" in log, log
+        assert "CUDA_VISIBLE_DEVICES=unset" not in log  # SLURM gave each task a GPU slot
+    login, gathered = gather(tmp_path, origin)
+    assert gathered.returncode == 0, gathered.stdout + gathered.stderr
+    assert "Running stage" not in gathered.stdout + gathered.stderr
+    assert lock_stages(login) == every_stage()
