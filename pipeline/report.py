@@ -378,6 +378,8 @@ def deviations(params: Params, reference: dict) -> list[str]:
         from pipeline import report_multimnist  # it builds on this module
 
         out += baseline.MULTIMNIST_DEVIATIONS + report_multimnist.DEVIATIONS
+        out += report_multimnist.test_size_deviation(params.prepare.multimnist_pairs_per_digit,
+                                                     params.prepare.test_subset)
     if params.prepare.affnist_transforms != 32:
         out.append(f"affNIST-style set: {params.prepare.affnist_transforms} transform(s) per test digit "
                    "(affNIST has 32; prepare.affnist_transforms).")

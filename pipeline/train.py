@@ -107,9 +107,12 @@ class RunConfig:
 
 def run_config(params: Params, variant: str, seed: int, **overrides) -> RunConfig:
     """The RunConfig of (variant, seed) under ``params``: the variant's model settings plus the
-    train section's recipe (every TrainParams field is a RunConfig field), then ``overrides``."""
+    train section's recipe (every TrainParams field is a RunConfig field, but compile_cnns decides
+    ``compile`` for the CNNs), then ``overrides``."""
     v = params.variant(variant)
     recipe = dataclasses.asdict(params.train)
+    compile_cnns = recipe.pop("compile_cnns")
+    recipe["compile"] = params.train.compile and (v.model == "capsnet" or compile_cnns)
     cfg = RunConfig(variant=variant, model=v.model, routing_iterations=v.routing_iterations,
                     reconstruction=v.reconstruction, image_size=v.image_size, num_classes=10,
                     target_accuracy_pct=v.target_accuracy_pct, recipe=v.recipe, seed=seed,

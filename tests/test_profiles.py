@@ -21,8 +21,25 @@ def test_every_profile_validates_and_names_itself(name):
 
 def test_gpu_profile_settings():
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    train = parse_params(profiles.apply(raw, "gpu")).train
+    params = parse_params(profiles.apply(raw, "gpu"))
+    train = params.train
     assert (train.epochs, train.amp, train.compile, train.deterministic, train.device) == (50, True, True, False, "cuda")
+    assert params.prepare.multimnist_pairs_per_digit == 100  # 1M test pairs; the paper profile keeps 1,000
+    assert raw["prepare"]["multimnist_pairs_per_digit"] == 1000
+
+
+def test_gpu_profile_compiles_capsnets_and_runs_cnns_eager():
+    from pipeline.train import run_config
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    gpu, paper = parse_params(profiles.apply(raw, "gpu")), parse_params(raw)
+    compiled = {v: run_config(gpu, v, 0).compile for v in gpu.ablation.variants}
+    models = {v: gpu.variant(v).model for v in gpu.ablation.variants}
+    assert {v for v, c in compiled.items() if c} == {v for v, m in models.items() if m == "capsnet"}
+    assert {"baseline_cnn", "cnn_affnist", "multimnist_baseline"} <= {v for v, c in compiled.items() if not c}
+    both = parse_params(profiles.apply(raw, "gpu") | {"train": {**raw["train"], "compile": True}})
+    assert all(run_config(both, v, 0).compile for v in both.ablation.variants)  # compile_cnns: true compiles all
+    assert not any(run_config(paper, v, 0).compile for v in paper.ablation.variants)  # compile: false wins
 
 
 def test_unknown_key_or_profile_is_named():

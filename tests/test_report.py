@@ -182,6 +182,19 @@ def test_deviations_name_profile_changes_including_the_affnist_set():
     assert any("1 transform(s) per test digit" in d for d in listed) and any("256 test digits" in d for d in listed)
 
 
+def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
+    from conftest import REPO
+    from pipeline.params import load_params
+
+    committed = load_params(REPO / "params.yaml")  # 1,000 partners per digit: the paper's 10M pairs
+    assert not any("MultiMNIST test set" in d for d in rp.deviations(committed, REFERENCE))
+    gpu = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, multimnist_pairs_per_digit=100))
+    (line,) = [d for d in rp.deviations(gpu, REFERENCE) if "MultiMNIST test set" in d]
+    assert "100 partners per test digit, 1,000,000 pairs" in line and "SE ≤ 0.050 pp" in line  # √(¼ / 1e6) = 0.0005
+    no_multi = dataclasses.replace(gpu, ablation=dataclasses.replace(gpu.ablation, variants=("capsnet_r1",)))
+    assert not any("MultiMNIST" in d for d in rp.deviations(no_multi, REFERENCE))
+
+
 def test_cluster_bootstrap_resamples_whole_digits():
     digits, k = 100, 10
     a = np.zeros((1, digits * k), dtype=bool)
