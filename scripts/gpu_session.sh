@@ -2,7 +2,9 @@
 # One self-contained GPU session on a machine with torch but no DVC or MLflow (the device tool's
 # H100/H200). Prepares the data from the MNIST .gz files in .gpu/mnist, then, as asked:
 #   --tests          tests/test_gpu.py (fast path vs eager fp32, every variant)
-#   --bench "V ..."  `capsnet bench` rows for these variants (reference, fp32, bf16, bf16-compile)
+#   --bench "V ..."  `capsnet bench` rows for these variants: the reference loop, then fp32, bf16 and
+#                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs);
+#                    a bench this warm machine already ran (logs/bench/) is not run again
 #   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile, --parallel at
 #                    a time, each started only while --deadline leaves time and stopped at it
 #                    (a stopped run resumes from its checkpoint if the same machine runs it again)
@@ -57,10 +59,21 @@ if [ "$TESTS" = 1 ]; then
   say "gpu tests exit $?: $(tail -1 "$OUT/gpu_tests.txt")"
 fi
 
-for variant in $BENCH; do
-  $CLI bench --variant "$variant" --mode fp32 --mode bf16 --mode bf16-compile --steps 40 --warmup 5 \
-    --params params.gpu.yaml >>"$OUT/bench.jsonl" 2>>"$LOG"
-  say "bench $variant exit $?"
+mkdir -p logs/bench
+for entry in $BENCH; do
+  variant=${entry%%@*} modes=fp32,bf16,bf16-compile
+  [[ $entry == *@* ]] && modes=${entry#*@}
+  done_file="logs/bench/$entry.jsonl"
+  if [ -s "$done_file" ]; then say "bench $entry done before on this machine (its rows came back then)"; continue; fi
+  if [ $((DEADLINE - $(date +%s))) -lt 120 ]; then say "bench $entry not started: under 120 s left"; continue; fi
+  mode_args=()
+  for mode in ${modes//,/ }; do mode_args+=(--mode "$mode"); done
+  $CLI bench --variant "$variant" "${mode_args[@]}" --steps 40 --warmup 5 --params params.gpu.yaml \
+    >"$done_file.tmp" 2>>"$LOG"
+  status=$?
+  cat "$done_file.tmp" >>"$OUT/bench.jsonl"
+  [ "$status" = 0 ] && mv "$done_file.tmp" "$done_file"
+  say "bench $entry exit $status"
 done
 
 # Evaluations go to gpu_results/ (git-ignored), packed as results/: the device tool re-sends the
@@ -84,7 +97,8 @@ fi
 
 say "packing"
 shopt -s nullglob
-runs=(models/*/seed*/config.json models/*/seed*/history.csv models/*/seed*/learning_curve.png gpu_results journal logs)
+runs=(models/*/seed*/config.json models/*/seed*/history.csv models/*/seed*/learning_curve.png)
+for dir in gpu_results journal logs; do [ -d "$dir" ] && runs+=("$dir"); done
 if [ ${#runs[@]} -gt 0 ]; then
   tar czf - --transform "s,^gpu_results,results," "${runs[@]}" params.gpu.yaml | split -b 15m - "$OUT/runs-$START.tar.gz.part-"
 fi
