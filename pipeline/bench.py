@@ -19,14 +19,16 @@ from torchvision.transforms import v2
 
 from pipeline.data import MNIST_SIZE
 from pipeline.train import (
-    RunConfig, build_model, compute_loss, configure_backends, loss_function, loss_recipe, make_optimizer, predict,
-    resolve_device, training_step,
+    RunConfig, build_model, compute_loss, configure_backends, loss_function, loss_recipe, make_optimizer,
+    place_model, predict, resolve_device, training_step,
 )
 
 EPOCH_IMAGES = 60_000
-# --mode: (bf16 autocast, torch.compile mode or None). "graphs" adds CUDA graphs (reduce-overhead).
-MODES = {"fp32": (False, None), "bf16": (True, None), "compile": (False, "default"),
-         "bf16-compile": (True, "default"), "bf16-graphs": (True, "reduce-overhead")}
+# --mode: (bf16 autocast, torch.compile mode or None, channels_last). "graphs" adds CUDA graphs
+# (reduce-overhead); "cl" puts the convolutions in NHWC (train.channels_last).
+MODES = {"fp32": (False, None, False), "bf16": (True, None, False), "compile": (False, "default", False),
+         "bf16-compile": (True, "default", False), "bf16-graphs": (True, "reduce-overhead", False),
+         "bf16-cl": (True, None, True), "bf16-compile-cl": (True, "default", True)}
 
 
 def _sync(device: torch.device) -> None:
@@ -62,7 +64,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     amp = cfg.amp and device.type == "cuda"
     configure_backends(cfg, device)
     torch.manual_seed(generator_seed)
-    model = build_model(cfg).to(device)
+    model = place_model(build_model(cfg), cfg, device)
     optimizer, scheduler = make_optimizer(model, cfg, device)
     step_model = loss_function(model, cfg, compile_mode)
     generator = torch.Generator(device=device).manual_seed(generator_seed)
@@ -172,9 +174,9 @@ def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ..
             ref = bench_reference(dataclasses.replace(base, batch_size=batch), steps, warmup)
             yield row({"mode": "reference", "batch": batch, **ref})
         for mode in modes:
-            amp, compile_mode = MODES[mode]
+            amp, compile_mode, channels_last = MODES[mode]
             cfg = dataclasses.replace(base, batch_size=batch, amp=amp and dev.type == "cuda",
-                                      compile=compile_mode is not None)
+                                      compile=compile_mode is not None, channels_last=channels_last)
             result = bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default")
             if ref:
                 result["speedup_vs_reference"] = result["train_images_per_s"] / ref["train_images_per_s"]

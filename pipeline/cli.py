@@ -16,6 +16,8 @@ import click
 from pipeline.errors import Terminated, UserError
 from pipeline.params import load_params
 
+# `capsnet bench --mode`: the keys of pipeline.bench.MODES (listed here so the CLI starts without torch)
+BENCH_MODES = ["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs", "bf16-cl", "bf16-compile-cl"]
 PARAMS_OPTION = click.option("--params", "params_path", default="params.yaml", show_default=True,
                              type=click.Path(dir_okay=False), help="params.yaml to read")
 
@@ -174,10 +176,9 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
 @click.option("--variant", default="capsnet_r3_recon", show_default=True, help="a variant from params.yaml")
 @click.option("--batch", "batch_sizes", type=int, multiple=True, default=[128], show_default=True,
               help="batch size (repeat for several)")
-@click.option("--mode", "modes", type=click.Choice(["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs"]),
-              multiple=True, default=["fp32"], show_default=True,
-              help="eager fp32, bf16 autocast (CUDA), torch.compile of model + loss, both, or both + CUDA graphs "
-                   "(repeat for several)")
+@click.option("--mode", "modes", type=click.Choice(BENCH_MODES), multiple=True, default=["fp32"], show_default=True,
+              help="eager fp32, bf16 autocast (CUDA), torch.compile of model + loss, both, both + CUDA graphs; "
+                   "-cl: convolutions in NHWC, train.channels_last (repeat for several)")
 @click.option("--steps", type=int, default=20, show_default=True, help="timed training steps")
 @click.option("--warmup", type=int, default=3, show_default=True, help="untimed steps first (compilation included)")
 @click.option("--reference/--no-reference", default=True, show_default=True,

@@ -22,7 +22,7 @@ from pipeline.data import load_split, split_metadata, test_sets
 from pipeline.errors import UserError
 from pipeline.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
 from pipeline.files import atomic_path, writable_dir, write_json
-from pipeline.train import RunConfig, build_model, resolve_device
+from pipeline.train import RunConfig, build_model, place_model, resolve_device
 
 
 # metrics.json's keys, the same for every variant so `dvc metrics show` is one filled table; which
@@ -55,7 +55,7 @@ def load_model(model_dir: Path) -> tuple[dict, RunConfig, torch.nn.Module]:
         raise UserError(f"{model_dir / 'model.safetensors'} is truncated or corrupt ({err}); {retrain}") from err
     model = build_model(cfg)
     model.load_state_dict(weights)
-    return saved, cfg, model.to(resolve_device(cfg.device)).eval()
+    return saved, cfg, place_model(model, cfg, resolve_device(cfg.device)).eval()
 
 
 def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:

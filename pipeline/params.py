@@ -85,6 +85,9 @@ class TrainParams:
     # with compile: compile the CNN baselines too (false: they run eager; on an H100 eager bf16 trains
     # them 8–10 % faster than compiled, reports/benchmarks.md); the CapsNets are compiled either way
     compile_cnns: bool = True
+    # convolution weights and activations in NHWC (channels_last): a memory layout, not mathematics;
+    # on CUDA cuDNN's bf16 convolutions are fastest in it (measure with `capsnet bench --mode bf16-cl`)
+    channels_last: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     deterministic: bool = True
     log_every: int = field(default=50, metadata=_range(1))  # steps between host reads of the loss

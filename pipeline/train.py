@@ -89,6 +89,7 @@ class RunConfig:
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
     multimnist_epoch_size: int = 60_000  # MultiMNIST: examples sampled per epoch (pipeline.multimnist)
     recipe: str = "paper"  # CapsNet: paper | official (pipeline.capsnet); the CNNs have one recipe, "paper"
+    channels_last: bool = False  # NHWC convolutions: a memory layout, so outside the digest
 
     @property
     def multimnist(self) -> bool:
@@ -98,7 +99,7 @@ class RunConfig:
     def digest(self) -> str:
         """Hash of the fields that change the mathematics (a checkpoint resumes only on a match)."""
         fields = dataclasses.asdict(self) | {"adam_eps": ADAM_EPS}
-        for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every"):
+        for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every", "channels_last"):
             fields.pop(cosmetic)
         if not self.multimnist:  # unused there: digests (checkpoints) from before MultiMNIST stay valid
             fields.pop("multimnist_epoch_size")
@@ -157,6 +158,13 @@ def build_model(cfg: RunConfig) -> torch.nn.Module:
     if cfg.model == "multimnist_cnn":
         return MultiMNISTCNN(cfg.image_size, cfg.num_classes)
     return BaselineCNN(cfg.image_size, cfg.num_classes)
+
+
+def place_model(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> torch.nn.Module:
+    """``model`` on ``device``; with cfg.channels_last its 4-D weights in NHWC, which makes every
+    convolution's output NHWC too (the (B, 1, H, W) input is the same memory in both layouts)."""
+    model = model.to(device)
+    return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
 
 def to_float(images: torch.Tensor) -> torch.Tensor:
@@ -325,7 +333,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         warnings.warn("train.amp is on but the device is not CUDA: training in fp32", stacklevel=2)
     configure_backends(cfg, device)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg).to(device)
+    model = place_model(build_model(cfg), cfg, device)
     optimizer, scheduler = make_optimizer(model, cfg, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 

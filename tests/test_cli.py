@@ -74,6 +74,12 @@ def test_bad_params_stop_prepare_before_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_bench_modes_of_the_cli_are_the_benchs():
+    from pipeline import bench, cli
+
+    assert cli.BENCH_MODES == list(bench.MODES)
+
+
 def test_bench_prints_one_json_line_per_configuration():
     import json
 

@@ -10,7 +10,8 @@ compared with eager fp32 (TF32 off) from the same weights and batch:
   an H100 (commit 17bb48c) their bf16 gradients differ from fp32 by 7.4 % (baseline_cnn) and 9.7 %
   (cnn_affnist) at initialisation, and eager bf16 on CPU gives the same 7.4 %, so the difference is
   bf16 rounding through their deep wide layers, not compilation (the fp32 test above checks that).
-Nothing may be non-finite. Dropout (the CNNs') is off for the comparisons because eager and compiled
+With train.channels_last (NHWC) and bf16, compiled as the gpu profile compiles (CapsNets only), the
+same bounds as bf16 apply. Nothing may be non-finite. Dropout (the CNNs') is off for the comparisons because eager and compiled
 code draw different random masks; the real training steps that follow run with it on.
 scripts/gpu_session.sh runs this module. CAPSNET_GPU_REPORT=FILE appends one JSON line of measured
 differences per comparison.
@@ -28,7 +29,7 @@ from conftest import REPO, synthetic_digits
 from pipeline import multimnist as mm
 from pipeline.params import load_params
 from pipeline.train import (
-    augment, build_model, loss_function, make_optimizer, run_config, to_float, training_step,
+    augment, build_model, loss_function, make_optimizer, place_model, run_config, to_float, training_step,
 )
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -73,22 +74,24 @@ def loss_and_grads(model, cfg, x, y, targets, amp: bool):
     return total.detach().float(), grads
 
 
-def compare(variant: str, amp: bool) -> tuple[float, float]:
-    """(loss, gradient) relative differences of the compiled step (bf16 if amp) vs eager fp32."""
+def compare(variant: str, amp: bool, compiled: bool = True, channels_last: bool = False) -> tuple[float, float]:
+    """(loss, gradient) relative differences of the fast step (compiled and/or bf16 and/or NHWC) vs eager fp32."""
     cfg = config(variant)
     torch.manual_seed(0)
     reference = build_model(cfg).cuda().eval()  # eval: dropout off (see the module docstring)
-    fast = copy.deepcopy(reference)
+    fast_cfg = dataclasses.replace(cfg, compile=compiled, channels_last=channels_last)
+    fast = place_model(copy.deepcopy(reference), fast_cfg, torch.device("cuda"))
     x, y, targets = batch(cfg)
     ref_loss, ref_grads = loss_and_grads(reference, dataclasses.replace(cfg, compile=False), x, y, targets, amp=False)
-    fast_loss, fast_grads = loss_and_grads(fast, dataclasses.replace(cfg, compile=True), x, y, targets, amp=amp)
+    fast_loss, fast_grads = loss_and_grads(fast, fast_cfg, x, y, targets, amp=amp)
     assert torch.isfinite(ref_loss) and torch.isfinite(ref_grads).all()
     assert torch.isfinite(fast_loss) and torch.isfinite(fast_grads).all(), "non-finite loss or gradient"
     loss_rel = float((fast_loss - ref_loss).abs() / ref_loss.abs())
     grad_rel = float((fast_grads - ref_grads).norm() / ref_grads.norm())
     if os.environ.get("CAPSNET_GPU_REPORT"):
         with open(os.environ["CAPSNET_GPU_REPORT"], "a") as f:
-            f.write(json.dumps({"variant": variant, "compiled": "bf16" if amp else "fp32", "loss_fp32": float(ref_loss),
+            f.write(json.dumps({"variant": variant, "compiled": compiled, "precision": "bf16" if amp else "fp32",
+                                "channels_last": channels_last, "loss_fp32": float(ref_loss),
                                 "loss_compiled": float(fast_loss), "loss_rel_diff": loss_rel,
                                 "grad_rel_norm_diff": grad_rel}) + "\n")
     return loss_rel, grad_rel
@@ -110,6 +113,17 @@ def test_compiled_fp32_step_matches_eager_fp32(variant, tf32_off):
 def test_bf16_compiled_step_matches_eager_fp32(variant, tf32_off):
     loss_rel, grad_rel = compare(variant, amp=True)
     bound = 2e-2 if PARAMS.variant(variant).model == "capsnet" else BF16_CNN_GRAD_BOUND
+    assert loss_rel < 1e-2, f"{variant}: loss relative difference {loss_rel:.2e}"
+    assert grad_rel < bound, f"{variant}: gradient relative difference {grad_rel:.4f} (bound {bound})"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bf16_channels_last_step_matches_eager_fp32(variant, tf32_off):
+    """train.channels_last (NHWC) under bf16, compiled as the gpu profile compiles (the CapsNets; the
+    CNNs eager, train.compile_cnns: false), against eager fp32 NCHW: the bf16 test's bounds."""
+    capsnet = PARAMS.variant(variant).model == "capsnet"
+    loss_rel, grad_rel = compare(variant, amp=True, compiled=capsnet, channels_last=True)
+    bound = 2e-2 if capsnet else BF16_CNN_GRAD_BOUND
     assert loss_rel < 1e-2, f"{variant}: loss relative difference {loss_rel:.2e}"
     assert grad_rel < bound, f"{variant}: gradient relative difference {grad_rel:.4f} (bound {bound})"
 
