@@ -86,7 +86,7 @@ class TrainParams:
     # them 8–10 % faster than compiled, reports/benchmarks.md); the CapsNets are compiled either way
     compile_cnns: bool = True
     # convolution weights and activations in NHWC (channels_last): a memory layout, not mathematics;
-    # on CUDA cuDNN's bf16 convolutions are fastest in it (measure with `capsnet bench --mode bf16-cl`)
+    # cuDNN's bf16 convolutions are expected to be faster in it, not yet measured (`capsnet bench --mode bf16-cl`)
     channels_last: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     deterministic: bool = True

@@ -19,7 +19,7 @@ MIN_SIGMA = 0.1  # percentage points: the MultiMNIST column has no paper σ
 DEVIATIONS = [
     "MultiMNIST training draws a fresh pair and fresh shifts for every example of every step (an epoch = "
     "train.multimnist_epoch_size examples) instead of the paper's fixed 60M-image set; the test set is fixed "
-    "recipes (prepare.multimnist_pairs_per_digit partners per test digit; the paper: 1,000).",
+    "recipes (prepare.multimnist_pairs_per_digit partners per test digit).",
     f"MultiMNIST learning curves score the first {CURVE_RECIPES:,} test recipes (one partner per test digit) each "
     "epoch; the reported error uses every recipe.",
     f"MultiMNIST column verdicts use σ = max({MIN_SIGMA}, our seed std): the paper gives single numbers.",

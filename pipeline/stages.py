@@ -2,7 +2,7 @@
 named as dvc.yaml's matrix names them (``train@<variant>-<seed>``, ``evaluate@<variant>-<seed>``).
 
 This is all the scheduling the project does itself: xargs (scripts/fanout.sh), a SLURM job array
-or a Kubernetes Indexed Job (scripts/cluster_task.sh) pick an item by position, and DVC runs it.
+or a Kubernetes Indexed Job (scripts/cluster/task.sh) pick an item by position, and DVC runs it.
 """
 
 from __future__ import annotations

@@ -43,14 +43,16 @@ run_item() {  # one (variant, seed) in xargs slot $SLOT: its train and evaluate 
 }
 export -f run_item
 
-echo "fanning out $(capsnet stages --count) (variant, seed) items over ${#slots[@]} slot(s): GPUs ${slots[*]}"
+listed=$(capsnet stages)  # an assignment: a failing listing stops the script (set -e)
+mapfile -t items <<<"$listed"
+echo "fanning out ${#items[@]} (variant, seed) items over ${#slots[@]} slot(s): GPUs ${slots[*]}"
 status=0
 fanout_start=$(date +%s%N)
-capsnet stages | xargs -P "${#slots[@]}" --process-slot-var=SLOT -I{} bash -c 'run_item "$1"' _ {} || status=$?
+printf '%s\n' "${items[@]}" | xargs -P "${#slots[@]}" --process-slot-var=SLOT -I{} bash -c 'run_item "$1"' _ {} || status=$?
 if [ "$status" -ne 0 ]; then
   echo "some items failed (xargs status $status); the others are in dvc.lock and the run-cache. Fix and rerun: done items are skipped" >&2
   exit 1
 fi
 ms=$(( ($(date +%s%N) - fanout_start) / 1000000 ))
-echo "fan-out phase: $((ms / 1000)).$((ms % 1000 / 100)) s for $(capsnet stages --count) item(s) over ${#slots[@]} slot(s)"
+echo "fan-out phase: $((ms / 1000)).$((ms % 1000 / 100)) s for ${#items[@]} item(s) over ${#slots[@]} slot(s)"
 dvc --wait-for-lock repro  # what is left (the report); every fanned-out stage is up to date

@@ -2,8 +2,9 @@
 
 import gzip
 import os
-import sys
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,22 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+BIN = Path(sys.executable).parent  # this environment's capsnet, dvc, mlflow
+
+
+def tool_env(**extra: str) -> dict:
+    """The environment subprocesses run in: this environment's tools first on PATH, DVC's analytics
+    off, a git identity for commits; then ``extra``."""
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
+            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+            **extra}
+
+
+def sh(cwd: Path, *command: str, **extra: str) -> str:
+    """Run ``command`` in ``cwd`` under `tool_env` (plus ``extra``); its output, or fail showing it."""
+    done = subprocess.run(command, cwd=cwd, env=tool_env(**extra), capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
 
 
 def idx_bytes(tensor: torch.Tensor) -> bytes:
@@ -91,7 +108,6 @@ def dvc_repo(root: Path, variants: list[str], seeds: list[int], *, scripts: bool
     scripts/ folder; one commit, with a DVC cache outside it (``root``/../cache). The stages run
     the test environment's `capsnet` (callers put it on PATH)."""
     import shutil
-    import subprocess
 
     import yaml
 
@@ -109,12 +125,8 @@ def dvc_repo(root: Path, variants: list[str], seeds: list[int], *, scripts: bool
     if scripts:
         shutil.copytree(REPO / "scripts", root / "scripts")
     (root / ".gitignore").write_text("/checkpoints/\n/mlflow.db*\n/mlruns/\n/logs/\n")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     for command in (["git", "init", "-q", "-b", "main"], ["dvc", "init", "-q"],
                     ["dvc", "config", "cache.dir", str(root.parent / "cache")], ["dvc", "add", "-q", "data/prepared"],
-                    [*git, "add", "-A"], [*git, "commit", "-qm", "tiny pipeline"]):
-        done = subprocess.run(command, cwd=root, capture_output=True, text=True,
-                              env={**os.environ, "DVC_NO_ANALYTICS": "1",
-                                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
-        assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout}\n{done.stderr}"
+                    ["git", "add", "-A"], ["git", "commit", "-qm", "tiny pipeline"]):
+        sh(root, *command)
     return root

@@ -7,27 +7,19 @@ evaluate stages of one (variant, seed), the prepared data as a `dvc add`ed folde
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
 from conftest import dvc_repo
 
 pytest.importorskip("dvc")
 
-BIN = Path(sys.executable).parent
-
 
 def sh(cwd: Path, *command: str) -> str:
-    """Run ``command`` in ``cwd`` with this environment's capsnet and dvc; its output, or fail with it."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout + done.stderr
+    """conftest.sh with the MLflow store in ``cwd`` (each clone its own)."""
+    return conftest.sh(cwd, *command, MLFLOW_TRACKING_URI=f"sqlite:///{cwd}/mlflow.db")
 
 
 MODEL = Path("models/capsnet_r1/seed0/model.safetensors")

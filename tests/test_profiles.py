@@ -115,7 +115,8 @@ def test_gpu_session_writes_only_git_ignored_paths():
     vanishes between calls of one session."""
     script = (REPO / "scripts" / "gpu_session.sh").read_text()
     written = ["models/v/seed0/model.safetensors", "checkpoints/v/seed0.pt", "gpu_results/v/seed0/metrics.json",
-               "logs/bench/v@bf16-graphs.jsonl", "journal/run.jsonl", "logs/v-0.log", "params.gpu.yaml", "data/prepared/train.safetensors"]
+               "logs/bench/v@bf16-graphs.jsonl", "journal/run.jsonl", "logs/v-0.log", "params.gpu.yaml",
+               "data/prepared/train.safetensors"]
     for path in written:
         assert path.split("/")[0] in script, path
     ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=REPO, capture_output=True,

@@ -5,7 +5,6 @@ deferred tracking, then gathered from the run-cache in another clone; the stage 
 """
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -15,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, dvc_repo, tiny_pipeline
+from conftest import BIN, REPO, dvc_repo, sh, tiny_pipeline
+from conftest import tool_env as env
 
 from pipeline import stages
 from pipeline.errors import UserError
@@ -23,22 +23,9 @@ from pipeline.params import load_params
 
 pytest.importorskip("dvc")
 
-BIN = Path(sys.executable).parent
 VARIANTS, SEEDS = ["capsnet_r1", "baseline_cnn"], [0, 1]
 ITEMS = ["capsnet_r1-0", "capsnet_r1-1", "baseline_cnn-0", "baseline_cnn-1"]
 FAKE_GPUS = ["0", "1", "2", "3"]
-
-
-def env(**extra: str) -> dict:
-    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
-            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-            **extra}
-
-
-def sh(cwd: Path, *command: str, **extra: str) -> str:
-    done = subprocess.run(command, cwd=cwd, env=env(**extra), capture_output=True, text=True)
-    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout + done.stderr
 
 
 def lock_stages(repo: Path) -> set[str]:
