@@ -1,7 +1,7 @@
 """The `capsnet` command: one subcommand per DVC stage. Paths come from dvc.yaml's command lines.
 
 Each command parses its arguments, calls its stage's plain function (pipeline/*_stage.py,
-bench.run, report.publish_runs, tracking) and prints the outcome; every error that is the user's
+bench.run, runs.publish_runs, tracking) and prints the outcome; every error that is the user's
 to fix (a :class:`pipeline.errors.UserError`) becomes one line, not a traceback.
 """
 
@@ -132,20 +132,24 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--missing", type=click.Choice(["error", "list"]), default="error", show_default=True,
               help="a (variant, seed) without a complete evaluation: stop with an error, or report it as not run")
+@click.option("--readme", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="also rewrite this README's generated results block from the written tables")
 @PARAMS_OPTION
 @user_errors
-def report(models_dir: str, results_dir: str, out_dir: str, missing: str, params_path: str) -> None:
+def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme: str | None, params_path: str) -> None:
     """Write OUT_DIR/ablation.md, results.csv, effects.csv, affnist.csv, metrics/<variant>.json and
     figures/ from every evaluation.
 
-    Table 1 against the paper with verdicts, ablation effects with paired bootstrap CIs, the
-    affine-shifted column, §5.2 (CapsNet vs CNN on affNIST(-style), gap CI, accuracy by transform),
-    deviations and provenance; also logged to MLflow as a `report` run with the headline numbers.
+    Table 1 per protocol against the paper with seed-aware verdicts, ablation effects with
+    seed-aware intervals, end-of-training diagnostics, the affine-shifted column, §5.2 (CapsNet vs
+    CNN on affNIST(-style), gap interval, accuracy by transform), deviations and each run's recorded
+    provenance; also logged to MLflow as a `report` run with the headline numbers.
     """
     from pipeline import report_stage
 
     params = load_params(params_path)
-    path = report_stage.run(params, Path(models_dir), Path(results_dir), Path(out_dir), missing)
+    path = report_stage.run(params, Path(models_dir), Path(results_dir), Path(out_dir), missing,
+                            Path(readme) if readme else None)
     click.echo(f"report written to {path}")
 
 
@@ -218,7 +222,7 @@ def publish(models_dir: str, results_dir: str, dest: str) -> None:
 
     `capsnet report DEST/models DEST/results reports` then rewrites the report from DEST alone.
     """
-    from pipeline.report import publish_runs
+    from pipeline.runs import publish_runs
 
     copied = publish_runs(Path(models_dir), Path(results_dir), Path(dest))
     if not copied:

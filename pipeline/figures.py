@@ -104,14 +104,49 @@ def error_bars(variants: list[str], means: list[float], stds: list[float], paper
     save_figure(fig, path)
 
 
-def overlaid_learning_curves(curves: dict[str, list[tuple[list[int], list[float]]]], path: str | Path) -> None:
-    """Test error vs epoch, one colour per variant, one line per seed."""
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for k, (variant, seeds) in enumerate(curves.items()):
-        for s, (epochs, errors) in enumerate(seeds):
-            ax.plot(epochs, errors, color=f"C{k}", marker=".", alpha=0.8, label=variant if s == 0 else None)
-    ax.set(xlabel="epoch", ylabel="test error (%)", yscale="log", title="Learning curves")
-    ax.legend(fontsize=8)
+def line_colours(n: int) -> list:
+    """n distinct colours: tab10 up to 10 lines, tab20 up to 20, then evenly spaced hues."""
+    if n <= 10:
+        return [plt.get_cmap("tab10")(k) for k in range(n)]
+    if n <= 20:
+        return [plt.get_cmap("tab20")(k) for k in range(n)]
+    return [plt.get_cmap("hsv")(k / n) for k in range(n)]
+
+
+def learning_curve_panels(panels: dict[str, dict[str, list[tuple[list[int], list[float]]]]],
+                          lr: dict[str, tuple[list[int], list[float]]], path: str | Path) -> None:
+    """One panel per test set (its own y axis), one colour per variant, then the learning rate.
+
+    panels: panel title -> variant -> per seed (epochs, test error %): the mean over seeds is the
+    line, the band spans the seeds. lr: schedule label -> (epochs, lr at the end of each epoch).
+    """
+    from matplotlib.ticker import FormatStrFormatter
+
+    n = len(panels) + 1
+    fig, axes = plt.subplots(1, n, figsize=(5.4 * n, 4.0), squeeze=False, layout="constrained")
+    for ax, (title, curves) in zip(axes[0], panels.items()):
+        for colour, (variant, seeds) in zip(line_colours(len(curves)), curves.items()):
+            by_epoch: dict[int, list[float]] = {}  # early-stopped seeds end sooner: each epoch over the seeds that ran it
+            for epochs, errors in seeds:
+                for epoch, error in zip(epochs, errors):
+                    by_epoch.setdefault(epoch, []).append(error)
+            epochs = sorted(by_epoch)
+            ax.plot(epochs, [sum(by_epoch[e]) / len(by_epoch[e]) for e in epochs], color=colour,
+                    label=f"{variant} (n={len(seeds)})")
+            if len(seeds) > 1:
+                ax.fill_between(epochs, [min(by_epoch[e]) for e in epochs], [max(by_epoch[e]) for e in epochs],
+                                color=colour, alpha=0.15, linewidth=0)
+        ax.set(xlabel="epoch", ylabel="test error (%)", yscale="log", title=title)
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+        ax.tick_params(axis="y", which="minor", labelsize=6)
+        ax.legend(fontsize=6, ncol=1 if len(curves) <= 6 else 2)
+    ax = axes[0, -1]
+    for colour, (label, (epochs, rates)) in zip(line_colours(len(lr)), lr.items()):
+        ax.plot(epochs, rates, color=colour, label=label)
+    ax.set(xlabel="epoch", ylabel="learning rate (end of epoch)", yscale="log", title="learning-rate schedule")
+    ax.legend(fontsize=6, loc="lower left")
+    fig.suptitle("Learning curves: mean over seeds (line) and the seeds' range (band)", fontsize=10)
     save_figure(fig, path)
 
 

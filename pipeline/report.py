@@ -1,33 +1,27 @@
-"""Stage `report`: Table 1 against the paper (both recipes, final and best epoch), ablation effects
-with paired bootstrap CIs, the affine-shifted column, deviations and provenance; §5.2's section is
-pipeline.report_affnist.
+"""The report's Table 1 (MNIST) section: our error per (variant, protocol, commit) against the
+paper's, seed-aware verdicts and ablation effects, end-of-training diagnostics, the affine column.
 
-Pure functions over the evaluate stage's outputs; `capsnet report` writes the files. The paper's
+Pure functions over loaded runs (pipeline.runs); pipeline.report_stage writes the files. Runs of
+different protocols or commits are never pooled: each protocol gets its own Table 1, and an effect
+between rows trained at different commits is marked confounded, with no interval. The paper's
 numbers come from paper_reference.yaml (cited), never from code or templates.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
-from safetensors.torch import load_file
 
-from pipeline import baseline, capsnet, train
-from pipeline.data import MULTIMNIST_SIZE, test_sets
-from pipeline.evaluate_stage import uniform_metrics
+from pipeline import baseline, capsnet, stats, train
 from pipeline.errors import UserError
+from pipeline.files import write_text
 from pipeline.params import Params
+from pipeline.runs import LAST_EPOCHS, NOT_RECORDED, Run, best_epoch, group, protocols, short
 
-MIN_SIGMA = 0.03  # verdict tolerance floor (percentage points)
-LEGACY_ADAM_EPS = 1e-7  # what the code used before 25c5cb7, when config.json did not record it
 EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error(B)
     ("routing 3 vs 1, with reconstruction", "capsnet_r3_recon", "capsnet_r1_recon"),
     ("routing 3 vs 1, no reconstruction", "capsnet_r3", "capsnet_r1"),
@@ -41,308 +35,199 @@ EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error
 ]
 
 
-class ReportError(UserError, RuntimeError):
-    """An input of the report is missing or inconsistent; the message names it."""
-
-
-def paper_reference() -> dict:
-    return yaml.safe_load(resources.files("pipeline").joinpath("paper_reference.yaml").read_text())
-
-
-@dataclass(frozen=True)
-class Run:
-    variant: str
-    seed: int
-    metrics: dict
-    config: dict
-    history: pd.DataFrame
-    correct: dict[str, np.ndarray]  # test set name -> (N,) bool per image
-    breakdown: dict  # evaluate's breakdown.json: per-class accuracy, transform bins, set sources
-    digit_index: dict[str, np.ndarray]  # test set name -> (N,) source digit per image, where known
-
-    @property
-    def image_size(self) -> int:
-        return self.config["config"]["image_size"]
-
-    @property
-    def recipe(self) -> str:
-        """paper | official; runs trained before recipes existed are the paper's."""
-        return self.config["config"].get("recipe", "paper")
-
-    @property
-    def adam_eps(self) -> float:
-        """Adam's ε; runs trained before config.json recorded it (before 25c5cb7) used 1e-7."""
-        return self.config.get("optimizer", {}).get("adam_eps", LEGACY_ADAM_EPS)
-
-
 def table1_row(variant: str, recipe: str) -> str:
     """The paper's Table 1 row a variant replicates: an official-recipe twin shares its paper twin's row."""
     return variant.removesuffix("_official") if recipe == "official" else variant
 
 
-def best_epoch(history: pd.DataFrame) -> tuple[float, int]:
-    """(lowest per-epoch test error %, its epoch), the first one on a tie. Selected on the test set."""
-    k = int(history.test_error_pct.to_numpy().argmin())
-    return float(history.test_error_pct.iloc[k]), int(history.epoch.iloc[k])
+def _std(values: list[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
 
 
-def _needed(models_dir: Path, results_dir: Path, variant: str, seed: int) -> list[Path]:
-    model_dir, result_dir = models_dir / variant / f"seed{seed}", results_dir / variant / f"seed{seed}"
-    return [result_dir / "metrics.json", result_dir / "predictions.safetensors", result_dir / "breakdown.json",
-            model_dir / "config.json", model_dir / "history.csv"]
-
-
-def missing_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: list[int]) -> list[tuple[str, int]]:
-    """The (variant, seed) pairs that have no complete evaluation (not run, or stopped before the end)."""
-    return [(v, s) for v in variants for s in seeds
-            if not all(p.is_file() for p in _needed(models_dir, results_dir, v, s))]
-
-
-def _correct(labels, preds) -> np.ndarray:
-    """(N,) bool per test example; MultiMNIST's (N, 2) sorted pairs are right only as a whole."""
-    same = (labels == preds).numpy()
-    return same.all(axis=1) if same.ndim == 2 else same
-
-
-def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: list[int],
-              skip: list[tuple[str, int]] = ()) -> list[Run]:
-    """Every (variant, seed)'s evaluation but those in ``skip``; a missing one is an error naming it and its path."""
-    runs = []
-    for variant in variants:
-        for seed in seeds:
-            if (variant, seed) in skip:
-                continue
-            model_dir, result_dir = models_dir / variant / f"seed{seed}", results_dir / variant / f"seed{seed}"
-            missing = [str(p) for p in _needed(models_dir, results_dir, variant, seed) if not p.is_file()]
-            if missing:
-                raise ReportError(f"variant {variant} seed {seed} has no evaluation: missing {', '.join(missing)}; "
-                                  f"run `dvc repro evaluate@{variant}-{seed}`")
-            pred = load_file(str(result_dir / "predictions.safetensors"))
-            sets = [k.removesuffix("_labels") for k in pred if k.endswith("_labels")]
-            config = json.loads((model_dir / "config.json").read_text())
-            metrics = uniform_metrics(json.loads((result_dir / "metrics.json").read_text()),
-                                      *test_sets(config["config"]["image_size"]))
-            runs.append(Run(
-                variant, seed, metrics, config, pd.read_csv(model_dir / "history.csv"),
-                {name: _correct(pred[f"{name}_labels"], pred[f"{name}_preds"]) for name in sets},
-                json.loads((result_dir / "breakdown.json").read_text()),
-                {name: pred[f"{name}_digit_index"].numpy() for name in sets if f"{name}_digit_index" in pred}))
-    return runs
-
-
-PUBLISHED = {"models": ("config.json", "history.csv"),
-             "results": ("metrics.json", "breakdown.json", "reconstructions.png", "fig4.png")}
-
-
-def publish_runs(models_dir: Path, results_dir: Path, dest: Path) -> list[tuple[str, int]]:
-    """Copy every complete run's records into dest/models and dest/results, small enough for git.
-
-    Predictions keep only what the report reads (labels, predicted classes, source digits): no
-    scores, no weights. `capsnet report DEST/models DEST/results ...` then rewrites the report
-    from the copies alone. Returns the (variant, seed) pairs copied.
-    """
-    import shutil
-
-    from safetensors.torch import save_file
-
-    copied = []
-    for metrics in sorted(results_dir.glob("*/seed*/metrics.json")):
-        variant, seed_dir = metrics.parent.parent.name, metrics.parent.name
-        seed = int(seed_dir.removeprefix("seed"))
-        if not all(p.is_file() for p in _needed(models_dir, results_dir, variant, seed)):
-            continue
-        for kind, names in PUBLISHED.items():
-            src = (models_dir if kind == "models" else results_dir) / variant / seed_dir
-            out = dest / kind / variant / seed_dir
-            out.mkdir(parents=True, exist_ok=True)
-            for name in names:
-                if (src / name).is_file():
-                    shutil.copyfile(src / name, out / name)
-        pred = load_file(str(metrics.parent / "predictions.safetensors"))
-        # MultiMNIST's (P, 2) pairs are left out (10M rows at paper size): the report reads only their metrics
-        keep = {k: t.contiguous() for k, t in pred.items()
-                if k.endswith(("_labels", "_preds", "_digit_index")) and t.dim() == 1}
-        save_file(keep, str(dest / "results" / variant / seed_dir / "predictions.safetensors"))
-        copied.append((variant, seed))
-    return copied
-
-
-def run_deviations(runs: list[Run]) -> list[str]:
-    """Deviations that belong to how particular runs were trained, not to today's code."""
-    old = [r for r in runs if r.adam_eps != train.ADAM_EPS]
-    if not old:
-        return []
-    eps = ", ".join(f"{e:g}" for e in sorted({r.adam_eps for r in old}))
-    variants = ", ".join(dict.fromkeys(r.variant for r in old))
-    return [f"Adam ε = {eps} in {len(old)} of {len(runs)} runs ({variants}), trained before the code used TF1's "
-            f"default {train.ADAM_EPS:g} (the official code's; 1e-7 is the Keras default)."]
-
-
-def training_commit(run: Run, journal_dir: Path) -> str:
-    """The commit a run trained at: config.json's environment, else its tracking journal's start tags."""
-    commit = run.config["environment"].get("git_commit")
-    journal = journal_dir / f"{run.config.get('run_id')}.jsonl"
-    if not commit and journal.is_file():
-        with journal.open() as f:
-            commit = json.loads(f.readline()).get("tags", {}).get("git_commit")
-    return commit or "not recorded"
-
-
-def verdict(mean: float, paper: float, paper_std: float | None) -> str:
-    """`reproduced` within 2σ (σ = max(paper σ, 0.03)), else `better` (lower error) or `not reproduced`."""
-    sigma = max(paper_std or 0.0, MIN_SIGMA)
-    if abs(mean - paper) <= 2 * sigma + 1e-12:
-        return "reproduced"
-    return "better" if mean < paper else "not reproduced"
+def _recorded(values: list) -> str:
+    """The distinct recorded values, in order ('1e-08', or '1e-08; not recorded')."""
+    return "; ".join(dict.fromkeys(f"{v:g}" if isinstance(v, float) else str(v) for v in values))
 
 
 def summarize(runs: list[Run], reference: dict) -> pd.DataFrame:
-    """One row per variant: our mean ± std over seeds beside the paper's value, delta and verdict."""
+    """One row per (variant, protocol, commit): our final-epoch error (mean ± std over seeds)
+    beside the paper's, the seed-aware interval of the difference and its verdict, end-of-training
+    diagnostics and what the runs recorded of how they trained."""
     rows = []
-    for variant in dict.fromkeys(r.variant for r in runs):
-        mine = [r for r in runs if r.variant == variant]
+    order = {key: k for k, key in enumerate(protocols(runs))}  # the longest protocol's rows first
+    for (variant, _, _), mine in sorted(group(runs).items(), key=lambda item: order[item[0][1]]):
         errors = [r.metrics["error_pct"] for r in mine]
         affine = [r.metrics["transformed_error_pct"] for r in mine]
         paper = reference["table1"].get(table1_row(variant, mine[0].recipe), {})
-        cfg = mine[0].config["config"]
-        mean = float(np.mean(errors))
         best = [best_epoch(r.history) for r in mine]
         row = {
-            "variant": variant, "model": cfg["model"], "recipe": mine[0].recipe,
-            "routing_iterations": cfg["routing_iterations"], "reconstruction": cfg["reconstruction"], "n_seeds": len(mine),
-            "test_error_mean": mean, "test_error_std": float(np.std(errors, ddof=1)) if len(errors) > 1 else math.nan,
+            "variant": variant, "protocol": mine[0].protocol, "commit": mine[0].commit,
+            "model": mine[0].cfg["model"], "recipe": mine[0].recipe,
+            "routing_iterations": mine[0].cfg["routing_iterations"], "reconstruction": mine[0].cfg["reconstruction"],
+            "n_seeds": len(mine), "seeds": " ".join(str(r.seed) for r in mine),
+            "test_error_mean": float(np.mean(errors)), "test_error_std": _std(errors),
             "test_errors": " ".join(f"{e:.2f}" for e in errors),
+            "last5_error_mean": float(np.mean([r.last_epochs_error() for r in mine])),
+            "last5_errors": " ".join(f"{r.last_epochs_error():.2f}" for r in mine),
+            "final_lr": float(np.mean([r.final_lr for r in mine])),
             "final_epochs": " ".join(str(len(r.history)) for r in mine),
             "best_error_mean": float(np.mean([b[0] for b in best])),
             "best_errors": " ".join(f"{e:.2f}@{k}" for e, k in best),
             "paper_test_error": paper.get("test_error_pct", math.nan),
             "paper_test_error_std": paper.get("test_error_std") if paper.get("test_error_std") is not None else math.nan,
-            "affine_test_error_mean": float(np.mean(affine)),
-            "affine_test_error_std": float(np.std(affine, ddof=1)) if len(affine) > 1 else math.nan,
+            "affine_test_error_mean": float(np.mean(affine)), "affine_test_error_std": _std(affine),
             "n_params": mine[0].metrics["n_params"], "paper_n_params": paper.get("n_params", math.nan),
+            "adam_eps": _recorded([r.adam_eps for r in mine]),
+            "resumed_runs": sum(bool(r.resume_epochs) for r in mine),
             "reruns": reference.get("reruns", {}).get(variant, "") if mine[0].recipe == "paper" else "",
         }
-        row["delta"] = mean - row["paper_test_error"]
-        row["verdict"] = (verdict(mean, row["paper_test_error"], paper.get("test_error_std"))
-                          if paper else "no paper value")
+        diff = stats.against_paper(errors, row["paper_test_error"], paper.get("test_error_std")) if paper else None
+        row["delta"] = row["test_error_mean"] - row["paper_test_error"]
+        row["delta_ci_low"], row["delta_ci_high"] = (diff.lo, diff.hi) if diff else (math.nan, math.nan)
+        row["verdict"] = stats.verdict(diff) if diff else "no paper value"
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def paired_bootstrap(errors_a: np.ndarray, errors_b: np.ndarray, n_boot: int = 2000, seed: int = 0,
-                     groups: np.ndarray | None = None) -> tuple[float, float, float]:
-    """Difference of error rates (A − B, percentage points) and its 95 % CI.
-
-    errors_a, errors_b: (S, N) 0/1 per seed and test image, paired by seed and image (seeds
-    pooled, the same resample for every seed). Without ``groups`` images are resampled; with
-    ``groups`` (N,) (the source digit of each affNIST-style image) whole groups are, since the
-    transforms of one digit succeed or fail together (a cluster bootstrap).
-    """
-    if errors_a.shape != errors_b.shape:
-        raise ReportError(f"paired bootstrap needs equal shapes, got {errors_a.shape} and {errors_b.shape}")
-    diff = (errors_a.astype(float) - errors_b.astype(float)).mean(axis=0)  # (N,) per image, seeds pooled
-    groups = np.arange(diff.shape[0]) if groups is None else np.asarray(groups)
-    sums, counts = np.bincount(groups, weights=diff), np.bincount(groups)  # (G,) per group
-    rng = np.random.default_rng(seed)
-    g = sums.shape[0]
-    boots = np.empty(n_boot)
-    for k in range(n_boot):
-        pick = rng.integers(0, g, g)  # (G,) groups drawn with replacement
-        boots[k] = sums[pick].sum() / counts[pick].sum()
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return 100 * diff.mean(), 100 * lo, 100 * hi
-
-
 def effects(runs: list[Run], reference: dict) -> pd.DataFrame:
-    """The paper's ablation effects with our paired bootstrap CIs."""
-    by_variant = {}
-    for r in runs:
-        by_variant.setdefault(r.variant, {})[r.seed] = r
+    """The paper's ablation effects per protocol, with seed-aware intervals (pipeline.stats.effect).
+
+    Only runs of one protocol and one training commit are compared; where A and B share no commit
+    the row says `confounded` and carries no interval."""
     rows = []
-    for what, a, b in EFFECTS:
-        if a not in by_variant or b not in by_variant:
-            continue
-        seeds = sorted(set(by_variant[a]) & set(by_variant[b]))
-        err_a = np.stack([~by_variant[a][s].correct["test"] for s in seeds])  # (S, N)
-        err_b = np.stack([~by_variant[b][s].correct["test"] for s in seeds])
-        ours, lo, hi = paired_bootstrap(err_a, err_b)
-        table1 = reference["table1"]
-        paper = table1[a]["test_error_pct"] - table1[b]["test_error_pct"] if a in table1 and b in table1 else math.nan
-        distinguishable = lo > 0 or hi < 0
-        rows.append({
-            "effect": what, "paper_delta": paper, "our_delta": ours, "ci_low": lo, "ci_high": hi,
-            "same_direction": bool(np.sign(ours) == np.sign(paper)) if ours != 0 and not math.isnan(paper) else None,
-            "distinguishable_from_noise": distinguishable,
-        })
-    return pd.DataFrame(rows)
+    table1 = reference["table1"]
+    for key in protocols(runs):
+        by_variant: dict[str, dict[str, list[Run]]] = {}
+        for r in runs:
+            if r.protocol_key == key:
+                by_variant.setdefault(r.variant, {}).setdefault(r.commit_key, []).append(r)
+        label = next(r.protocol for r in runs if r.protocol_key == key)
+        for what, a, b in EFFECTS:
+            if a not in by_variant or b not in by_variant:
+                continue
+            paper = table1[a]["test_error_pct"] - table1[b]["test_error_pct"] if a in table1 and b in table1 else math.nan
+            row = {"protocol": label, "effect": what, "a": a, "b": b, "paper_delta": paper}
+            common = [c for c in by_variant[a] if c in by_variant[b] and c != NOT_RECORDED]
+            if not common:
+                ra, rb = next(iter(by_variant[a].values())), next(iter(by_variant[b].values()))
+                mean = lambda rs: float(np.mean([r.metrics["error_pct"] for r in rs]))  # noqa: E731
+                rows.append(row | {
+                    "commit": "", "our_delta": mean(ra) - mean(rb), "ci_low": math.nan, "ci_high": math.nan,
+                    "per_seed": "", "status": (f"confounded: {a} trained at {', '.join(by_variant[a])} (Adam ε "
+                                               f"{_recorded([r.adam_eps for r in ra])}), {b} at "
+                                               f"{', '.join(by_variant[b])} (Adam ε {_recorded([r.adam_eps for r in rb])})")})
+                continue
+            ra, rb = by_variant[a][common[0]], by_variant[b][common[0]]
+            err_a = np.stack([~r.correct["test"] for r in ra])  # (m, N)
+            err_b = np.stack([~r.correct["test"] for r in rb])  # (n, N)
+            interval = stats.effect(err_a, err_b)
+            seeds_b = {r.seed: r.metrics["error_pct"] for r in rb}
+            per_seed = " ".join(f"{r.metrics['error_pct'] - seeds_b[r.seed]:+.2f}" for r in ra if r.seed in seeds_b)
+            rows.append(row | {"commit": common[0], "our_delta": interval.estimate, "ci_low": interval.lo,
+                               "ci_high": interval.hi, "per_seed": per_seed, "status": stats.effect_words(interval)})
+    return pd.DataFrame(rows, columns=["protocol", "effect", "a", "b", "paper_delta", "commit", "our_delta",
+                                       "ci_low", "ci_high", "per_seed", "status"])
 
 
 def fmt_pct(x: float, digits: int = 2) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def fmt_ci(lo: float, hi: float) -> str:
+    return "–" if math.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}]"
+
+
 SMOKE_BANNER = ("> **⚠ SMOKE RUN — these numbers come from the smoke profile (tiny data subsets, 1 epoch) "
                 "and mean nothing about the paper.** Run `make repro` (paper protocol) on a GPU for real results.")
+
+EFFECT_RULE = ("Effect = error(A) − error(B) in percentage points; negative means A errs less. Interval: "
+               f"{stats.LEVEL:.0%}, **seed-aware**: SE² = s_A²/n_A + s_B²/n_B (seed-to-seed variance of each variant) "
+               "+ the test-set sampling variance of the seed-averaged paired per-image difference; Student's t with "
+               "Welch–Satterthwaite degrees of freedom (≈ 4 for 3 seeds a side, so t ≈ 2.8). This is the closed form "
+               "of a two-level bootstrap (seeds, then test images) without its small-sample narrowing; the seed terms "
+               "already hold each model's own image noise, so it errs on the wide side. Only runs of one protocol and "
+               "one commit are compared: otherwise the row says `confounded` and gives no interval. Per seed: "
+               "error(A) − error(B) for each seed both have, context for the spread.")
+
+
+def _table1_lines(rows: pd.DataFrame, reference: dict) -> list[str]:
+    lines = ["| variant | recipe | routing | recon | commit | n | ours (%) | per seed | paper (%) | Δ (pp) | "
+             f"{stats.LEVEL:.0%} interval of Δ | verdict | re-runs (context) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in rows.iterrows():
+        capsnet_row = r.model == "capsnet"
+        routing = r.routing_iterations if capsnet_row else "–"
+        recon = ("yes" if r.reconstruction else "no") if capsnet_row else "–"
+        paper = fmt_pct(r.paper_test_error) + ("" if math.isnan(r.paper_test_error_std) else f" ± {r.paper_test_error_std:.3f}")
+        lines.append(f"| {r.variant} | {r.recipe if capsnet_row else '–'} | {routing} | {recon} | {short(r.commit)} | "
+                     f"{r.n_seeds} | {fmt_pct(r.test_error_mean)} ± {fmt_pct(r.test_error_std)} | {r.test_errors} | "
+                     f"{paper} | {r.delta:+.2f} | {fmt_ci(r.delta_ci_low, r.delta_ci_high)} | {r.verdict} | {r.reruns} |")
+    return lines
+
+
+def render_table1(summary: pd.DataFrame, effect_table: pd.DataFrame, reference: dict) -> list[str]:
+    """Per protocol present: Table 1, end of training and checkpoint selection, ablation effects."""
+    lines = [f"MNIST test error in percent, the **final epoch's**: ours as mean ± sample std over n seeds (per-seed "
+             f"values beside), the paper's from {reference['source']} (Table 1). {stats.VERDICT_RULE}", "",
+             "Recipe `paper` trains what the paper's text says; `official` what the authors' code computes "
+             "(loss scale, PrimaryCaps scaling, DigitCaps bias, initialisation: see Deviations); both are "
+             "compared with the same Table 1 value. A row is one variant under one protocol at one training commit: "
+             "runs that differ in either are never pooled."]
+    for protocol in dict.fromkeys(summary.protocol):
+        rows = summary[summary.protocol == protocol]
+        lines += ["", f"## Table 1 — {protocol}", "", *_table1_lines(rows, reference)]
+        lines += ["", "### End of training and checkpoint selection", "",
+                  f"A **stability diagnostic**, not a headline: the learning rate at the last epoch, and the mean "
+                  f"test error of the last {LAST_EPOCHS} epochs beside the final epoch's (a final epoch is one noisy "
+                  "point while the learning rate is still high). The best epoch is **selected on the test set, so it "
+                  "is optimistic**: shown because several public re-runs report it and the paper does not say which "
+                  "checkpoint it used.", "",
+                  f"| variant | commit | final epoch (%) | mean of last {LAST_EPOCHS} (%) | per seed | lr at last epoch | "
+                  "epochs | best epoch (%, selected on test) | per seed (error@epoch) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for _, r in rows.iterrows():
+            lines.append(f"| {r.variant} | {short(r.commit)} | {fmt_pct(r.test_error_mean)} | {fmt_pct(r.last5_error_mean)} | "
+                         f"{r.last5_errors} | {r.final_lr:.2g} | {r.final_epochs} | {fmt_pct(r.best_error_mean)} | "
+                         f"{r.best_errors} |")
+        mine = effect_table[effect_table.protocol == protocol]
+        if len(mine):
+            lines += ["", "### Ablation effects", "", EFFECT_RULE, "",
+                      f"| effect | paper | ours | {stats.LEVEL:.0%} interval | per seed | what the interval supports |",
+                      "|---|---|---|---|---|---|"]
+            for _, e in mine.iterrows():
+                paper = "– (no number)" if math.isnan(e.paper_delta) else f"{e.paper_delta:+.2f}"
+                lines.append(f"| {e.effect} | {paper} | {e.our_delta:+.2f} | {fmt_ci(e.ci_low, e.ci_high)} | "
+                             f"{e.per_seed or '–'} | {e.status} |")
+    return lines
 
 
 def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profile: str,
                     not_run: dict[str, list[int]] | None = None,
                     deviations: list[str], provenance: dict, figures: dict[str, str], reference: dict,
-                    affnist: list[str] | None = None, multimnist: list[str] | None = None) -> str:
-    """reports/ablation.md: banner (smoke), Table 1 replica, Table 1 with both columns (the lines of
-    report_multimnist.render_both_columns, when given), effects, affine column, §5.2 (the lines of
-    render_affnist, when given), figures, deviations, provenance."""
+                    affnist: list[str] | None = None, multimnist: list[str] | None = None,
+                    run_table: pd.DataFrame | None = None) -> str:
+    """reports/ablation.md: banner (smoke), Table 1 per protocol with end of training and effects,
+    Table 1 with both columns (report_multimnist's lines, when given), the affine column, §5.2
+    (report_affnist's lines, when given), parameters, figures, not run, deviations, provenance and
+    each run's own record."""
     lines = ["# Table 1 replica: Dynamic Routing Between Capsules", ""]
     if profile == "smoke":
         lines += [SMOKE_BANNER, ""]
-    lines += [f"Profile **{profile}**. MNIST test error in percent: ours as mean ± sample std over n seeds "
-              f"(per-seed values beside), the paper's from {reference['source']} (Table 1). Verdict: "
-              f"`reproduced` when |ours − paper| ≤ 2σ with σ = max(paper σ, {MIN_SIGMA}), else `better` or "
-              "`not reproduced`.", "",
-              "Recipe `paper` trains what the paper's text says; `official` what the authors' code computes "
-              "(loss scale, PrimaryCaps scaling, DigitCaps bias, initialisation: see Deviations); both are "
-              "compared with the same Table 1 value. Errors are the **final epoch's** (what the verdict uses).", "",
-              "| variant | recipe | routing | recon | n | ours (%) | per seed | paper (%) | Δ (pp) | verdict | re-runs (context) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, r in summary.iterrows():
-        routing = r.routing_iterations if r.model == "capsnet" else "–"
-        recon = ("yes" if r.reconstruction else "no") if r.model == "capsnet" else "–"
-        recipe = r.recipe if r.model == "capsnet" else "–"
-        paper = fmt_pct(r.paper_test_error) + ("" if math.isnan(r.paper_test_error_std) else f" ± {r.paper_test_error_std:.3f}")
-        lines.append(f"| {r.variant} | {recipe} | {routing} | {recon} | {r.n_seeds} | {fmt_pct(r.test_error_mean)} ± "
-                     f"{fmt_pct(r.test_error_std)} | {r.test_errors} | {paper} | {r.delta:+.2f} | {r.verdict} | {r.reruns} |")
+    lines += render_table1(summary, effect_table, reference)
     if multimnist:
         lines += ["", *multimnist]
-    lines += ["", "## Checkpoint selection", "",
-              "The final epoch's error (the headline above) beside the lowest per-epoch error of each run, "
-              "`error@epoch`. **The best epoch is selected on the test set, so it is optimistic**: it is shown "
-              "because several public re-runs report it and the paper does not say which checkpoint it used.", "",
-              "| variant | final epoch (%) | epochs | best epoch (%, selected on test) | per seed (error@epoch) |",
-              "|---|---|---|---|---|"]
-    for _, r in summary.iterrows():
-        lines.append(f"| {r.variant} | {fmt_pct(r.test_error_mean)} | {r.final_epochs} | {fmt_pct(r.best_error_mean)} | "
-                     f"{r.best_errors} |")
-    lines += ["", "## Ablation effects", "",
-              "Effect = error(A) − error(B) in percentage points; negative means A is better. 95 % CI from a paired "
-              "bootstrap over test images (2,000 resamples, seeds pooled).", "",
-              "| effect | paper | ours | 95 % CI | same direction | distinguishable from noise |", "|---|---|---|---|---|---|"]
-    for _, e in effect_table.iterrows():
-        paper = "– (no number)" if math.isnan(e.paper_delta) else f"{e.paper_delta:+.2f}"
-        same = "–" if e.same_direction is None else ("yes" if e.same_direction else "no")
-        lines.append(f"| {e.effect} | {paper} | {e.our_delta:+.2f} | [{e.ci_low:+.2f}, {e.ci_high:+.2f}] "
-                     f"| {same} | {'yes' if e.distinguishable_from_noise else 'no'} |")
     lines += ["", "## Affine-shifted test set", "",
               "Every variant evaluated, without retraining, on the MNIST test digits, each under one random affine "
               "transform from affNIST's ranges (see README). **The paper reports no number on this set**; its §5.2 "
               "affNIST experiment trains differently (40×40 canvas): see the §5.2 section below.", "",
-              "| variant | MNIST test error (%) | affine-shifted error (%) |", "|---|---|---|"]
+              "| variant | protocol | commit | MNIST test error (%) | affine-shifted error (%) |", "|---|---|---|---|---|"]
     for _, r in summary.iterrows():
-        lines.append(f"| {r.variant} | {fmt_pct(r.test_error_mean)} ± {fmt_pct(r.test_error_std)} | "
-                     f"{fmt_pct(r.affine_test_error_mean)} ± {fmt_pct(r.affine_test_error_std)} |")
+        lines.append(f"| {r.variant} | {r.protocol.split(':')[0]} | {short(r.commit)} | {fmt_pct(r.test_error_mean)} ± "
+                     f"{fmt_pct(r.test_error_std)} | {fmt_pct(r.affine_test_error_mean)} ± {fmt_pct(r.affine_test_error_std)} |")
     if affnist:
         lines += ["", *affnist]
     lines += ["", "## Parameters", "", "| variant | ours | paper |", "|---|---|---|"]
-    for _, r in summary.iterrows():
+    for _, r in summary.drop_duplicates("variant").iterrows():
         lines.append(f"| {r.variant} | {int(r.n_params):,} | {r.paper_n_params / 1e6:.1f}M |")
     lines += ["", "## Figures", ""]
     lines += [f"![{title}]({path})" for title, path in figures.items()]
@@ -355,11 +240,19 @@ def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profil
     lines += [f"- {d}" for d in deviations]
     lines += ["", "## Provenance", ""]
     lines += [f"- **{k}**: {v}" for k, v in provenance.items()]
+    if run_table is not None and len(run_table):
+        lines += ["", "### Each run as it recorded itself", "",
+                  f"Read from each run's config.json (the commit from its tracking journal where config.json has "
+                  f"none); `{NOT_RECORDED}` where the run did not record a field. Nothing here is filled from "
+                  "today's defaults.", "",
+                  "| " + " | ".join(run_table.columns) + " |", "|" + "---|" * len(run_table.columns)]
+        lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in run_table.itertuples(index=False)]
     return "\n".join(lines) + "\n"
 
 
 def deviations(params: Params, reference: dict) -> list[str]:
-    """Every deliberate deviation: the modules' DEVIATIONS, the profile's recipe changes, data subsets."""
+    """The Table 1 deviations: the modules' DEVIATIONS, the profile's recipe changes, data subsets.
+    Each experiment's own (§5.2, MultiMNIST) come from its report module."""
     out = list(capsnet.DEVIATIONS)
     recipes = {v.recipe for name, v in params.variants.items() if name in params.ablation.variants and v.model == "capsnet"}
     out += (capsnet.PAPER_RECIPE_DEVIATIONS if "paper" in recipes else [])
@@ -374,15 +267,34 @@ def deviations(params: Params, reference: dict) -> list[str]:
     if params.prepare.train_subset or params.prepare.test_subset:
         out.append(f"Data subsets: first {params.prepare.train_subset or 'all'} training and "
                    f"{params.prepare.test_subset or 'all'} test digits (prepare.*_subset).")
-    if any(params.variant(v).image_size == MULTIMNIST_SIZE for v in params.ablation.variants):
-        from pipeline import report_multimnist  # it builds on this module
-
-        out += baseline.MULTIMNIST_DEVIATIONS + report_multimnist.DEVIATIONS
-        out += report_multimnist.test_size_deviation(params.prepare.multimnist_pairs_per_digit,
-                                                     params.prepare.test_subset)
     if params.prepare.affnist_transforms != 32:
         out.append(f"affNIST-style set: {params.prepare.affnist_transforms} transform(s) per test digit "
                    "(affNIST has 32; prepare.affnist_transforms).")
+    return out
+
+
+def run_deviations(runs: list[Run]) -> list[str]:
+    """What the runs themselves say differs from today's code, or do not say at all."""
+    out = []
+    unrecorded = [r for r in runs if r.adam_eps == NOT_RECORDED]
+    if unrecorded:
+        variants = ", ".join(dict.fromkeys(r.variant for r in unrecorded))
+        commits = ", ".join(dict.fromkeys(r.commit_key for r in unrecorded))
+        out.append(f"Adam ε is not recorded by {len(unrecorded)} of {len(runs)} runs ({variants}; trained at "
+                   f"{commits}, before config.json recorded it); today's code uses TF1's {train.ADAM_EPS:g}. Their "
+                   "rows show it as not recorded, and effects between them and runs that record it are confounded.")
+    other = [r for r in runs if r.adam_eps not in (NOT_RECORDED, train.ADAM_EPS)]
+    if other:
+        out.append(f"Adam ε = {_recorded([r.adam_eps for r in other])} in {len(other)} of {len(runs)} runs "
+                   f"({', '.join(dict.fromkeys(r.variant for r in other))}), not today's {train.ADAM_EPS:g}.")
+    resumed = [r for r in runs if r.resume_epochs]
+    if resumed:
+        out.append(f"{len(resumed)} of {len(runs)} runs resumed from a checkpoint (a call's time limit or a lost "
+                   "machine), `variant seed@epoch`: " + ", ".join(
+                       f"{r.variant} {r.seed}@{'/'.join(map(str, r.resume_epochs))}" for r in resumed)
+                   + " (where a run records only its last resume, earlier ones are unknown). A resume restores "
+                   "weights, optimizer, schedule and every generator, so it is meant to change nothing; with "
+                   "non-deterministic kernels it is not bit-identical.")
     return out
 
 
@@ -391,3 +303,65 @@ def recipe_differences(train_params: dict, reference: dict) -> list[str]:
     recipe = reference["recipe"]
     return [f"train.{k} = {train_params[k]} (paper protocol: {recipe[k]})"
             for k in recipe if k != "source" and train_params.get(k) != recipe[k]]
+
+
+README_BEGIN = "<!-- results:begin — generated by `capsnet report … --readme README.md` from reports/*.csv; do not edit -->"
+README_END = "<!-- results:end -->"
+README_COLUMNS = [("baseline", "baseline_cnn"), ("r1", "capsnet_r1"), ("r1 + recon", "capsnet_r1_recon"),
+                  ("r3", "capsnet_r3"), ("r3 + recon", "capsnet_r3_recon")]
+
+
+def _cell(row) -> str:
+    return f"{row.test_error_mean:.2f} ± {fmt_pct(row.test_error_std)}"
+
+
+def readme_block(results: pd.DataFrame, effect_table: pd.DataFrame, affnist: pd.DataFrame | None) -> str:
+    """The README's results block, from the report's CSV tables as written (results.csv,
+    effects.csv, affnist.csv): the first protocol's Table 1, its verdicts, every effect and the
+    §5.2 gap, each worded by its interval. tests/test_readme.py compares the README with it."""
+    protocol = results.protocol.iloc[0]
+    rows = results[results.protocol == protocol]
+    lines = [README_BEGIN, "", f"Protocol: **{protocol}**; MNIST test error (%), final epoch, mean ± std over seeds, "
+             f"with the verdict of its {stats.LEVEL:.0%} seed-aware interval against the paper:", "",
+             "| | " + " | ".join(name for name, _ in README_COLUMNS) + " |", "|---|" + "---|" * len(README_COLUMNS)]
+    for recipe in dict.fromkeys(rows.recipe):
+        mine = rows[rows.recipe == recipe]
+        for commit in dict.fromkeys(mine.commit):
+            by = {r.variant: r for r in mine[mine.commit == commit].itertuples()}
+            cells = [by.get(v if recipe == "paper" or v == "baseline_cnn" else f"{v}_official") for _, v in README_COLUMNS]
+            lines.append(f"| {recipe} recipe ({short(commit)}) | "
+                         + " | ".join("–" if c is None else f"{_cell(c)}: {c.verdict}" for c in cells) + " |")
+    paper = {r.variant: r for r in rows.itertuples()}
+    lines.append("| paper (Table 1) | " + " | ".join(
+        fmt_pct(paper[v].paper_test_error) if v in paper else "–" for _, v in README_COLUMNS) + " |")
+    effects_here = effect_table[effect_table.protocol == protocol]
+    if len(effects_here):
+        lines += ["", f"Effects, error(A) − error(B) in pp with the {stats.LEVEL:.0%} seed-aware interval:", ""]
+        for e in effects_here.itertuples():
+            paper_delta = "" if math.isnan(e.paper_delta) else f"; paper {e.paper_delta:+.2f}"
+            interval = "(no interval)" if math.isnan(e.ci_low) else fmt_ci(e.ci_low, e.ci_high)
+            lines.append(f"- {e.effect}: {e.our_delta:+.2f} {interval}, {e.status}{paper_delta}.")
+    if affnist is not None and len(affnist) and "gap_pp" in affnist:
+        g = affnist.iloc[0]
+        lines += ["", f"§5.2, CapsNet − CNN accuracy on the affNIST-style set: {g.gap_pp:+.2f} pp "
+                  f"{fmt_ci(g.gap_ci_low, g.gap_ci_high)}, **{g.gap_verdict}** (paper {g.paper_gap_pp:+.0f} pp on the real "
+                  "affNIST); " + "; ".join(f"{r.variant} {r.affnist_acc_mean:.1f} ± {fmt_pct(r.affnist_acc_std, 1)} %"
+                                          for r in affnist.itertuples()) + "."]
+    return "\n".join(lines + ["", README_END])
+
+
+def rewrite_readme(path: Path, block: str) -> None:
+    """Replace the README's generated results block (README_BEGIN … README_END) with ``block``."""
+    text = path.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise UserError(f"{path} has no generated results block: add the two lines {README_BEGIN!r} and "
+                        f"{README_END!r} where the results belong, then run the report again")
+    head, rest = text.split(README_BEGIN, 1)
+    write_text(path, head + block + rest.split(README_END, 1)[1])
+
+
+def readme_block_of(text: str) -> str:
+    """The generated results block of a README's text ('' when it has none)."""
+    if README_BEGIN not in text or README_END not in text:
+        return ""
+    return README_BEGIN + text.split(README_BEGIN, 1)[1].split(README_END, 1)[0] + README_END

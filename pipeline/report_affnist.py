@@ -1,6 +1,6 @@
 """The report's §5.2 section: CapsNet vs CNN trained on a 40×40 canvas, tested on affNIST(-style).
 
-Pure functions over the loaded runs (pipeline.report.Run); `capsnet report` writes the section
+Pure functions over the loaded runs (pipeline.runs.Run); `capsnet report` writes the section
 into reports/ablation.md and affnist.csv.
 """
 
@@ -12,9 +12,10 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from pipeline import stats
 from pipeline.affnist import REAL_AFFNIST
-from pipeline.report import Run, fmt_pct, paired_bootstrap
-
+from pipeline.report import fmt_pct
+from pipeline.runs import Run, group, short
 
 
 def _model_kind(run: Run) -> str:
@@ -25,13 +26,13 @@ def affnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
     """§5.2, one row per 40×40 variant: expanded-MNIST and affNIST(-style) accuracy (mean ± sample
     std over seeds, per-seed values), where each seed stopped, and the paper's values."""
     rows = []
-    for variant in dict.fromkeys(r.variant for r in runs):
-        mine = [r for r in runs if r.variant == variant]
+    for (variant, _, _), mine in group(runs).items():
         paper = reference["affnist"][_model_kind(mine[0])]
         expanded = [100 - r.metrics["error_pct"] for r in mine]  # expanded MNIST
         affine = [100 - r.metrics["transformed_error_pct"] for r in mine]  # affNIST(-style)
         rows.append({
-            "variant": variant, "model": mine[0].config["config"]["model"], "n_seeds": len(mine),
+            "variant": variant, "protocol": mine[0].protocol, "commit": mine[0].commit,
+            "model": mine[0].config["config"]["model"], "n_seeds": len(mine),
             "n_params": mine[0].metrics["n_params"],
             "expanded_acc_mean": float(np.mean(expanded)),
             "expanded_acc_std": float(np.std(expanded, ddof=1)) if len(mine) > 1 else math.nan,
@@ -49,36 +50,60 @@ def affnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+GAP_RULE = ("`reproduced` = interval above 0 and reaching the paper's gap; `smaller gap`/`larger gap` = above 0 but "
+            "wholly below/above it; `no difference shown` = the interval covers 0; `opposite` = wholly below 0 (the "
+            "CNN is more accurate)")
+
+
 def gap_verdict(ci_low: float, ci_high: float, paper_gap: float) -> str:
-    """The §5.2 claim, CapsNet − CNN affNIST accuracy: `reproduced` when the 95 % CI lies above 0 and
-    reaches the paper's gap; `larger gap` when it lies wholly above it; `smaller gap` when it is
-    above 0 but wholly below the paper's gap; `not reproduced` when it touches or crosses 0."""
+    """The §5.2 claim, CapsNet − CNN affNIST accuracy, read from the interval (GAP_RULE)."""
+    if math.isnan(ci_low):
+        return "one seed: no verdict"
+    if ci_high < 0:
+        return "opposite"
     if ci_low <= 0:
-        return "not reproduced"
+        return "no difference shown"
     if ci_low > paper_gap:
         return "larger gap"
     return "reproduced" if ci_high >= paper_gap else "smaller gap"
 
 
 def affnist_gap(runs: list[Run], reference: dict) -> dict | None:
-    """CapsNet − CNN accuracy on affNIST(-style), paired by seed and image, with a bootstrap CI."""
+    """CapsNet − CNN accuracy on affNIST(-style) with a seed-aware interval (pipeline.stats.effect),
+    test images clustered by source digit; None without both models. Runs of different protocols or
+    commits are not compared: the gap is then reported as confounded, without an interval."""
     capsnets = [r for r in runs if _model_kind(r) == "capsnet"]
     cnns = [r for r in runs if _model_kind(r) == "cnn"]
     if not capsnets or not cnns:
         return None
     caps_variant, cnn_variant = capsnets[0].variant, cnns[0].variant
-    by = {(r.variant, r.seed): r for r in runs}
-    seeds = sorted({r.seed for r in capsnets if r.variant == caps_variant} & {r.seed for r in cnns if r.variant == cnn_variant})
-    err_cnn = np.stack([~by[cnn_variant, s].correct["affnist_test"] for s in seeds])  # (S, N)
-    err_caps = np.stack([~by[caps_variant, s].correct["affnist_test"] for s in seeds])  # (S, N)
-    groups = capsnets[0].digit_index.get("affnist_test")  # None for the real affNIST: images resampled
-    gap, lo, hi = paired_bootstrap(err_cnn, err_caps, groups=groups)  # error(CNN) − error(CapsNet) = accuracy gap
+    caps = [r for r in capsnets if r.variant == caps_variant]
+    cnn = [r for r in cnns if r.variant == cnn_variant]
     ref = reference["affnist"]
     paper_gap = ref["capsnet"]["affnist_accuracy_pct"] - ref["cnn"]["affnist_accuracy_pct"]
-    return {"capsnet": caps_variant, "cnn": cnn_variant, "seeds": seeds, "gap": gap, "ci_low": lo, "ci_high": hi,
-            "resampled": "test digits (all transforms of a digit together)" if groups is not None else "test images",
-            "paper_gap": paper_gap, "verdict": gap_verdict(lo, hi, paper_gap),
-            "matched": all(r.config["stop_reason"] == "target" for r in capsnets + cnns)}
+    origin = {(r.protocol_key, r.commit_key) for r in caps + cnn}
+    groups = caps[0].digit_index.get("affnist_test")  # None for the real affNIST: images resampled
+    out = {"capsnet": caps_variant, "cnn": cnn_variant, "seeds": sorted({r.seed for r in caps + cnn}),
+           "paper_gap": paper_gap, "commits": ", ".join(sorted({short(r.commit) for r in caps + cnn})),
+           "resampled": "test digits (all transforms of a digit together)" if groups is not None else "test images",
+           "matched": all(r.config["stop_reason"] == "target" for r in caps + cnn)}
+    err_cnn = np.stack([~r.correct["affnist_test"] for r in cnn])  # (n, N)
+    err_caps = np.stack([~r.correct["affnist_test"] for r in caps])  # (m, N)
+    if len(origin) > 1:  # different protocols or commits: an estimate, no interval
+        gap = float(100 * (err_cnn.mean() - err_caps.mean()))
+        return out | {"gap": gap, "ci_low": math.nan, "ci_high": math.nan,
+                      "verdict": f"confounded (protocols or commits differ: {out['commits']})"}
+    interval = stats.effect(err_cnn, err_caps, groups)  # error(CNN) − error(CapsNet) = accuracy gap
+    return out | {"gap": interval.estimate, "ci_low": interval.lo, "ci_high": interval.hi,
+                  "verdict": gap_verdict(interval.lo, interval.hi, paper_gap)}
+
+
+def with_gap(table: pd.DataFrame, gap: dict | None) -> pd.DataFrame:
+    """affnist.csv: the §5.2 table with the CapsNet − CNN gap, its interval and verdict on every row."""
+    if gap is None:
+        return table
+    return table.assign(gap_pp=gap["gap"], gap_ci_low=gap["ci_low"], gap_ci_high=gap["ci_high"],
+                        paper_gap_pp=gap["paper_gap"], gap_verdict=gap["verdict"])
 
 
 def transform_bins(runs: list[Run], set_name: str) -> dict[str, dict[str, dict[str, list]]]:
@@ -107,21 +132,21 @@ def render_affnist(table: pd.DataFrame, gap: dict | None, reference: dict) -> li
              f"stopped at the first epoch whose expanded-MNIST accuracy reaches the target ({fmt_pct(table.target_accuracy_pct.iloc[0])} %), "
              f"or at the epoch budget, then tested without retraining on: **{table.affnist_source.iloc[0]}**. "
              f"Paper: {ref['source']}. Accuracy in percent, mean ± sample std over seeds.", "",
-             "| variant | params | n | expanded MNIST (%) | per seed | affNIST (%) | per seed | epochs (* = budget, not target) "
+             "| variant | commit | params | n | expanded MNIST (%) | per seed | affNIST (%) | per seed | epochs (* = budget, not target) "
              "| paper expanded | paper affNIST | Δ affNIST (pp) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
-        lines.append(f"| {r.variant} | {int(r.n_params):,} | {r.n_seeds} | {fmt_pct(r.expanded_acc_mean)} ± {fmt_pct(r.expanded_acc_std)} "
+        lines.append(f"| {r.variant} | {short(r.commit)} | {int(r.n_params):,} | {r.n_seeds} | {fmt_pct(r.expanded_acc_mean)} ± {fmt_pct(r.expanded_acc_std)} "
                      f"| {r.expanded_accs} | {fmt_pct(r.affnist_acc_mean)} ± {fmt_pct(r.affnist_acc_std)} | {r.affnist_accs} "
                      f"| {r.stopped} | {fmt_pct(r.paper_expanded_acc)} | {fmt_pct(r.paper_affnist_acc, 0)} "
                      f"| {r.affnist_acc_mean - r.paper_affnist_acc:+.2f} |")
     if gap is not None:
-        lines += ["", f"**CapsNet − CNN on affNIST(-style): {gap['gap']:+.2f} pp**, 95 % CI [{gap['ci_low']:+.2f}, "
-                  f"{gap['ci_high']:+.2f}] (paired bootstrap resampling {gap['resampled']}, seeds "
-                  f"{', '.join(map(str, gap['seeds']))} pooled). Paper: "
-                  f"{gap['paper_gap']:+.0f} pp. **Verdict: {gap['verdict']}** (`reproduced` = CI above 0 and reaching the "
-                  "paper's gap; `smaller gap`/`larger gap` = CI above 0 but wholly below/above it; `not reproduced` = CI "
-                  "touches 0)."]
+        interval = "no interval" if math.isnan(gap["ci_low"]) else \
+            f"{stats.LEVEL:.0%} interval [{gap['ci_low']:+.2f}, {gap['ci_high']:+.2f}]"
+        lines += ["", f"**CapsNet − CNN on affNIST(-style): {gap['gap']:+.2f} pp**, {interval} (seed-aware, as the "
+                  f"ablation effects: seed-to-seed variance of both models plus the test-set sampling of {gap['resampled']}; "
+                  f"seeds {', '.join(map(str, gap['seeds']))}, commit {gap['commits']}). Paper: "
+                  f"{gap['paper_gap']:+.0f} pp. **Verdict: {gap['verdict']}** ({GAP_RULE})."]
         if not gap["matched"]:
             lines += ["", "> Not every run reached the target accuracy before its epoch budget, so the two models are "
                       "**not compared at matched expanded-MNIST accuracy** as the paper's are."]

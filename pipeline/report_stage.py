@@ -1,8 +1,8 @@
 """Stage `report`: every evaluation to reports/ (ablation.md, CSVs, metrics/, figures).
 
-Table 1 against the paper with verdicts, ablation effects with paired bootstrap CIs, the
-affine-shifted column, §5.2, deviations and provenance; logged to MLflow as a `report` run with
-the headline numbers as metrics. The stage writes the same set of files whatever variants
+Table 1 per protocol against the paper with seed-aware verdicts and ablation effects, the
+affine-shifted column, §5.2, MultiMNIST, deviations and each run's recorded provenance; logged
+to MLflow as a `report` run with the headline numbers as metrics. The stage writes the same set of files whatever variants
 params.yaml lists (a figure with nothing to show says so), so DVC's outputs never depend on it.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from safetensors.torch import load_file
 
-from pipeline import figures, report as rp, report_affnist as ra, report_multimnist as rm, tracking
+from pipeline import baseline, figures, report as rp, report_affnist as ra, report_multimnist as rm, runs as rr, tracking
 from pipeline.data import MNIST_SIZE, MULTIMNIST_SIZE
 from pipeline.errors import UserError
 from pipeline.evaluate_stage import METRIC_KEYS
@@ -25,22 +25,24 @@ from pipeline.files import writable_dir, write_json, write_text
 from pipeline.params import Params
 
 
-def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str = "error") -> Path:
+def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str = "error",
+        readme: Path | None = None) -> Path:
     """Write the report into ``out``; ``missing``: "error" stops on a run without an evaluation,
-    "list" reports it as not run. Returns the path of ablation.md."""
+    "list" reports it as not run; ``readme``: rewrite that file's generated results block from the
+    same tables. Returns the path of ablation.md."""
     fig_dir = writable_dir(out / "figures", "report")
-    reference = rp.paper_reference()
+    reference = rr.paper_reference()
     variants, seeds = list(p.ablation.variants), list(p.ablation.seeds)
-    skip = rp.missing_runs(models_dir, results_dir, variants, seeds) if missing == "list" else []
+    skip = rr.missing_runs(models_dir, results_dir, variants, seeds) if missing == "list" else []
     not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
-    runs = rp.load_runs(models_dir, results_dir, variants, seeds, skip=skip)
+    runs = rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip)
     table1 = [r for r in runs if r.image_size == MNIST_SIZE]
     multi = [r for r in runs if r.image_size == MULTIMNIST_SIZE]
     s52 = [r for r in runs if r.image_size not in (MNIST_SIZE, MULTIMNIST_SIZE)]
     if not table1:
         raise UserError("ablation.variants lists no Table 1 (28×28) variant; the report needs at least one")
     summary, effect_table = rp.summarize(table1, reference), rp.effects(table1, reference)
-    shown = table1_figures(table1 + s52, summary, results_dir, fig_dir)
+    shown = table1_figures(table1, s52, multi, summary, results_dir, fig_dir)
     multi_table, multi_lines = None, None
     if multi:
         multi_table = rm.multimnist_summary(multi, reference)
@@ -52,7 +54,8 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
             shown[title] = f"figures/{name}.png"
     s52_table, gap, s52_lines = None, None, None
     if s52:
-        s52_table, gap = ra.affnist_summary(s52, reference), ra.affnist_gap(s52, reference)
+        gap = ra.affnist_gap(s52, reference)
+        s52_table = ra.with_gap(ra.affnist_summary(s52, reference), gap)
         s52_lines = ra.render_affnist(s52_table, gap, reference)
         figures.accuracy_by_transform(ra.transform_bins(s52, "affnist_test"),
                                       "§5.2: affNIST(-style) accuracy by transform parameter", fig_dir / "affnist_bins.png")
@@ -61,15 +64,19 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
         figures.placeholder("No §5.2 (40×40) variant in this report", fig_dir / "affnist_bins.png")
 
     text = rp.render_markdown(summary, effect_table, profile=p.base.profile, not_run=not_run,
-                              deviations=rp.deviations(p, reference) + rp.run_deviations(runs),
-                              provenance=provenance(p, runs, not_run, models_dir), figures=shown,
-                              reference=reference, affnist=s52_lines, multimnist=multi_lines)
+                              deviations=deviations(p, reference) + rp.run_deviations(runs),
+                              provenance=provenance(p, runs, not_run), figures=shown,
+                              reference=reference, affnist=s52_lines, multimnist=multi_lines,
+                              run_table=rr.run_provenance(runs))
     tables = {"ablation.md": text, "results.csv": summary.to_csv(index=False, float_format="%.4f"),
               "effects.csv": effect_table.to_csv(index=False, float_format="%.4f"),
               "affnist.csv": s52_table.to_csv(index=False, float_format="%.4f") if s52 else "",
               "multimnist.csv": multi_table.to_csv(index=False, float_format="%.4f") if multi else ""}
     for name, content in tables.items():
         write_text(out / name, content)
+    if readme is not None:  # from the CSVs as written, as tests/test_readme.py reads them
+        rp.rewrite_readme(readme, rp.readme_block(pd.read_csv(out / "results.csv"), pd.read_csv(out / "effects.csv"),
+                                                  pd.read_csv(out / "affnist.csv") if s52 else None))
     headline = write_variant_metrics(runs, writable_dir(out / "metrics", "report"))
     if gap is not None:
         headline["affnist_gap_pp"] = {k: round(gap[k], 4) for k in ("gap", "ci_low", "ci_high")}
@@ -78,22 +85,52 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     return out / "ablation.md"
 
 
-def table1_figures(runs: list[rp.Run], summary, results_dir: Path, fig_dir: Path) -> dict[str, str]:
-    """Error bars, overlaid learning curves, and the best reconstruction variant's figures."""
-    figures.error_bars(list(summary.variant), list(summary.test_error_mean), list(summary.test_error_std),
-                       list(summary.paper_test_error), fig_dir / "table1_errors.png")
-    curves = {}
-    for r in runs:
-        curves.setdefault(r.variant, []).append((list(r.history.epoch), list(r.history.test_error_pct)))
-    figures.overlaid_learning_curves(curves, fig_dir / "learning_curves.png")
-    shown = {"Test error per variant": "figures/table1_errors.png", "Learning curves": "figures/learning_curves.png"}
-    recon = summary[summary.reconstruction]
+def deviations(p: Params, reference: dict) -> list[str]:
+    """Every deliberate deviation: Table 1's (pipeline.report), then each experiment's present."""
+    out = rp.deviations(p, reference)
+    if any(p.variant(v).image_size == MULTIMNIST_SIZE for v in p.ablation.variants):
+        out += baseline.MULTIMNIST_DEVIATIONS + rm.DEVIATIONS
+        out += rm.test_size_deviation(p.prepare.multimnist_pairs_per_digit, p.prepare.test_subset)
+    return out
+
+
+def _label(r: rr.Run, ambiguous: set[str]) -> str:
+    """A run's variant, with protocol and commit where the report holds several of them for it."""
+    return f"{r.variant} ({r.cfg['epochs']} ep, {r.commit_key})" if r.variant in ambiguous else r.variant
+
+
+def table1_figures(table1: list[rr.Run], s52: list[rr.Run], multi: list[rr.Run], summary, results_dir: Path,
+                   fig_dir: Path) -> dict[str, str]:
+    """Error bars (first protocol), learning curves with one panel per test set and the learning-rate
+    schedule, and the best reconstruction variant's figures."""
+    headline = summary[summary.protocol == summary.protocol.iloc[0]]
+    repeated = set(headline.variant[headline.variant.duplicated()])
+    bars = [f"{r.variant} ({rr.short(r.commit)})" if r.variant in repeated else r.variant for r in headline.itertuples()]
+    figures.error_bars(bars, list(headline.test_error_mean), list(headline.test_error_std),
+                       list(headline.paper_test_error), fig_dir / "table1_errors.png")
+    panels: dict[str, dict] = {}
+    lr: dict[str, tuple] = {}
+    for title, runs in (("MNIST test set (Table 1)", table1), ("expanded-MNIST test set (§5.2, 40×40)", s52),
+                        ("MultiMNIST curve recipes (§6, pair error)", multi)):
+        groups = {(r.variant, r.protocol_key, r.commit_key) for r in runs}
+        ambiguous = {v for v, _, _ in groups if sum(g[0] == v for g in groups) > 1}
+        for r in runs:
+            curves = panels.setdefault(title, {})
+            curves.setdefault(_label(r, ambiguous), []).append((list(r.history.epoch), list(r.history.test_error_pct)))
+            if "lr" in r.history:
+                key = r.protocol.split(", bf16")[0].split(", fp32")[0]
+                if key not in lr or len(r.history) > len(lr[key][0]):
+                    lr[key] = (list(r.history.epoch), list(r.history.lr))
+    figures.learning_curve_panels(panels, lr, fig_dir / "learning_curves.png")
+    shown = {f"Test error per variant ({headline.protocol.iloc[0]})": "figures/table1_errors.png",
+             "Learning curves": "figures/learning_curves.png"}
+    recon = headline[headline.reconstruction]
     if not len(recon):
         for name in ("reconstructions", "fig4"):
             figures.placeholder("No reconstruction variant in this report", fig_dir / f"{name}.png")
         return shown
     best = recon.sort_values("test_error_mean").iloc[0].variant
-    best_run = min((r for r in runs if r.variant == best), key=lambda r: r.metrics["error_pct"])
+    best_run = min((r for r in table1 if r.variant == best), key=lambda r: r.metrics["error_pct"])
     for name in ("reconstructions", "fig4"):
         shutil.copyfile(results_dir / best / f"seed{best_run.seed}" / f"{name}.png", fig_dir / f"{name}.png")
     shown[f"Reconstructions ({best}, seed {best_run.seed})"] = "figures/reconstructions.png"
@@ -101,7 +138,7 @@ def table1_figures(runs: list[rp.Run], summary, results_dir: Path, fig_dir: Path
     return shown
 
 
-def multimnist_figure(runs: list[rp.Run], table, results_dir: Path, fig_dir: Path) -> dict[str, str]:
+def multimnist_figure(runs: list[rr.Run], table, results_dir: Path, fig_dir: Path) -> dict[str, str]:
     """figures/multimnist_reconstructions.png: the Fig. 5 overlay of the lowest-error MultiMNIST
     reconstruction variant's best seed, or a placeholder saying there is none."""
     path = fig_dir / "multimnist_reconstructions.png"
@@ -116,20 +153,27 @@ def multimnist_figure(runs: list[rp.Run], table, results_dir: Path, fig_dir: Pat
             "capsules)": "figures/multimnist_reconstructions.png"}
 
 
-def dvc_plot_data(runs: list[rp.Run], summary, results_dir: Path, plot_dir: Path) -> None:
-    """Data for dvc.yaml's top-level plots: per-epoch test error of every Table 1 variant (mean
-    over seeds) and the lowest-error variant's confusion on the MNIST test set (its best seed)."""
-    curves = pd.concat([r.history.assign(variant=r.variant)[["variant", "epoch", "test_error_pct"]] for r in runs])
+def dvc_plot_data(runs: list[rr.Run], summary, results_dir: Path, plot_dir: Path) -> None:
+    """Data for dvc.yaml's top-level plots, from the first Table 1 protocol: per-epoch test error of
+    every variant (mean over seeds; a variant trained at several commits is one line per commit)
+    and the lowest-error variant's confusion on the MNIST test set (its best seed)."""
+    summary = summary[summary.protocol == summary.protocol.iloc[0]]
+    runs = [r for r in runs if r.protocol == summary.protocol.iloc[0]]
+    ambiguous = {v for v in summary.variant if (summary.variant == v).sum() > 1}
+    curves = pd.concat([r.history.assign(variant=_label(r, ambiguous))[["variant", "epoch", "test_error_pct"]]
+                        for r in runs])
     curves = curves.groupby(["variant", "epoch"], sort=False, as_index=False).test_error_pct.mean()
     write_text(plot_dir / "learning_curves.csv", curves.to_csv(index=False, float_format="%.4f"))
-    best = summary.sort_values("test_error_mean").iloc[0].variant
-    run = min((r for r in runs if r.variant == best), key=lambda r: r.metrics["error_pct"])
+    best = summary.sort_values("test_error_mean").iloc[0]
+    run = min((r for r in runs if r.variant == best.variant and r.commit == best.commit),
+              key=lambda r: r.metrics["error_pct"])
+    best = best.variant
     predictions = load_file(str(results_dir / best / f"seed{run.seed}" / "predictions.safetensors"))
     confusion = pd.DataFrame({"actual": predictions["test_labels"].numpy(), "predicted": predictions["test_preds"].numpy()})
     write_text(plot_dir / "confusion.csv", confusion.to_csv(index=False))
 
 
-def write_variant_metrics(runs: list[rp.Run], metrics_dir: Path) -> dict[str, dict[str, float]]:
+def write_variant_metrics(runs: list[rr.Run], metrics_dir: Path) -> dict[str, dict[str, float]]:
     """metrics/<variant>.json (DVC metrics): evaluate's metrics.json keys, each the mean over the
     variant's seeds, or the seeds' common value (reached_target: true, false, or the fraction of
     seeds that stopped at the target). With the
@@ -151,22 +195,31 @@ def flatten(headline: dict) -> dict[str, float]:
     return {f"{group}/{key}": value for group, values in headline.items() for key, value in values.items()}
 
 
-def provenance(p: Params, runs: list[rp.Run], not_run: dict[str, list[int]], models_dir: Path) -> dict[str, str]:
-    """Where the numbers come from: commits, profile, device, software, runs, time."""
-    env = runs[0].config["environment"]
+def provenance(p: Params, runs: list[rr.Run], not_run: dict[str, list[int]]) -> dict[str, str]:
+    """Where the numbers come from: commits, protocols, devices, software, runs, time (each run's
+    own record is the table after these lines)."""
     versions = {name: md.version(name) for name in ("torch", "torchvision", "dvc", "mlflow", "pandas")}
-    trained = sorted({f"torch {r.config['environment']['torch_version']}, Python {r.config['environment']['python_version']}"
-                      for r in runs})
-    commits = sorted({rp.training_commit(r, models_dir.parent / "journal") for r in runs})
+    env = [r.config.get("environment", {}) for r in runs]
+    trained = sorted({f"torch {e.get('torch_version', rr.NOT_RECORDED)}, Python {e.get('python_version', rr.NOT_RECORDED)}"
+                      for e in env})
+    commits = {}
+    for r in runs:
+        commits.setdefault(f"{r.commit} (from {r.commit_source})" if r.commit != rr.NOT_RECORDED else r.commit,
+                           []).append(r)
     return {
-        "report commit": tracking.git_commit(tracking.repo_root()), "training commit": "; ".join(commits),
-        "profile": p.base.profile,
-        "device": f"{runs[0].config['params']['device']} ({env['device_name']}); torch CUDA build {env['cuda_version']}",
+        "report commit": tracking.git_commit(tracking.repo_root()),
+        "training commits": "; ".join(f"{c}: {len(rs)} runs" for c, rs in commits.items()),
+        "protocols": "; ".join(dict.fromkeys(r.protocol for r in runs)),
+        "profile of this report's params": p.base.profile,
+        "devices": "; ".join(sorted({f"{r.device}, torch CUDA build {e.get('cuda_version', rr.NOT_RECORDED)}"
+                                     for r, e in zip(runs, env)})),
         "training software": "; ".join(trained),
         "report software": ", ".join(f"{k} {v}" for k, v in versions.items()),
         "runs": "; ".join(f"{v}: seeds {', '.join(str(r.seed) for r in runs if r.variant == v)}"
                           for v in dict.fromkeys(r.variant for r in runs)),
         "not run": "; ".join(f"{v}: seeds {', '.join(map(str, s))}" for v, s in not_run.items()) or "none",
+        "resumed from a checkpoint": f"{sum(bool(r.resume_epochs) for r in runs)} of {len(runs)} runs"
+                                     " (which, and where: the table below)",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "total training time": f"{sum(r.history.epoch_seconds.sum() for r in runs) / 60:.1f} min over {len(runs)} runs "
                                "(sum of each run's epoch times; runs trained side by side on one device overlap)",

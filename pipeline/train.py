@@ -137,6 +137,7 @@ class TrainResult:
     history: list[dict[str, float]]
     steps: int
     resumed_from_epoch: int
+    resumed_at: list[int]  # every epoch this run resumed at, across its processes (the checkpoint carries the list)
     stop_reason: str  # "target" (early stopping reached the target accuracy) or "budget" (all epochs)
 
 
@@ -352,7 +353,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         curve_shifts = data["test_shifts"][:mm.CURVE_RECIPES].to(device)  # (P', 2, 2)
         curve_labels = test_labels[curve_pairs]  # (P', 2)
 
-    start_epoch, history, stop_reason = 0, [], "budget"
+    start_epoch, history, stop_reason, resumed_at = 0, [], "budget", []
     if state == "load":
         state = load_checkpoint(checkpoint_path, cfg)
     if state is not None:
@@ -364,6 +365,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         if device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], device)
         start_epoch, history, stop_reason = state["epoch"] + 1, state["history"], state["stop_reason"]
+        resumed_at = [*state.get("resumed_at", []), start_epoch]
     last_epoch = len(history) if stop_reason == "target" else cfg.epochs  # an early-stopped run is finished
 
     loss_fn = loss_function(model, cfg)
@@ -416,6 +418,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
         if last or (epoch + 1) % cfg.checkpoint_every == 0:
             _save_checkpoint(checkpoint_path, {
                 "digest": cfg.digest(), "epoch": epoch, "history": history, "extra": extra or {},
+                "resumed_at": resumed_at,
                 "stop_reason": stop_reason, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "generator": generator.get_state(),
                 "cpu_rng": torch.get_rng_state(),
@@ -429,7 +432,7 @@ def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | 
             print(f"{cfg.variant} seed{cfg.seed}: test accuracy {100 - test_error:.2f}% reached the target "
                   f"{cfg.target_accuracy_pct}% after epoch {epoch + 1}; early stop", flush=True)
             break
-    return TrainResult(model, history, len(history) * steps_per_epoch, start_epoch, stop_reason)
+    return TrainResult(model, history, len(history) * steps_per_epoch, start_epoch, resumed_at, stop_reason)
 
 
 def target_reached(test_error_pct: float, target_accuracy_pct: float) -> bool:

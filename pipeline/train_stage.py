@@ -143,6 +143,7 @@ def _train_and_write(cfg: RunConfig, data: dict, checkpoint: Path, out: Path, tr
         "config": dataclasses.asdict(cfg), "run_id": run_id, "params": run_params,
         "optimizer": {"name": "adam", "adam_eps": ADAM_EPS}, "environment": env,
         "train_seconds": time.perf_counter() - t0, "resumed_from_epoch": result.resumed_from_epoch,
+        "resumed_at_epochs": result.resumed_at,
         "stop_reason": result.stop_reason, "epochs_trained": len(result.history), "steps_trained": result.steps,
         "eval_set": eval_set})
     if result.resumed_from_epoch < len(result.history):  # something was trained (else these are logged already)

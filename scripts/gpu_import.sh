@@ -24,4 +24,4 @@ $BIN/capsnet track sync .gpu/import/journal
 $BIN/capsnet publish .gpu/import/models .gpu/import/results reports/runs
 $BIN/python -m pipeline.profiles gpu --write reports/runs/params.yaml
 mkdir -p reports/runs/journal && cp .gpu/import/journal/*.jsonl reports/runs/journal/
-$BIN/capsnet report reports/runs/models reports/runs/results reports --params reports/runs/params.yaml --missing list
+$BIN/capsnet report reports/runs/models reports/runs/results reports --params reports/runs/params.yaml --missing list --readme README.md

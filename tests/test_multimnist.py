@@ -131,22 +131,24 @@ def test_multimnist_variants_train_on_cpu_with_finite_loss(tmp_path, model, rout
 def test_report_renders_the_multimnist_column_from_fabricated_runs(tmp_path):
     from test_report import REFERENCE, fabricate
 
-    from pipeline import report as rp, report_multimnist as rm
+    from pipeline import report as rp, report_multimnist as rm, runs as rr
 
     for seed, err in enumerate([0.3, 0.4]):
         fabricate(tmp_path, "capsnet_r3_recon", seed, err)
-    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r3_recon"], [0, 1])
+    runs = rr.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r3_recon"], [0, 1])
     multi = []
     for seed, err in enumerate([5.0, 5.4]):
         run = runs[0]
-        multi.append(rp.Run("multimnist_r3_recon", seed, {"error_pct": err, "n_params": 11_361_808}, run.config,
+        multi.append(rr.Run("multimnist_r3_recon", seed, {"error_pct": err, "n_params": 11_361_808}, run.config,
                             run.history, {}, {}, {}))
     table = rm.multimnist_summary(multi, REFERENCE)
     row = table.set_index("variant").loc["multimnist_r3_recon"]
-    assert row.error_mean == pytest.approx(5.2) and row.sigma == pytest.approx(0.2828, abs=1e-4)
-    assert row.verdict == "reproduced" and row.table1_row == "capsnet_r3_recon"
+    assert row.error_mean == pytest.approx(5.2) and row.error_std == pytest.approx(0.2828, abs=1e-4)
+    # no paper σ: the interval is ours alone, SE = 0.2828/√2 = 0.2 on 1 df, so ±12.71·0.2
+    assert (row.delta_ci_low, row.delta_ci_high) == pytest.approx((-2.541, 2.541), abs=1e-3)
+    assert row.verdict == "consistent" and row.table1_row == "capsnet_r3_recon"
     text = "\n".join(rm.render_both_columns(rp.summarize(runs, REFERENCE), table, REFERENCE))
-    assert "| CapsNet | 3 | yes | 0.35 ± 0.07 | 0.25 | 5.20 ± 0.28 | 5.2 | reproduced |" in text
+    assert "| CapsNet | 3 | yes | 0.35 ± 0.07 | 0.25 | 5.20 ± 0.28 | 5.2 | consistent |" in text
     assert "| Baseline | – | – | not run | 0.39 | not run | 8.1 | – |" in text
     assert "| CapsNet | 1 | no | not run | 0.34 | – | – | – |" in text
     json.dumps(table.to_dict())  # the CSV/JSON outputs can hold it

@@ -1,7 +1,8 @@
-"""The report's arithmetic on fabricated per-seed evaluation files."""
+"""The report's arithmetic and wording on fabricated per-seed evaluation files."""
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -11,14 +12,18 @@ from safetensors.torch import save_file
 
 from pipeline import report as rp
 from pipeline import report_affnist as ra
+from pipeline import runs as rr
 
-REFERENCE = rp.paper_reference()
+REFERENCE = rr.paper_reference()
+COMMIT = "c0ffee0123456789abcdef0123456789abcdef01"
 
 
 def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="capsnet", recon=True, image_size=28,
-              stop_reason="budget", bins=None, recipe=None, history=None):
+              stop_reason="budget", bins=None, recipe=None, history=None, epochs=None, commit=COMMIT,
+              adam_eps=1e-8, resumed=None, amp=False, device="cpu"):
     """Evaluation files whose per-image predictions give exactly error_pct (clean set) and affine_pct
-    (transformed set) on n images; 40×40 variants get §5.2's set names."""
+    (transformed set) on n images; 40×40 variants get §5.2's set names. ``commit``/``adam_eps``/
+    ``resumed`` None: the run does not record them (as the 17bb48c runs)."""
     model_dir, result_dir = root / "models" / variant / f"seed{seed}", root / "results" / variant / f"seed{seed}"
     model_dir.mkdir(parents=True)
     result_dir.mkdir(parents=True)
@@ -35,79 +40,132 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
          "n_params": 8215568, "epochs_trained": 1, "reached_target": stop_reason == "target"}))
     (result_dir / "breakdown.json").write_text(json.dumps(
         {"per_class": {}, "sources": {transformed: f"{transformed} (fabricated)"}, "bins": bins or {}}))
-    config = {"model": model, "routing_iterations": 3, "reconstruction": recon, "image_size": image_size,
-              "target_accuracy_pct": 99.23 if image_size == 40 else 0.0}
+    history = history or [error_pct]
+    config = {"model": model, "routing_iterations": 1 if "_r1" in variant else 3, "reconstruction": recon, "image_size": image_size,
+              "target_accuracy_pct": 99.23 if image_size == 40 else 0.0, "profile": "gpu",
+              "epochs": epochs or len(history), "batch_size": 128, "lr": 0.001, "lr_decay_rate": 0.96,
+              "lr_decay_steps": 2000, "lr_min": 1e-6, "amp": amp, "compile": True, "deterministic": False,
+              "device": device}
     if recipe is not None:  # runs from before recipes existed have none
         config["recipe"] = recipe
-    (model_dir / "config.json").write_text(json.dumps(
-        {"config": config, "train_seconds": 1.0, "stop_reason": stop_reason, "epochs_trained": 1}))
-    history = history or [error_pct]
+    record = {"config": config, "params": {"device": device}, "train_seconds": 1.0, "stop_reason": stop_reason,
+              "epochs_trained": len(history), "run_id": f"{variant}-{seed}",
+              "environment": {"torch_version": "t", "python_version": "p"} | ({"git_commit": commit} if commit else {})}
+    if adam_eps is not None:
+        record["optimizer"] = {"name": "adam", "adam_eps": adam_eps}
+    if resumed is not None:
+        record["resumed_at_epochs"] = resumed
+    (model_dir / "config.json").write_text(json.dumps(record))
     pd.DataFrame({"epoch": range(1, len(history) + 1), "test_error_pct": history,
+                  "lr": [1e-3 * 0.9 ** k for k in range(len(history))],
                   "epoch_seconds": [1.0] * len(history)}).to_csv(model_dir / "history.csv", index=False)
 
 
-def test_means_stds_and_deltas(tmp_path):
+def load(root, variants, seeds, **kw):
+    return rr.load_runs(root / "models", root / "results", variants, seeds, **kw)
+
+
+def test_means_stds_deltas_and_a_seed_aware_verdict(tmp_path):
     for seed, err in enumerate([0.5, 1.0, 1.5]):
         fabricate(tmp_path, "capsnet_r3_recon", seed, err)
-    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r3_recon"], [0, 1, 2])
-    row = rp.summarize(runs, REFERENCE).iloc[0]
-    assert row.n_seeds == 3
+    row = rp.summarize(load(tmp_path, ["capsnet_r3_recon"], [0, 1, 2]), REFERENCE).iloc[0]
+    assert row.n_seeds == 3 and row.seeds == "0 1 2" and row.commit == COMMIT
     assert row.test_error_mean == pytest.approx(1.0)
     assert row.test_error_std == pytest.approx(0.5)  # sample std of 0.5, 1.0, 1.5
     assert row.delta == pytest.approx(1.0 - 0.25)
     assert row.paper_test_error == 0.25 and row.paper_test_error_std == 0.005
     assert row.test_errors == "0.50 1.00 1.50"
-    assert row.verdict == "not reproduced"
+    # ours − paper: SE² = 0.5²/3 + 0.005²/3, ν ≈ 2, t ≈ 4.30: [−0.49, +1.99] covers 0
+    assert row.delta_ci_low == pytest.approx(-0.49, abs=0.01) and row.delta_ci_high == pytest.approx(1.99, abs=0.01)
+    assert row.verdict == "consistent"
 
 
-@pytest.mark.parametrize("mean,paper,std,expected", [
-    (0.31, 0.25, 0.005, "reproduced"),        # exactly 2σ with σ = max(0.005, 0.03) = 0.03
-    (0.3101, 0.25, 0.005, "not reproduced"),  # just outside
-    (0.19, 0.25, 0.005, "reproduced"),        # exactly 2σ below
-    (0.1899, 0.25, 0.005, "better"),          # just outside, lower error
-    (0.41, 0.34, 0.036, "reproduced"),        # paper σ > 0.03: 2σ = 0.072
-    (0.4121, 0.34, 0.036, "not reproduced"),
-    (0.45, 0.39, None, "reproduced"),         # baseline: no paper σ, floor 0.03
-])
-def test_verdict_boundaries(mean, paper, std, expected):
-    assert rp.verdict(mean, paper, std) == expected
+def test_a_tight_row_far_from_the_paper_is_not_reproduced_and_one_seed_gets_no_verdict(tmp_path):
+    for seed, err in enumerate([1.0, 1.5, 1.0]):
+        fabricate(tmp_path, "capsnet_r1", seed, err)
+    fabricate(tmp_path, "capsnet_r3", 0, 1.0)
+    summary = rp.summarize(load(tmp_path, ["capsnet_r1"], [0, 1, 2]) + load(tmp_path, ["capsnet_r3"], [0]),
+                           REFERENCE).set_index("variant")
+    assert summary.loc["capsnet_r1", "verdict"] == "not reproduced" and summary.loc["capsnet_r1", "delta_ci_low"] > 0
+    assert summary.loc["capsnet_r3", "verdict"] == "one seed: no verdict"
+    assert math.isnan(summary.loc["capsnet_r3", "delta_ci_low"])
 
 
-def test_paired_bootstrap_known_answer():
-    n = 1000
-    a = np.zeros((2, n), dtype=bool)
-    b = np.zeros((2, n), dtype=bool)
-    a[:, :100] = True  # A errs on 10 % of images in both seeds, B never: Δ = +10 pp
-    diff, lo, hi = rp.paired_bootstrap(a, b)
-    assert diff == pytest.approx(10.0)
-    # per-image differences are Bernoulli(0.1): the CI is ≈ 10 ± 1.96·sqrt(0.09/1000)·100 ≈ 10 ± 1.86
-    assert 7.8 < lo < 9.0 and 11.0 < hi < 12.2
-    same, lo0, hi0 = rp.paired_bootstrap(a, a)
-    assert same == 0 and lo0 == 0 and hi0 == 0
-
-
-def test_effects_direction_and_noise(tmp_path):
-    fabricate(tmp_path, "capsnet_r3_recon", 0, 5.0)
-    fabricate(tmp_path, "capsnet_r1_recon", 0, 20.0)
-    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r3_recon", "capsnet_r1_recon"], [0])
+def test_effects_are_seed_aware_and_say_what_the_interval_supports(tmp_path):
+    for seed, (a, b) in enumerate([(5.0, 20.0), (5.5, 20.5), (4.5, 19.5)]):
+        fabricate(tmp_path, "capsnet_r3_recon", seed, a)
+        fabricate(tmp_path, "capsnet_r1_recon", seed, b)
+    runs = load(tmp_path, ["capsnet_r3_recon", "capsnet_r1_recon"], [0, 1, 2])
     row = rp.effects(runs, REFERENCE).iloc[0]
-    assert row.effect.startswith("routing 3 vs 1, with")
+    assert row.effect.startswith("routing 3 vs 1, with") and row.commit == COMMIT[:7]
     assert row.our_delta == pytest.approx(-15.0) and row.paper_delta == pytest.approx(-0.04)
-    assert row.same_direction and row.distinguishable_from_noise and row.ci_high < 0
+    assert row.ci_high < 0 and row.status == "A lower, beyond seed and test noise"
+    assert row.per_seed == "-15.00 -15.00 -15.00"
+    noisy = tmp_path / "noisy"  # a noisy B: seed spread 4 pp
+    for seed, (a, b) in enumerate([(1.0, 1.0), (2.0, 9.0), (1.5, 5.0)]):
+        fabricate(noisy, "capsnet_r3_recon", seed, a)
+        fabricate(noisy, "capsnet_r1_recon", seed, b)
+    row = rp.effects(load(noisy, ["capsnet_r3_recon", "capsnet_r1_recon"], [0, 1, 2]), REFERENCE).iloc[0]
+    assert row.our_delta == pytest.approx(-3.5) and row.ci_low < 0 < row.ci_high
+    assert row.status == "not distinguishable from noise"  # an image-only interval would call −3.5 pp real
+
+
+def test_rows_never_pool_protocols_or_commits(tmp_path):
+    """A row is (variant, protocol, commit): a variant's seeds at two commits are two rows; each protocol
+    gets its own Table 1 (the longest first); an effect across commits is confounded, without interval."""
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, commit="aaaaaaa1111", history=[2.0, 1.0 + seed])
+        fabricate(tmp_path, "capsnet_r3", seed, 2.0, commit="bbbbbbb2222", adam_eps=None, history=[2.0, 2.0])
+        fabricate(tmp_path, "capsnet_r1_recon", seed, 1.0, epochs=640, history=[2.0, 1.0])
+    fabricate(tmp_path, "capsnet_r3_recon", 0, 1.0, commit="aaaaaaa1111", history=[2.0, 1.0])
+    fabricate(tmp_path, "capsnet_r3_recon", 1, 3.0, commit="ccccccc3333", history=[2.0, 3.0])
+    variants = ["capsnet_r1", "capsnet_r3", "capsnet_r1_recon", "capsnet_r3_recon"]
+    runs = load(tmp_path, variants, [0, 1])
+    summary = rp.summarize(runs, REFERENCE)
+    assert len(summary) == 5  # capsnet_r3_recon's two seeds at two commits: two rows of n = 1
+    recon = summary[summary.variant == "capsnet_r3_recon"]
+    assert list(recon.n_seeds) == [1, 1] and list(recon.test_error_mean) == [1.0, 3.0]
+    assert list(summary.protocol.str.split(":").str[1].str.split("×").str[0]) == [" 640 epochs "] + [" 2 epochs "] * 4
+    table = rp.effects(runs, REFERENCE).set_index("effect")
+    routing = table.loc["routing 3 vs 1, no reconstruction"]
+    assert routing.status.startswith("confounded: capsnet_r3 trained at bbbbbbb (Adam ε not recorded), capsnet_r1 at aaaaaaa")
+    assert math.isnan(routing.ci_low) and routing.our_delta == pytest.approx(0.5)
+    assert "routing 3 vs 1, with reconstruction" not in table.index  # r1_recon trained under another protocol
+    text = rp.render_markdown(summary, rp.effects(runs, REFERENCE), profile="gpu", deviations=["d"], provenance={},
+                              figures={}, reference=REFERENCE)
+    long, short = text.index("## Table 1 — gpu profile: 640 epochs"), text.index("## Table 1 — gpu profile: 2 epochs")
+    assert long < short  # the paper-length protocol first
+    assert "| capsnet_r1_recon | paper | 1 | yes | c0ffee0 | 2 |" in text[long:short]
+    assert "| capsnet_r3_recon | paper | 3 | yes | aaaaaaa | 1 | 1.00 ± – |" in text[short:]
+    assert "| capsnet_r3_recon | paper | 3 | yes | ccccccc | 1 | 3.00 ± – |" in text[short:]
+
+
+def test_end_of_training_columns_are_labelled_a_diagnostic(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 0.4, history=[9, 9, 0.2, 0.6, 0.3, 0.5, 0.4])
+    fabricate(tmp_path, "capsnet_r1", 1, 0.6, history=[9, 9, 0.6, 0.6, 0.6, 0.6, 0.6])
+    runs = load(tmp_path, ["capsnet_r1"], [0, 1])
+    row = rp.summarize(runs, REFERENCE).iloc[0]
+    assert row.last5_errors == "0.40 0.60" and row.last5_error_mean == pytest.approx(0.5)  # epochs 3–7
+    assert row.final_lr == pytest.approx(1e-3 * 0.9 ** 6)
+    assert row.test_error_mean == pytest.approx(0.5)  # the headline stays the final epoch
+    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
+                              deviations=["d"], provenance={}, figures={}, reference=REFERENCE)
+    assert "A **stability diagnostic**, not a headline" in text
+    assert "| capsnet_r1 | c0ffee0 | 0.50 | 0.50 | 0.40 0.60 | 0.00053 | 7 7 | 0.40 | 0.20@3 0.60@3 |" in text
 
 
 def test_missing_seed_is_named(tmp_path):
     fabricate(tmp_path, "capsnet_r1", 0, 1.0)
-    with pytest.raises(rp.ReportError, match="variant capsnet_r1 seed 1 has no evaluation"):
-        rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0, 1])
-    with pytest.raises(rp.ReportError, match="variant capsnet_r3 seed 0"):
-        rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0])
+    with pytest.raises(rr.ReportError, match="variant capsnet_r1 seed 1 has no evaluation"):
+        load(tmp_path, ["capsnet_r1"], [0, 1])
+    with pytest.raises(rr.ReportError, match="variant capsnet_r3 seed 0"):
+        load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0])
 
 
 @pytest.mark.parametrize("profile", ["smoke", "paper"])
 def test_smoke_banner_only_in_smoke_reports(tmp_path, profile):
     fabricate(tmp_path, "capsnet_r1", 0, 1.0)
-    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0])
+    runs = load(tmp_path, ["capsnet_r1"], [0])
     text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile=profile,
                               deviations=["d"], provenance={"commit": "x"}, figures={}, reference=REFERENCE)
     assert (rp.SMOKE_BANNER in text) == (profile == "smoke")
@@ -124,8 +182,11 @@ def test_recipe_differences_list_only_changes():
 
 
 @pytest.mark.parametrize("lo,hi,expected", [
-    (0.0, 20.0, "not reproduced"),   # touches 0
-    (-1.0, 2.0, "not reproduced"),
+    (0.0, 20.0, "no difference shown"),   # touches 0
+    (-1.0, 2.0, "no difference shown"),
+    (-3.35, -1.07, "opposite"),           # wholly below 0: the CNN is more accurate (the published runs)
+    (-3.0, 0.0, "no difference shown"),   # reaching 0 is covering it
+    (math.nan, math.nan, "one seed: no verdict"),
     (1.0, 12.9, "smaller gap"),      # above 0, wholly below the paper's 13 pp
     (1.0, 13.0, "reproduced"),       # reaches the paper's gap exactly
     (12.0, 15.0, "reproduced"),
@@ -143,7 +204,7 @@ def test_affnist_summary_gap_and_matched_flag(tmp_path):
         fabricate(tmp_path, "capsnet_affnist", seed, 1.0, n=400, affine_pct=21.0, image_size=40, stop_reason="target")
         fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0, model="pooling_cnn", recon=False,
                   image_size=40, stop_reason="budget" if seed else "target")
-    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_affnist", "cnn_affnist"], [0, 1])
+    runs = load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1])
     table = ra.affnist_summary(runs, REFERENCE).set_index("variant")
     assert table.loc["capsnet_affnist", "affnist_acc_mean"] == pytest.approx(79.0)
     assert table.loc["cnn_affnist", "affnist_acc_mean"] == pytest.approx(64.0)
@@ -152,11 +213,23 @@ def test_affnist_summary_gap_and_matched_flag(tmp_path):
     assert table.loc["capsnet_affnist", "paper_affnist_acc"] == 79.0 and table.loc["cnn_affnist", "paper_affnist_acc"] == 66.0
     gap = ra.affnist_gap(runs, REFERENCE)
     assert gap["gap"] == pytest.approx(15.0) and gap["paper_gap"] == pytest.approx(13.0)
-    assert 0 < gap["ci_low"] < 15 < gap["ci_high"] and gap["verdict"] == "reproduced"
+    assert 0 < gap["ci_low"] < 13 < 15 < gap["ci_high"] and gap["verdict"] == "reproduced"
     assert gap["matched"] is False  # the CNN's seed 1 ran out of budget
     text = "\n".join(ra.render_affnist(ra.affnist_summary(runs, REFERENCE), gap, REFERENCE))
     assert "Verdict: reproduced" in text and "not compared at matched" in text
     assert "affNIST-style set" in text  # the fabricated source is not the real affNIST
+    csv = ra.with_gap(ra.affnist_summary(runs, REFERENCE), gap)
+    assert list(csv.gap_verdict) == ["reproduced"] * 2 and list(csv.gap_pp) == pytest.approx([15.0, 15.0])
+
+
+def test_affnist_gap_across_commits_is_confounded(tmp_path):
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_affnist", seed, 1.0, affine_pct=21.0, image_size=40, commit="aaaaaaa")
+        fabricate(tmp_path, "cnn_affnist", seed, 1.0, affine_pct=36.0, model="pooling_cnn", recon=False,
+                  image_size=40, commit="bbbbbbb")
+    gap = ra.affnist_gap(load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1]), REFERENCE)
+    assert gap["gap"] == pytest.approx(15.0) and math.isnan(gap["ci_low"])
+    assert gap["verdict"] == "confounded (protocols or commits differ: aaaaaaa, bbbbbbb)"
 
 
 def test_transform_bins_average_over_seeds(tmp_path):
@@ -165,7 +238,7 @@ def test_transform_bins_average_over_seeds(tmp_path):
 
     fabricate(tmp_path, "capsnet_affnist", 0, 1.0, image_size=40, bins=bins([50.0, None]))
     fabricate(tmp_path, "capsnet_affnist", 1, 1.0, image_size=40, bins=bins([70.0, 80.0]))
-    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_affnist"], [0, 1])
+    runs = load(tmp_path, ["capsnet_affnist"], [0, 1])
     out = ra.transform_bins(runs, "affnist_test")["capsnet_affnist"]["rotation_deg"]
     assert out["centres"] == [-10.0, 10.0]
     assert out["accuracy_pct"] == pytest.approx([60.0, 80.0])  # an empty bin is skipped, not counted as 0
@@ -184,29 +257,16 @@ def test_deviations_name_profile_changes_including_the_affnist_set():
 
 def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
     from conftest import REPO
+    from pipeline import report_stage
     from pipeline.params import load_params
 
     committed = load_params(REPO / "params.yaml")  # 1,000 partners per digit: the paper's 10M pairs
-    assert not any("MultiMNIST test set" in d for d in rp.deviations(committed, REFERENCE))
+    assert not any("MultiMNIST test set" in d for d in report_stage.deviations(committed, REFERENCE))
     gpu = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, multimnist_pairs_per_digit=100))
-    (line,) = [d for d in rp.deviations(gpu, REFERENCE) if "MultiMNIST test set" in d]
+    (line,) = [d for d in report_stage.deviations(gpu, REFERENCE) if "MultiMNIST test set" in d]
     assert "100 partners per test digit, 1,000,000 pairs" in line and "SE ≤ 0.050 pp" in line  # √(¼ / 1e6) = 0.0005
     no_multi = dataclasses.replace(gpu, ablation=dataclasses.replace(gpu.ablation, variants=("capsnet_r1",)))
-    assert not any("MultiMNIST" in d for d in rp.deviations(no_multi, REFERENCE))
-
-
-def test_cluster_bootstrap_resamples_whole_digits():
-    digits, k = 100, 10
-    a = np.zeros((1, digits * k), dtype=bool)
-    a[0, :20 * k] = True  # A fails every transform of 20 digits, B nothing: Δ = +20 pp
-    b = np.zeros_like(a)
-    gap, lo, hi = rp.paired_bootstrap(a, b, groups=np.repeat(np.arange(digits), k))
-    gap_images, lo_images, hi_images = rp.paired_bootstrap(a, b)
-    assert gap == gap_images == pytest.approx(20.0)
-    # 100 independent digits, Bernoulli(0.2): CI ≈ 20 ± 1.96·sqrt(0.16/100)·100 ≈ 20 ± 7.8 pp;
-    # treating the 1,000 images as independent would claim ≈ ± 2.5 pp
-    assert 11 < lo < 15 and 25 < hi < 29
-    assert hi_images - lo_images < 6
+    assert not any("MultiMNIST" in d for d in report_stage.deviations(no_multi, REFERENCE))
 
 
 def test_missing_runs_are_listed_not_estimated(tmp_path):
@@ -214,9 +274,9 @@ def test_missing_runs_are_listed_not_estimated(tmp_path):
     fabricate(tmp_path, "capsnet_r1", 1, 2.0)
     fabricate(tmp_path, "capsnet_r3", 0, 1.0)
     (tmp_path / "results" / "capsnet_r3" / "seed0" / "predictions.safetensors").unlink()  # stopped before evaluation
-    missing = rp.missing_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0, 1])
+    missing = rr.missing_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0, 1])
     assert missing == [("capsnet_r3", 0), ("capsnet_r3", 1)]
-    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0, 1], skip=missing)
+    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1], skip=missing)
     assert [(r.variant, r.seed) for r in runs] == [("capsnet_r1", 0), ("capsnet_r1", 1)]
     text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
                               not_run={"capsnet_r3": [0, 1]}, deviations=["d"], provenance={"commit": "x"},
@@ -226,41 +286,63 @@ def test_missing_runs_are_listed_not_estimated(tmp_path):
 
 
 def test_published_copies_rewrite_the_same_report_without_scores(tmp_path):
-    fabricate(tmp_path, "capsnet_r1", 0, 1.5)
-    fabricate(tmp_path, "capsnet_r3", 0, 1.0)
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.5 + seed)
+        fabricate(tmp_path, "capsnet_r3", seed, 1.0)
     result = tmp_path / "results" / "capsnet_r3" / "seed0"
     extra = {"test_scores": torch.rand(200, 10).half()}
     from safetensors.torch import load_file
     save_file({**load_file(str(result / "predictions.safetensors")), **extra}, str(result / "predictions.safetensors"))
-    (tmp_path / "results" / "capsnet_r1" / "seed1").mkdir(parents=True)  # incomplete: not published
-    copied = rp.publish_runs(tmp_path / "models", tmp_path / "results", tmp_path / "pub")
-    assert copied == [("capsnet_r1", 0), ("capsnet_r3", 0)]
+    (tmp_path / "results" / "capsnet_r1" / "seed2").mkdir(parents=True)  # incomplete: not published
+    copied = rr.publish_runs(tmp_path / "models", tmp_path / "results", tmp_path / "pub")
+    assert copied == [("capsnet_r1", 0), ("capsnet_r1", 1), ("capsnet_r3", 0), ("capsnet_r3", 1)]
     kept = load_file(str(tmp_path / "pub" / "results" / "capsnet_r3" / "seed0" / "predictions.safetensors"))
     assert sorted(kept) == ["affine_test_labels", "affine_test_preds", "test_labels", "test_preds"]
-    original = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0])
-    published = rp.load_runs(tmp_path / "pub" / "models", tmp_path / "pub" / "results", ["capsnet_r1", "capsnet_r3"], [0])
+    original = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1])
+    published = rr.load_runs(tmp_path / "pub" / "models", tmp_path / "pub" / "results", ["capsnet_r1", "capsnet_r3"], [0, 1])
     pd.testing.assert_frame_equal(rp.effects(original, REFERENCE), rp.effects(published, REFERENCE))
     pd.testing.assert_frame_equal(rp.summarize(original, REFERENCE), rp.summarize(published, REFERENCE))
 
 
-def test_training_commit_from_config_or_journal(tmp_path):
-    fabricate(tmp_path, "capsnet_r1", 0, 1.0)
-    run = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0])[0]
-    run.config.update(run_id="abc", environment={})
-    assert rp.training_commit(run, tmp_path / "journal") == "not recorded"
+def test_commit_from_config_else_journal_else_not_recorded(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, commit=None)
+    [run] = load(tmp_path, ["capsnet_r1"], [0])
+    assert (run.commit, run.commit_source) == ("not recorded", "not recorded")
     (tmp_path / "journal").mkdir()
-    (tmp_path / "journal" / "abc.jsonl").write_text(json.dumps({"event": "start", "tags": {"git_commit": "17bb48c"}}) + "\n")
-    assert rp.training_commit(run, tmp_path / "journal") == "17bb48c"
-    run.config["environment"]["git_commit"] = "deadbee"
-    assert rp.training_commit(run, tmp_path / "journal") == "deadbee"
+    (tmp_path / "journal" / "capsnet_r1-0.jsonl").write_text(
+        json.dumps({"event": "start", "tags": {"git_commit": "17bb48c"}}) + "\n")
+    [run] = load(tmp_path, ["capsnet_r1"], [0])  # the journal beside models/ names it
+    assert (run.commit, run.commit_source) == ("17bb48c", "tracking journal")
+    assert rr.run_provenance([run]).iloc[0].commit == "17bb48c (journal tag)"
+    assert rr.recorded_commit({"environment": {"git_commit": "deadbee"}, "run_id": "capsnet_r1-0"},
+                              tmp_path / "journal") == ("deadbee", "config.json")
+
+
+def test_run_provenance_shows_what_each_run_recorded_and_nothing_else(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, adam_eps=None, resumed=None, amp=True, device="cuda")
+    fabricate(tmp_path, "capsnet_r1", 1, 1.0, resumed=[20, 35], history=[1.0] * 50)
+    runs = load(tmp_path, ["capsnet_r1"], [0, 1])
+    table = rr.run_provenance(runs).set_index("seed")
+    assert table.loc[0, "adam_eps"] == "not recorded" and table.loc[1, "adam_eps"] == 1e-8
+    assert table.loc[0, "resumed_at_epoch"] == "not recorded" and table.loc[1, "resumed_at_epoch"] == "20, 35"
+    assert table.loc[0, "precision"] == "bf16 autocast" and table.loc[1, "precision"] == "fp32"  # amp only on CUDA
+    runs[0].config["resumed_from_epoch"] = 40  # what the published runs record: the last resume only
+    assert runs[0].resume_epochs == [40] and runs[0].resumed == ("40 (the last resume; earlier ones not recorded) "
+                                                                 "(its checkpoint was already final: the last start trained nothing)")
+    runs[0].config["resumed_from_epoch"] = 0
+    assert runs[0].resume_epochs == [] and runs[0].resumed == "no"
+    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
+                              deviations=["d"], provenance={}, figures={}, reference=REFERENCE,
+                              run_table=rr.run_provenance(runs))
+    assert "### Each run as it recorded itself" in text and "| capsnet_r1 | 1 | c0ffee0123456789abcdef0123456789abcdef01 | 1e-08 |" in text
 
 
 def test_both_recipes_side_by_side_with_best_epoch_column(tmp_path):
     for seed, (err, history) in enumerate([(1.0, [3.0, 0.5, 1.0]), (2.0, [2.5, 2.0, 2.0])]):
         fabricate(tmp_path, "capsnet_r3_recon", seed, err, history=history)
-        fabricate(tmp_path, "capsnet_r3_recon_official", seed, 0.5, recipe="official", history=[1.0, 0.5])
+        fabricate(tmp_path, "capsnet_r3_recon_official", seed, 0.5, recipe="official", history=[1.0, 0.5], epochs=3)
     variants = ["capsnet_r3_recon", "capsnet_r3_recon_official"]
-    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", variants, [0, 1])
+    runs = load(tmp_path, variants, [0, 1])
     summary = rp.summarize(runs, REFERENCE).set_index("variant")
     paper, official = summary.loc["capsnet_r3_recon"], summary.loc["capsnet_r3_recon_official"]
     assert paper.recipe == "paper" and official.recipe == "official"  # a config without recipe is the paper's
@@ -270,13 +352,13 @@ def test_both_recipes_side_by_side_with_best_epoch_column(tmp_path):
     assert paper.best_errors == "0.50@2 2.00@2" and paper.best_error_mean == pytest.approx(1.25)
     assert paper.final_epochs == "3 3"
     effect = rp.effects(runs, REFERENCE).set_index("effect").loc["official vs paper recipe, routing 3, with reconstruction"]
-    assert effect.our_delta == pytest.approx(-1.0) and np.isnan(effect.paper_delta) and effect.same_direction is None
+    assert effect.our_delta == pytest.approx(-1.0) and np.isnan(effect.paper_delta)
     text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
                               deviations=["d"], provenance={}, figures={}, reference=REFERENCE)
-    assert "| capsnet_r3_recon_official | official | 3 | yes | 2 | 0.50 ± 0.00 |" in text
-    assert "| capsnet_r3_recon | paper | 3 | yes | 2 | 1.50 ± 0.71 |" in text
+    assert "| capsnet_r3_recon_official | official | 3 | yes | c0ffee0 | 2 | 0.50 ± 0.00 |" in text
+    assert "| capsnet_r3_recon | paper | 3 | yes | c0ffee0 | 2 | 1.50 ± 0.71 |" in text
     assert "selected on the test set, so it is optimistic" in text
-    assert "| capsnet_r3_recon | 1.50 | 3 3 | 1.25 | 0.50@2 2.00@2 |" in text
+    assert "| capsnet_r3_recon | c0ffee0 | 1.50 | 1.83 | 1.50 2.17 | 0.00081 | 3 3 | 1.25 | 0.50@2 2.00@2 |" in text
     assert "| official vs paper recipe, routing 3, with reconstruction | – (no number) | -1.00 |" in text
 
 
@@ -293,16 +375,18 @@ def test_deviations_list_each_recipe_present():
     assert capsnet.PAPER_RECIPE_DEVIATIONS[0] in listed and capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] not in listed
 
 
-def test_runs_from_before_adam_eps_was_recorded_are_named(tmp_path):
-    from pipeline import train
-
+def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
     for variant in ("capsnet_r1", "capsnet_r3"):
-        fabricate(tmp_path, variant, 0, 1.0)
-    runs = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1", "capsnet_r3"], [0])
-    (note,) = rp.run_deviations(runs)
-    assert "Adam ε = 1e-07 in 2 of 2 runs (capsnet_r1, capsnet_r3)" in note
-    for run in runs:
-        run.config["optimizer"] = {"name": "adam", "adam_eps": train.ADAM_EPS}
+        fabricate(tmp_path, variant, 0, 1.0, adam_eps=None, commit=None)
+    fabricate(tmp_path, "capsnet_r1_recon", 0, 1.0, resumed=[20])
+    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3", "capsnet_r1_recon"], [0])
+    eps, resumed = rp.run_deviations(runs)
+    assert eps.startswith("Adam ε is not recorded by 2 of 3 runs (capsnet_r1, capsnet_r3; trained at not recorded")
+    assert "1e-07" not in eps  # nothing filled from an old default
+    assert "1 of 3 runs resumed" in resumed and "capsnet_r1_recon 0@20" in resumed
+    for run in runs[:2]:
+        run.config["optimizer"] = {"name": "adam", "adam_eps": 1e-8}
+    runs[2].config["resumed_at_epochs"] = []
     assert rp.run_deviations(runs) == []
 
 
@@ -319,7 +403,7 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
         fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, recon=False, history=[3.0, 1.0 + seed])
     p = load_params(REPO / "params.yaml")
     p = dataclasses.replace(p, ablation=dataclasses.replace(p.ablation, variants=("capsnet_r1",), seeds=(0, 1)))
-    for run in rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0, 1]):
+    for run in load(tmp_path, ["capsnet_r1"], [0, 1]):
         (tmp_path / "models" / "capsnet_r1" / f"seed{run.seed}" / "config.json").write_text(json.dumps(
             {**run.config, "params": {"device": "cpu"},
              "environment": {"torch_version": "t", "python_version": "p", "device_name": "cpu", "cuda_version": "None"}}))
@@ -353,6 +437,6 @@ def test_runs_evaluated_before_uniform_metric_keys_still_load(tmp_path, image_si
     path = tmp_path / "results" / "capsnet_r1" / "seed0" / "metrics.json"
     path.write_text(json.dumps({f"{clean}_error_pct": 1.0, f"{transformed}_error_pct": 50.0, f"n_{clean}": 200,
                                 f"n_{transformed}": 200, "n_params": 5, "epochs_trained": 1, "reached_target": False}))
-    [run] = rp.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0])
+    [run] = load(tmp_path, ["capsnet_r1"], [0])
     assert run.metrics == {"error_pct": 1.0, "transformed_error_pct": 50.0, "n_test": 200, "n_transformed": 200,
                            "n_params": 5, "epochs_trained": 1, "reached_target": False}

@@ -57,9 +57,12 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     straight = train(cfg, data, tmp_path / "a.pt")
     with pytest.raises(KeyboardInterrupt):
         train(cfg, data, tmp_path / "b.pt", logger=Recorder(stop_after=1))
+    with pytest.raises(KeyboardInterrupt):  # killed a second time, after epoch 2
+        train(cfg, data, tmp_path / "b.pt", logger=Recorder(stop_after=2))
     recorder = Recorder()
     resumed = train(cfg, data, tmp_path / "b.pt", logger=recorder)
-    assert resumed.resumed_from_epoch == 1 and [e for e, _ in recorder.epochs] == [2, 3]
+    assert resumed.resumed_from_epoch == 2 and [e for e, _ in recorder.epochs] == [3]
+    assert resumed.resumed_at == [1, 2]  # every resume, carried by the checkpoint across processes
     for key, value in straight.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[key]), key
     assert [h["test_error_pct"] for h in straight.history] == [h["test_error_pct"] for h in resumed.history]
@@ -213,13 +216,14 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
     config = json.loads((models / "cnn_affnist" / "seed0" / "config.json").read_text())
     assert config["eval_set"] == "expanded_test" and config["stop_reason"] in ("target", "budget")
     assert config["optimizer"] == {"name": "adam", "adam_eps": 1e-8}
+    assert config["resumed_at_epochs"] == [] and config["environment"]["git_commit"]  # the report reads these
     result = run_cli(["report", str(models), str(results), str(root / "s52" / "reports"), "--params", str(params)],
                      store, monkeypatch)
     assert result.exit_code == 0, result.output
     text = (root / "s52" / "reports" / "ablation.md").read_text()
     assert "## §5.2 Robustness to affine transformations" in text and "CapsNet − CNN on affNIST" in text
-    assert "resampling test digits (all transforms of a digit together)" in text  # the cluster bootstrap is used
-    assert "Adam ε = 1e-07" not in text  # runs trained today record TF1's 1e-8
+    assert "test-set sampling of test digits (all transforms of a digit together)" in text  # clustered by digit
+    assert "Adam ε is not recorded" not in text and "| not recorded |" not in text  # runs trained today record it all
     assert (root / "s52" / "reports" / "figures" / "affnist_bins.png").read_bytes()[:4] == b"\x89PNG"
     variant_metrics = {p.stem: json.loads(p.read_text()) for p in (root / "s52" / "reports" / "metrics").iterdir()}
     assert set(variant_metrics) == {"capsnet_r1", "capsnet_affnist", "cnn_affnist"}

@@ -1,0 +1,155 @@
+"""Seed-aware statistics for the report: intervals that include the spread between training seeds.
+
+With three seeds, seed-to-seed spread is usually the largest noise in a test error; an interval
+that resamples only test images (the trained models held fixed) is too narrow for any claim about
+a *method*. Everything here therefore carries two terms.
+
+Effect of variant A against variant B on one test set (`effect`), seeds A_1..A_m and B_1..B_n:
+
+    d   = mean_s err(A_s) − mean_s err(B_s)
+    SE² = s_A²/m + s_B²/n        between-seed variance of each variant's error (Welch's two terms)
+        + V_test                 test-set sampling variance of the seed-averaged per-image difference,
+                                 paired by image, clustered by source digit where given
+    CI  = d ± t(ν) · SE          Student's t, ν by Welch–Satterthwaite over the three terms
+
+This is what a two-level bootstrap (seeds, then test images) estimates, in closed form: with three
+seeds a percentile bootstrap draws from ten distinct seed multisets and its interval is too narrow
+(its variance is (n−1)/n of the sample's, and it uses normal rather than t quantiles). The seed
+terms are measured on one fixed test set, so they already hold each model's own image-level noise;
+adding V_test counts part of that twice, which errs on the wide side.
+
+Our mean against the paper's value (`against_paper`) has no test term: both are measured on the same
+MNIST test set. Its SE² = s²/n + σ_p²/k_p (the paper's σ is a sample std over k_p = 3 trials).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+LEVEL = 0.95
+PAPER_TRIALS = 3  # Table 1: "mean and standard deviation of 3 trials"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A difference (percentage points) with its two-sided LEVEL interval; lo/hi NaN without one."""
+
+    estimate: float
+    lo: float
+    hi: float
+    se: float
+    df: float
+
+    @property
+    def known(self) -> bool:
+        return not math.isnan(self.lo)
+
+    def excludes_zero(self) -> bool:
+        return self.known and (self.lo > 0 or self.hi < 0)
+
+
+def satterthwaite(terms: list[tuple[float, float]]) -> float:
+    """Welch–Satterthwaite degrees of freedom of a sum of variance terms [(variance, its df)]."""
+    total = sum(v for v, _ in terms)
+    denominator = sum(v * v / df for v, df in terms if v > 0 and df > 0)
+    return math.inf if denominator == 0 else total * total / denominator
+
+
+def t_interval(estimate: float, terms: list[tuple[float, float]], level: float = LEVEL) -> Interval:
+    """estimate ± t(ν)·sqrt(Σ variances), ν from `satterthwaite`."""
+    se = math.sqrt(sum(v for v, _ in terms))
+    df = satterthwaite(terms)
+    half = 0.0 if se == 0 else float(stats.t.ppf(0.5 + level / 2, df)) * se
+    return Interval(estimate, estimate - half, estimate + half, se, df)
+
+
+def test_variance(diff: np.ndarray, groups: np.ndarray | None = None) -> tuple[float, int]:
+    """(variance of diff's mean under resampling of images or of whole groups, number of units).
+
+    diff (N,) per-image values; groups (N,) integer cluster ids (the source digit of each
+    affNIST-style image), whose images are resampled together. The ratio estimator's
+    linearisation: G/(G−1) · Σ_g (D_g − d̄·n_g)² / N², which is var(diff, ddof=1)/N for singletons.
+    """
+    n = diff.shape[0]
+    groups = np.arange(n) if groups is None else np.asarray(groups)
+    sums, counts = np.bincount(groups, weights=diff), np.bincount(groups)  # (G,)
+    keep = counts > 0
+    sums, counts = sums[keep], counts[keep]
+    g = sums.shape[0]
+    if g < 2:
+        return 0.0, g
+    resid = sums - diff.mean() * counts  # (G,)
+    return float(g / (g - 1) * (resid ** 2).sum() / n ** 2), g
+
+
+def effect(errors_a: np.ndarray, errors_b: np.ndarray, groups: np.ndarray | None = None,
+           level: float = LEVEL) -> Interval:
+    """error(A) − error(B) in percentage points with a seed-aware interval (module docstring).
+
+    errors_a (m, N), errors_b (n, N): 0/1 per seed and test image, the same N images in the same
+    order. With one seed on either side the seed spread is unknown: the estimate comes without
+    an interval (lo, hi NaN), never with a test-only one.
+    """
+    if errors_a.shape[1:] != errors_b.shape[1:]:
+        raise ValueError(f"effect needs the same test images, got {errors_a.shape} and {errors_b.shape}")
+    a, b = errors_a.astype(float), errors_b.astype(float)
+    rate_a, rate_b = 100 * a.mean(axis=1), 100 * b.mean(axis=1)  # (m,), (n,) per-seed error %
+    d = float(rate_a.mean() - rate_b.mean())
+    m, n = len(rate_a), len(rate_b)
+    if m < 2 or n < 2:
+        return Interval(d, math.nan, math.nan, math.nan, math.nan)
+    per_image = 100 * (a.mean(axis=0) - b.mean(axis=0))  # (N,) seed-averaged paired difference
+    v_test, units = test_variance(per_image, groups)
+    terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]
+    return t_interval(d, terms, level)
+
+
+def against_paper(ours: list[float], paper: float, paper_std: float | None,
+                  paper_trials: int = PAPER_TRIALS, level: float = LEVEL) -> Interval:
+    """Our mean − the paper's value (pp), interval from our seed spread and the paper's σ."""
+    n = len(ours)
+    delta = float(np.mean(ours)) - paper
+    if n < 2:
+        return Interval(delta, math.nan, math.nan, math.nan, math.nan)
+    terms = [(float(np.var(ours, ddof=1)) / n, n - 1)]
+    if paper_std:
+        terms.append((paper_std ** 2 / paper_trials, paper_trials - 1))
+    return t_interval(delta, terms, level)
+
+
+VERDICT_RULE = (f"Verdict from the {LEVEL:.0%} interval of ours − paper, SE² = s²/n + σ_p²/{PAPER_TRIALS} (our seed "
+                f"std s over n seeds, the paper's σ_p over its {PAPER_TRIALS} trials; both on the same MNIST test set), "
+                "Student's t with Welch–Satterthwaite degrees of freedom: `not reproduced` when the interval lies "
+                "wholly above 0 (our error is higher beyond the noise), `better` when wholly below 0, `consistent` "
+                "when it covers 0 — the paper's value is within our noise, which with few seeds is a wide statement, "
+                "not proof of equality (the interval says how wide). One seed: no interval, no verdict.")
+
+
+def verdict(interval: Interval) -> str:
+    """`not reproduced` | `better` | `consistent` | `one seed: no verdict` (VERDICT_RULE)."""
+    if not interval.known:
+        return "one seed: no verdict"
+    if interval.lo > 0:
+        return "not reproduced"
+    return "better" if interval.hi < 0 else "consistent"
+
+
+def effect_words(interval: Interval) -> str:
+    """What an effect's interval supports, for tables and the README."""
+    if not interval.known:
+        return "no interval (one seed)"
+    if interval.hi < 0:
+        return "A lower, beyond seed and test noise"
+    if interval.lo > 0:
+        return "A higher, beyond seed and test noise"
+    return "not distinguishable from noise"
+
+
+def fmt_interval(interval: Interval, digits: int = 2) -> str:
+    if not interval.known:
+        return "–"
+    return f"[{interval.lo:+.{digits}f}, {interval.hi:+.{digits}f}]"

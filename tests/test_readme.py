@@ -1,0 +1,45 @@
+"""The README's results cannot drift from the published report's tables."""
+
+import pandas as pd
+import pytest
+from conftest import REPO
+
+from pipeline import report as rp
+from pipeline.errors import UserError
+
+
+def published_block() -> str:
+    reports = REPO / "reports"
+    affnist = reports / "affnist.csv"
+    return rp.readme_block(pd.read_csv(reports / "results.csv"), pd.read_csv(reports / "effects.csv"),
+                           pd.read_csv(affnist) if affnist.stat().st_size else None)
+
+
+def test_readme_results_block_is_the_one_the_published_tables_give():
+    block = rp.readme_block_of((REPO / "README.md").read_text())
+    assert block, "README.md has no generated results block"
+    assert block == published_block(), (
+        "README.md's results block differs from reports/*.csv: run `capsnet report reports/runs/models "
+        "reports/runs/results reports --params reports/runs/params.yaml --missing list --readme README.md`")
+
+
+def test_the_block_states_every_row_and_effect_of_the_first_protocol():
+    block = published_block()
+    results = pd.read_csv(REPO / "reports" / "results.csv")
+    first = results[results.protocol == results.protocol.iloc[0]]
+    for r in first.itertuples():
+        assert f"{r.test_error_mean:.2f} ± {r.test_error_std:.2f}: {r.verdict}" in block, r.variant
+    for e in pd.read_csv(REPO / "reports" / "effects.csv").itertuples():
+        assert f"- {e.effect}: {e.our_delta:+.2f}" in block and e.status in block
+
+
+def test_rewrite_replaces_only_the_block(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{rp.README_BEGIN}\nold numbers\n{rp.README_END}\ncontext\n")
+    rp.rewrite_readme(readme, f"{rp.README_BEGIN}\nnew\n{rp.README_END}")
+    assert readme.read_text() == f"intro\n{rp.README_BEGIN}\nnew\n{rp.README_END}\ncontext\n"
+    assert rp.readme_block_of(readme.read_text()) == f"{rp.README_BEGIN}\nnew\n{rp.README_END}"
+    readme.write_text("no markers\n")
+    with pytest.raises(UserError, match="has no generated results block"):
+        rp.rewrite_readme(readme, "x")
+    assert readme.read_text() == "no markers\n"
