@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One self-contained GPU session on a machine with torch but no DVC or MLflow (the device tool's
 # H100/H200). Prepares the data from the MNIST .gz files in .gpu/mnist, then, as asked:
-#   --tests          tests/test_gpu.py (fast path vs eager fp32, every variant)
+#   --tests          every CUDA-only test (marked cuda: tests/test_gpu.py's fast path vs eager fp32 per
+#                    variant and layer, the CUDA generator on resume, MultiMNIST composed on the device)
 #   --bench "V ..."  `capsnet bench` rows for these variants: the reference loop, then fp32, bf16 and
 #                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs);
 #                    a bench this warm machine already ran (logs/bench/) is not run again
@@ -52,9 +53,11 @@ if [ ! -f data/prepared/train.safetensors ]; then
 fi
 say "data ready"
 
+# the test files holding CUDA-only tests (tests/test_wiring.py checks that this list names every one)
+CUDA_TEST_FILES="tests/test_gpu.py tests/test_wiring.py tests/test_multimnist.py"
 if [ "$TESTS" = 1 ]; then
   rm -f "$OUT/gpu_diffs.jsonl"
-  CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" python3 -m pytest tests/test_gpu.py -n 8 -p no:cacheprovider -v \
+  CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" python3 -m pytest -m cuda $CUDA_TEST_FILES -n 8 -p no:cacheprovider -v \
     >"$OUT/gpu_tests.txt" 2>&1
   say "gpu tests exit $?: $(tail -1 "$OUT/gpu_tests.txt")"
 fi

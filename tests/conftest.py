@@ -46,6 +46,25 @@ def synthetic_digits(n: int, size: int = 28, seed: int = 0) -> tuple[torch.Tenso
     return images, torch.arange(n, dtype=torch.uint8) % 10
 
 
+def tiny_data(n_train=48, n_test=16):
+    train_images, train_labels = synthetic_digits(n_train, seed=1)
+    test_images, test_labels = synthetic_digits(n_test, seed=2)
+    return {"train_images": train_images, "train_labels": train_labels,
+            "test_images": test_images, "test_labels": test_labels}
+
+
+class Recorder:
+    """An epoch logger that keeps what it is given and simulates a kill after epoch ``stop_after``."""
+
+    def __init__(self, stop_after=None):
+        self.epochs, self.stop_after = [], stop_after
+
+    def log_epoch(self, epoch, metrics):
+        self.epochs.append((epoch, metrics))
+        if epoch == self.stop_after:
+            raise KeyboardInterrupt("simulated kill")
+
+
 def write_mnist(directory: Path, n_train: int = 40, n_test: int = 20, gz: bool = False) -> dict[str, bytes]:
     """Write the four IDX files (raw or .gz); returns their decoded bytes by name."""
     directory.mkdir(parents=True, exist_ok=True)

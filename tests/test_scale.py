@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, REPO, dvc_repo, sh, tiny_pipeline
+from conftest import BIN, REPO, dvc_repo, sh
 from conftest import tool_env as env
 
 from pipeline import stages
@@ -67,15 +67,21 @@ def test_kubernetes_example_runs_the_task_script_once_per_item():
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
 
 
-def test_train_and_evaluate_run_where_dvc_is_not_installed(tmp_path):
-    """A GPU box with only torch: the stage commands never import dvc (an import of it fails here)."""
-    root = tiny_pipeline(tmp_path)
-    block = "import sys; sys.modules['dvc'] = None; from pipeline.cli import main; main()"
-    for args in (["train", "capsnet_r1", "0", "prepared", "models/r1", "--checkpoint", "ck/r1.pt"],
-                 ["evaluate", "models/r1", "prepared", "results/r1"]):
-        sh(root, sys.executable, "-c", block, *args, CAPSNET_TRACKING_JOURNAL=str(tmp_path / "journal"),
-           PYTHONPATH=str(REPO))
-    assert json.loads((root / "results/r1/metrics.json").read_text())["n_test"] == 12
+def test_train_and_evaluate_run_where_dvc_is_not_installed():
+    """A GPU box with only torch: no module of the package imports dvc anywhere (imports inside
+    functions included), and the CLI with every stage module loads where an import of dvc fails.
+    (scripts/gpu_session.sh runs the stages that way on the GPU machine for real.)"""
+    import ast
+
+    for path in (REPO / "pipeline").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            assert not any(n == "dvc" or n.startswith("dvc.") for n in names), f"{path.name} imports dvc"
+    block = ("import sys; sys.modules['dvc'] = None; import pipeline.train_stage, pipeline.evaluate_stage, "
+             "pipeline.prepare_stage; from pipeline.cli import main; main()")
+    out = sh(REPO, sys.executable, "-c", block, "train", "--help", PYTHONPATH=str(REPO))
+    assert "VARIANT" in out
 
 
 # ---- one node: make gpus ------------------------------------------------------------------------

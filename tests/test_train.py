@@ -10,7 +10,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from conftest import REPO, synthetic_digits, tiny_pipeline
+from conftest import REPO, Recorder, synthetic_digits, tiny_data, tiny_pipeline
 from mlflow.tracking import MlflowClient
 
 from pipeline import evaluate_stage, tracking
@@ -24,23 +24,6 @@ def tiny_config(**changes) -> RunConfig:
                     lr=1e-3, lr_decay_rate=0.96, lr_decay_steps=2000, lr_min=1e-6, max_shift=2, amp=False,
                     compile=False, deterministic=True, log_every=2, eval_batch_size=64, device="cpu")
     return dataclasses.replace(cfg, **changes)
-
-
-def tiny_data(n_train=48, n_test=16):
-    train_images, train_labels = synthetic_digits(n_train, seed=1)
-    test_images, test_labels = synthetic_digits(n_test, seed=2)
-    return {"train_images": train_images, "train_labels": train_labels,
-            "test_images": test_images, "test_labels": test_labels}
-
-
-class Recorder:
-    def __init__(self, stop_after=None):
-        self.epochs, self.stop_after = [], stop_after
-
-    def log_epoch(self, epoch, metrics):
-        self.epochs.append((epoch, metrics))
-        if epoch == self.stop_after:
-            raise KeyboardInterrupt("simulated kill")
 
 
 def test_training_lowers_the_loss(tmp_path):

@@ -1,0 +1,150 @@
+"""Apply plausible bugs to a scratch copy, one at a time, and check that the tests named for each
+one fail. A mutation the tests do not catch is a claim the suite does not test.
+
+    .venv/bin/python scripts/mutate.py            # every mutation (about 5 min on 2 cores)
+    .venv/bin/python scripts/mutate.py -k routing # those whose name contains "routing"
+
+Exit status 1 when any mutation survives. The copy holds the repository's tracked and untracked
+(not ignored) files; the package is imported from the copy (PYTHONPATH), so the real tree and
+its environment are never touched. Not part of CI: each mutation reruns part of the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+EQUATIONS = "tests/test_capsnet.py"
+RECIPES = "tests/test_recipes.py"
+WIRING = "tests/test_wiring.py"
+STATS = "tests/test_stats.py"
+REPORT = "tests/test_report.py"
+
+MUTATIONS = [
+    # --- equations (paper) ---
+    Mutation("routing softmax over the input capsules", "pipeline/capsnet.py",
+             "c = torch.softmax(b, dim=2)", "c = torch.softmax(b, dim=1)", (EQUATIONS,)),
+    Mutation("routing logits replaced, not accumulated", "pipeline/capsnet.py",
+             'b = b + torch.einsum("bijd,bjd->bij", u_hat, v)', 'b = torch.einsum("bijd,bjd->bij", u_hat, v)',
+             (EQUATIONS,)),
+    Mutation("squash without the square in the scale", "pipeline/capsnet.py",
+             "return squared_norm / (1 + squared_norm) * s", "return squared_norm.sqrt() / (1 + squared_norm) * s",
+             (EQUATIONS,)),
+    Mutation("margin loss without the squares", "pipeline/capsnet.py",
+             "present = t * F.relu(m_plus - lengths) ** 2", "present = t * F.relu(m_plus - lengths)", (EQUATIONS,)),
+    Mutation("margin loss ignores λ", "pipeline/capsnet.py",
+             "absent = lambda_ * (1 - t) *", "absent = (1 - t) *", (EQUATIONS,)),
+    Mutation("margin loss averaged over classes", "pipeline/capsnet.py",
+             "return (present + absent).sum(dim=1).mean()", "return (present + absent).mean()", (EQUATIONS,)),
+    Mutation("reconstruction as a per-pixel mean", "pipeline/capsnet.py",
+             "sse = ((reconstructions - images) ** 2).flatten(1).sum(dim=1)",
+             "sse = ((reconstructions - images) ** 2).flatten(1).mean(dim=1)", (EQUATIONS,)),
+    Mutation("official margin not divided by 2K", "pipeline/capsnet.py",
+             "margin = margin / (2 * output.lengths.shape[1])", "margin = margin", (RECIPES,)),
+    Mutation("official PrimaryCaps without the 1/types", "pipeline/capsnet.py",
+             "out = out / self.types + self.bias", "out = out + self.bias", (RECIPES,)),
+    # --- wiring: recipe and generators reaching the code that trains ---
+    Mutation("training loss ignores the recipe", "pipeline/train.py",
+             'return cfg.recipe if cfg.model == "capsnet" else None', 'return "paper" if cfg.model == "capsnet" else None',
+             (WIRING,)),
+    Mutation("params' recipe never reaches the run config", "pipeline/train.py",
+             "target_accuracy_pct=v.target_accuracy_pct, recipe=v.recipe,", "target_accuracy_pct=v.target_accuracy_pct,",
+             (WIRING,)),
+    Mutation("the model is built without its recipe", "pipeline/train.py",
+             "cfg.image_size, cfg.num_classes, cfg.recipe)", "cfg.image_size, cfg.num_classes)", (WIRING,)),
+    Mutation("resume drops the CPU generator", "pipeline/train.py",
+             'torch.set_rng_state(state["cpu_rng"])', "pass", (WIRING,)),
+    Mutation("resume drops the data generator", "pipeline/train.py",
+             'generator.set_state(state["generator"])', "pass", (WIRING,)),
+    Mutation("compiled step differs from eager (loss scaled)", "pipeline/train.py",
+             "    return torch.compile(fn, mode=compile_mode) if cfg.compile else fn",
+             "    return torch.compile(lambda *a: tuple(t * 1.01 for t in fn(*a)), mode=compile_mode) if cfg.compile else fn",
+             (WIRING,)),
+    # --- statistics and report ---
+    Mutation("effect interval without the seed terms", "pipeline/stats.py",
+             "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",
+             "terms = [(v_test, units - 1)]", (STATS,)),
+    Mutation("90 % intervals called 95 %", "pipeline/stats.py", "LEVEL = 0.95", "LEVEL = 0.90", (STATS,)),
+    Mutation("normal instead of t quantile", "pipeline/stats.py",
+             "float(stats.t.ppf(0.5 + level / 2, df))", "float(stats.norm.ppf(0.5 + level / 2))", (STATS,)),
+    Mutation("rows pool commits", "pipeline/runs.py",
+             "out.setdefault((r.variant, r.protocol_key, r.commit_key), []).append(r)",
+             'out.setdefault((r.variant, r.protocol_key, ""), []).append(r)', (REPORT,)),
+    Mutation("§5.2 has no word for a gap below 0", "pipeline/report_affnist.py",
+             '    if ci_high < 0:\n        return "opposite"\n', "", (REPORT,)),
+    Mutation("old runs' Adam ε filled from a default", "pipeline/runs.py",
+             'return self.config.get("optimizer", {}).get("adam_eps", NOT_RECORDED)',
+             'return self.config.get("optimizer", {}).get("adam_eps", 1e-7)', (REPORT,)),
+]
+
+
+def scratch_copy(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def run_tests(copy: Path, tests: tuple[str, ...]) -> bool:
+    """True when the tests pass (the mutation survives)."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                            cwd=copy, env=env, capture_output=True, text=True)
+    return result.returncode == 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", default="", help="only mutations whose name contains this")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if args.k in m.name]
+    survived = []
+    with tempfile.TemporaryDirectory(prefix="capsnet-mutate-") as tmp:
+        copy = Path(tmp)
+        scratch_copy(copy)
+        if not run_tests(copy, tuple(dict.fromkeys(t for m in chosen for t in m.tests))):
+            print("the unmutated copy fails its tests: fix those first", file=sys.stderr)
+            return 2
+        for m in chosen:
+            target = copy / m.path
+            original = target.read_text()
+            if m.old not in original:
+                print(f"STALE    {m.name}: {m.path} no longer contains the line to mutate", file=sys.stderr)
+                survived.append(m.name)
+                continue
+            target.write_text(original.replace(m.old, m.new, 1))
+            t0 = time.perf_counter()
+            alive = run_tests(copy, m.tests)
+            target.write_text(original)
+            print(f"{'SURVIVED' if alive else 'caught  '} {m.name} ({time.perf_counter() - t0:.0f} s, {' '.join(m.tests)})",
+                  flush=True)
+            if alive:
+                survived.append(m.name)
+    print(f"{len(chosen) - len(survived)} of {len(chosen)} mutations caught")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

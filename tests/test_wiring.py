@@ -1,0 +1,137 @@
+"""Wiring: a recipe, a flag or a generator must reach the code that trains, not only the
+equation tests. Each test here fails when the switch it names is cut (scripts/mutate.py applies
+those cuts to a scratch copy and runs these tests)."""
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import REPO, Recorder, tiny_data
+
+from pipeline import train as train_module
+from pipeline.capsnet import capsnet_loss
+from pipeline.params import load_params
+from pipeline.train import build_model, run_config, to_float, train
+
+
+def one_step_config(variant: str, batch: int = 8):
+    """The committed params' variant, trained for one full-batch step on CPU without shifts (so the
+    step's loss is a function of the initial weights and the data alone, whatever the order)."""
+    cfg = run_config(load_params(REPO / "params.yaml"), variant, 0)
+    return dataclasses.replace(cfg, epochs=1, batch_size=batch, max_shift=0, device="cpu", compile=False,
+                               amp=False, deterministic=True, log_every=1, eval_batch_size=batch, checkpoint_every=1)
+
+
+@pytest.mark.parametrize("variant,recipe", [("capsnet_r3_recon_official", "official"), ("capsnet_r3_recon", "paper")])
+def test_a_variant_trains_with_its_recipes_loss_and_model(tmp_path, variant, recipe):
+    """params.yaml's recipe reaches the loss the loop logs and the model it trains (the 12 published
+    official-recipe runs rest on this): the logged margin term is the recipe's on the same batch and
+    initial weights, the official one Eq. 4 / 20; the trained model has the recipe's layers and init."""
+    cfg = one_step_config(variant)
+    assert cfg.recipe == recipe
+    data = tiny_data(n_train=8, n_test=8)
+    recorder = Recorder()
+    result = train(cfg, data, tmp_path / "ckpt.pt", logger=recorder)
+    [(_, logged)] = recorder.epochs
+
+    torch.manual_seed(cfg.seed)  # the loop's first draw: the initial weights
+    model = build_model(cfg)
+    x, y = to_float(data["train_images"]), data["train_labels"].long()  # (8, 1, 28, 28), (8,)
+    with torch.no_grad():
+        out = model(x, y)
+        _, paper_margin, recon = capsnet_loss(out, x, y, recipe="paper")
+        _, official_margin, _ = capsnet_loss(out, x, y, recipe="official")
+    expected = official_margin if recipe == "official" else paper_margin
+    assert logged["margin_loss"] == pytest.approx(float(expected), rel=1e-5)
+    assert logged["reconstruction_loss"] == pytest.approx(float(recon), rel=1e-5)
+    if recipe == "official":
+        assert logged["margin_loss"] == pytest.approx(float(paper_margin) / 20, rel=1e-5)
+
+    trained = result.model  # one Adam step (lr 1e-3) moves no weight far from its initialisation
+    official = recipe == "official"
+    assert (trained.primary.conv.bias is None) == official  # conv/32 + a (32, 8) bias, or a plain conv
+    assert (trained.digits.bias is not None) == official
+    w_std = float(trained.digits.W.std())  # truncated normal std 0.1 (≈ 0.088 after the ±2σ cut), or 0.01
+    assert (0.08 < w_std < 0.095) if official else (0.009 < w_std < 0.0115)
+
+
+class DropoutNet(torch.nn.Module):
+    """A tiny classifier with dropout: every training step draws from the CPU (or CUDA) generator."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(28 * 28, 32)
+        self.dropout = torch.nn.Dropout(0.5)
+        self.out = torch.nn.Linear(32, 10)
+
+    def forward(self, images):
+        return self.out(self.dropout(torch.relu(self.fc1(images.flatten(1)))))  # (B, 10)
+
+
+def kill_and_resume(tmp_path, monkeypatch, device: str):
+    monkeypatch.setattr(train_module, "build_model", lambda cfg: DropoutNet())
+    cfg = dataclasses.replace(one_step_config("baseline_cnn"), epochs=3, batch_size=16, max_shift=2, device=device)
+    data = tiny_data()
+    straight = train(cfg, data, tmp_path / "a.pt")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, data, tmp_path / "b.pt", logger=Recorder(stop_after=1))
+    resumed = train(cfg, data, tmp_path / "b.pt")
+    assert resumed.resumed_at == [1]
+    return straight, resumed
+
+
+def test_resume_restores_the_cpu_generator_that_dropout_draws_from(tmp_path, monkeypatch):
+    """A killed run with dropout resumes to the uninterrupted run's weights bit for bit: the CPU
+    generator (dropout masks), the data generator (order, shifts) and the optimizer all restored."""
+    straight, resumed = kill_and_resume(tmp_path, monkeypatch, "cpu")
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    assert [h["train_loss"] for h in straight.history] == [h["train_loss"] for h in resumed.history]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_resume_restores_the_cuda_generator(tmp_path, monkeypatch):
+    """On CUDA, dropout draws from the CUDA generator: its state must come back with the checkpoint."""
+    straight, resumed = kill_and_resume(tmp_path, monkeypatch, "cuda")
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+
+
+def test_the_compiled_step_computes_what_eager_computes(tmp_path):
+    """The gpu profile trains model + loss compiled together (train.loss_function with compile):
+    the same call with inductor on CPU, for a small official CapsNet with 3 routing iterations and
+    reconstruction (20×20 input, 128 primary capsules), gives eager's loss and every parameter's
+    gradient within float tolerance (only the order of sums may differ), so CI runs the compiled path."""
+    cfg = dataclasses.replace(one_step_config("capsnet_r3_recon_official"), image_size=20)
+    torch.manual_seed(0)
+    eager_model = build_model(cfg)
+    compiled_model = build_model(cfg)
+    compiled_model.load_state_dict(eager_model.state_dict())
+    x, y = torch.rand(8, 1, 20, 20), torch.arange(8) % 10  # (8, 1, 20, 20), (8,)
+    results = []
+    for model, compile_ in ((eager_model, False), (compiled_model, True)):
+        fn = train_module.loss_function(model, dataclasses.replace(cfg, compile=compile_))
+        assert isinstance(fn, train_module.LossOf) != compile_  # compiled: torch.compile's wrapper
+        total, margin, recon = fn(x, y, None)
+        total.backward()
+        results.append((torch.stack([total, margin, recon]).detach(), {k: p.grad for k, p in model.named_parameters()}))
+    (eager_loss, eager_grads), (compiled_loss, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-7)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_gpu_session_runs_every_cuda_only_test():
+    """Every test file with a CUDA-only test is in gpu_session.sh's list, and every such test is marked
+    cuda (the session selects by the mark): none is left that no script ever runs."""
+    import re
+
+    script = (REPO / "scripts" / "gpu_session.sh").read_text()
+    listed = set(re.search(r'CUDA_TEST_FILES="([^"]+)"', script).group(1).split())
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        text = path.read_text()
+        if "needs CUDA" in text:
+            assert f"tests/{path.name}" in listed, f"{path.name} has CUDA-only tests gpu_session.sh does not run"
+            skips = text.count('reason="needs CUDA"') - text.count("pytestmark = [pytest.mark.cuda")
+            assert skips <= text.count("@pytest.mark.cuda"), f"{path.name}: a CUDA-only test without the cuda mark"
