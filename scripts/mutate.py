@@ -35,7 +35,9 @@ class Mutation:
 
 EQUATIONS = "tests/test_capsnet.py"
 RECIPES = "tests/test_recipes.py"
-WIRING = "tests/test_wiring.py"
+RECIPE_WIRING = "tests/test_wiring.py::test_a_variant_trains_with_its_recipes_loss_and_model"
+RESUME = "tests/test_wiring.py::test_resume_restores_the_cpu_generator_that_dropout_draws_from"
+COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
 
@@ -65,20 +67,20 @@ MUTATIONS = [
     # --- wiring: recipe and generators reaching the code that trains ---
     Mutation("training loss ignores the recipe", "pipeline/train.py",
              'return cfg.recipe if cfg.model == "capsnet" else None', 'return "paper" if cfg.model == "capsnet" else None',
-             (WIRING,)),
+             (RECIPE_WIRING,)),
     Mutation("params' recipe never reaches the run config", "pipeline/train.py",
              "target_accuracy_pct=v.target_accuracy_pct, recipe=v.recipe,", "target_accuracy_pct=v.target_accuracy_pct,",
-             (WIRING,)),
+             (RECIPE_WIRING,)),
     Mutation("the model is built without its recipe", "pipeline/train.py",
-             "cfg.image_size, cfg.num_classes, cfg.recipe)", "cfg.image_size, cfg.num_classes)", (WIRING,)),
+             "cfg.image_size, cfg.num_classes, cfg.recipe)", "cfg.image_size, cfg.num_classes)", (RECIPE_WIRING,)),
     Mutation("resume drops the CPU generator", "pipeline/train.py",
-             'torch.set_rng_state(state["cpu_rng"])', "pass", (WIRING,)),
+             'torch.set_rng_state(state["cpu_rng"])', "pass", (RESUME,)),
     Mutation("resume drops the data generator", "pipeline/train.py",
-             'generator.set_state(state["generator"])', "pass", (WIRING,)),
+             'generator.set_state(state["generator"])', "pass", (RESUME,)),
     Mutation("compiled step differs from eager (loss scaled)", "pipeline/train.py",
              "    return torch.compile(fn, mode=compile_mode) if cfg.compile else fn",
              "    return torch.compile(lambda *a: tuple(t * 1.01 for t in fn(*a)), mode=compile_mode) if cfg.compile else fn",
-             (WIRING,)),
+             (COMPILED,)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
              "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",
