@@ -12,7 +12,7 @@ export UV_COMPILE_BYTECODE := 1
 # Profiles (smoke, gpu) are DVC's own -S overrides, defined once in pipeline/profiles.py.
 PROFILE := PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pipeline.profiles
 
-.PHONY: venv test smoke gpu gpus repro
+.PHONY: venv test smoke gpu paper-gpu gpus repro
 venv: $(BIN)/capsnet
 $(BIN)/capsnet: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q 'uv==0.13.9'
@@ -27,6 +27,9 @@ smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes); p
 
 gpu: venv  ## the whole DVC pipeline in the GPU profile (needs CUDA); refuses a params.yaml with other profiles' values
 	$(PROFILE) gpu --exec dvc exp run
+
+paper-gpu: venv  ## the paper protocol (640 epochs) with the GPU fast path (needs CUDA; hours per variant)
+	$(PROFILE) paper-gpu --exec dvc exp run
 
 repro: venv  ## the whole DVC pipeline in the paper profile; refuses a params.yaml that differs from the committed one
 	$(PROFILE) paper --check

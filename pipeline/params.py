@@ -31,7 +31,7 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
     return {"lo": lo, "hi": hi, "lo_open": lo_open}
 
 
-PROFILES = ("paper", "gpu", "smoke")
+PROFILES = ("paper", "paper-gpu", "gpu", "smoke")
 MODELS = ("baseline_cnn", "capsnet", "pooling_cnn", "multimnist_cnn")
 IMAGE_SIZES = (28, 40, 36)  # MNIST (Table 1), the §5.2 canvas, the MultiMNIST canvas (§6)
 RECIPES = ("paper", "official")  # pipeline.capsnet.RECIPES (kept here so params.py does not import torch)
@@ -80,6 +80,10 @@ class TrainParams:
     lr_decay_steps: int = field(metadata=_range(1))
     lr_min: float = field(metadata=_range(0))
     max_shift: int = field(metadata=_range(0, 8))
+    # 0: the schedule decays at its own pace (lr · rate^(step / decay_steps)); E > 0: the decay of E
+    # epochs is compressed into `epochs` (exponent × E / epochs), so a short run ends at the learning
+    # rate the E-epoch schedule ends at (the gpu profile: the paper's 640 epochs into 50)
+    lr_schedule_epochs: int = field(default=0, metadata=_range(0))
     amp: bool = False  # bf16 autocast (CUDA only; ignored with a warning on CPU)
     compile: bool = False  # torch.compile the model
     # with compile: compile the CNN baselines too (false: they run eager; on an H100 eager bf16 trains

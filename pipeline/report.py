@@ -259,6 +259,12 @@ def deviations(params: Params, reference: dict) -> list[str]:
     out += (capsnet.OFFICIAL_RECIPE_DEVIATIONS if "official" in recipes else [])
     out += baseline.DEVIATIONS + train.DEVIATIONS
     out += recipe_differences(dataclasses.asdict(params.train), reference)
+    if params.train.lr_schedule_epochs and params.train.lr_schedule_epochs != params.train.epochs:
+        out.append(f"train.lr_schedule_epochs = {params.train.lr_schedule_epochs}: the learning-rate decay of "
+                   f"{params.train.lr_schedule_epochs} epochs compressed into {params.train.epochs} "
+                   f"(lr · {params.train.lr_decay_rate:g}^(step/{params.train.lr_decay_steps} · "
+                   f"{params.train.lr_schedule_epochs}/{params.train.epochs})), so the last epoch ends at the rate "
+                   "the longer schedule ends at; the paper decays over its own 640 epochs.")
     if params.train.amp:
         out.append(train.BF16_NOTE)
     if not params.train.deterministic:

@@ -106,18 +106,22 @@ class Run:
 
     @property
     def protocol_key(self) -> tuple:
-        """What makes two runs comparable: profile, epochs, batch, every lr* setting, precision."""
+        """What makes two runs comparable: profile, epochs, batch, every lr* setting, precision
+        (an uncompressed schedule, lr_schedule_epochs 0, is the same whether recorded or not)."""
         cfg = self.cfg
-        schedule = tuple(sorted((k, cfg[k]) for k in cfg if k.startswith("lr")))
+        schedule = tuple(sorted((k, cfg[k]) for k in cfg if k.startswith("lr")
+                                and not (k == "lr_schedule_epochs" and not cfg[k])))
         return cfg.get("profile", NOT_RECORDED), cfg["epochs"], cfg["batch_size"], schedule, self.precision
 
     @property
     def protocol(self) -> str:
-        """The protocol in words, e.g. `gpu profile: 50 epochs × batch 128, lr 0.001·0.96^(step/2000) ≥ 1e-06, bf16 autocast`."""
+        """The protocol in words, e.g. `gpu profile: 50 epochs × batch 128, lr 0.001·0.96^(step/2000) ≥ 1e-06,
+        bf16 autocast`; a compressed schedule reads `0.96^(step/2000 · 640/50)`."""
         cfg = self.cfg
-        schedule = f"lr {cfg['lr']:g}·{cfg['lr_decay_rate']:g}^(step/{cfg['lr_decay_steps']}) ≥ {cfg['lr_min']:g}"
+        pace = f" · {cfg['lr_schedule_epochs']}/{cfg['epochs']}" if cfg.get("lr_schedule_epochs") else ""
+        schedule = f"lr {cfg['lr']:g}·{cfg['lr_decay_rate']:g}^(step/{cfg['lr_decay_steps']}{pace}) ≥ {cfg['lr_min']:g}"
         extra = [f"{k} {cfg[k]}" for k in sorted(cfg) if k.startswith("lr")
-                 and k not in ("lr", "lr_decay_rate", "lr_decay_steps", "lr_min")]
+                 and k not in ("lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "lr_schedule_epochs")]
         return (f"{cfg.get('profile', NOT_RECORDED)} profile: {cfg['epochs']} epochs × batch {cfg['batch_size']}, "
                 f"{', '.join([schedule, *extra])}, {self.precision}")
 

@@ -32,7 +32,7 @@ EXPERIMENT = "capsnet-repro"
 # MLflow 3's UI opens experiments in GenAI mode unless they say they are model training
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 PARAM_KEYS = ("variant", "model", "routing_iterations", "reconstruction", "seed", "batch_size", "lr",
-              "lr_decay_rate", "lr_decay_steps", "epochs", "steps", "amp", "compile", "n_params",
+              "lr_decay_rate", "lr_decay_steps", "lr_schedule_epochs", "epochs", "steps", "amp", "compile", "n_params",
               "device", "torch_version", "profile", "recipe", "image_size", "n_train", "n_test")
 
 

@@ -90,6 +90,7 @@ class RunConfig:
     multimnist_epoch_size: int = 60_000  # MultiMNIST: examples sampled per epoch (pipeline.multimnist)
     recipe: str = "paper"  # CapsNet: paper | official (pipeline.capsnet); the CNNs have one recipe, "paper"
     channels_last: bool = False  # NHWC convolutions: a memory layout, so outside the digest
+    lr_schedule_epochs: int = 0  # 0: the decay at its own pace; E: E epochs' decay compressed into `epochs`
 
     @property
     def multimnist(self) -> bool:
@@ -103,6 +104,8 @@ class RunConfig:
             fields.pop(cosmetic)
         if not self.multimnist:  # unused there: digests (checkpoints) from before MultiMNIST stay valid
             fields.pop("multimnist_epoch_size")
+        if not self.lr_schedule_epochs:  # uncompressed: digests from before the key existed stay valid
+            fields.pop("lr_schedule_epochs")
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -281,8 +284,11 @@ def make_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device)
 
 
 def _lr_lambda(cfg: RunConfig):
+    """lr(step) / lr = max(rate^(step / decay_steps · c), lr_min / lr), c = lr_schedule_epochs / epochs
+    when the schedule is compressed (lr_schedule_epochs > 0), else 1."""
     floor = cfg.lr_min / cfg.lr
-    return lambda step: max(cfg.lr_decay_rate ** (step / cfg.lr_decay_steps), floor)
+    pace = cfg.lr_schedule_epochs / cfg.epochs if cfg.lr_schedule_epochs else 1.0
+    return lambda step: max(cfg.lr_decay_rate ** (step / cfg.lr_decay_steps * pace), floor)
 
 
 def assert_finite_weights(weights: dict[str, torch.Tensor], what: str) -> None:

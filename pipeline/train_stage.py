@@ -104,7 +104,8 @@ def run(params: Params, variant: str, seed: int, data_dir: Path, out_dir: Path, 
         run_params = {
             "variant": variant, "model": cfg.model, "routing_iterations": cfg.routing_iterations,
             "reconstruction": cfg.reconstruction, "seed": seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
-            "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps, "epochs": cfg.epochs,
+            "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps,
+            "lr_schedule_epochs": cfg.lr_schedule_epochs, "epochs": cfg.epochs,
             "steps": cfg.epochs * ((cfg.multimnist_epoch_size if cfg.multimnist else data["train_images"].shape[0])
                                    // cfg.batch_size), "amp": cfg.amp,
             "compile": cfg.compile, "n_params": count_params(cfg), "device": str(device),

@@ -81,6 +81,11 @@ MUTATIONS = [
              "    return torch.compile(fn, mode=compile_mode) if cfg.compile else fn",
              "    return torch.compile(lambda *a: tuple(t * 1.01 for t in fn(*a)), mode=compile_mode) if cfg.compile else fn",
              (COMPILED,)),
+    Mutation("the optimizer ignores a compressed schedule", "pipeline/train.py",
+             "pace = cfg.lr_schedule_epochs / cfg.epochs if cfg.lr_schedule_epochs else 1.0", "pace = 1.0",
+             ("tests/test_train.py::test_a_compressed_schedule_reaches_the_optimizer_and_the_checkpoint_digest",)),
+    Mutation("the gpu profile cuts the schedule instead of compressing it", "pipeline/profiles.py",
+             '"train.lr_schedule_epochs": 640, ', "", ("tests/test_profiles.py",)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
              "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",
@@ -107,6 +112,7 @@ def scratch_copy(dest: Path) -> None:
         if src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)  # tests that ask git what it ignores need a repo
 
 
 def run_tests(copy: Path, tests: tuple[str, ...]) -> bool:

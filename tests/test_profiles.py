@@ -1,5 +1,6 @@
 """Profiles are params.yaml plus overrides defined once; every profile is a valid params file."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -26,6 +27,25 @@ def test_gpu_profile_settings():
     assert (train.epochs, train.amp, train.compile, train.deterministic, train.device) == (50, True, True, False, "cuda")
     assert params.prepare.multimnist_pairs_per_digit == 100  # 1M test pairs; the paper profile keeps 1,000
     assert raw["prepare"]["multimnist_pairs_per_digit"] == 1000
+
+
+def test_gpu_profile_compresses_the_papers_schedule_and_paper_gpu_keeps_it():
+    """The gpu profile's 50 epochs end at the learning rate the paper's 640 end at (its runs before
+    this were cut at 62 % of the start); paper-gpu trains the paper protocol on the fast path."""
+    from pipeline.train import _lr_lambda, run_config
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    gpu, paper, fast = (parse_params(profiles.apply(raw, name)) for name in ("gpu", "paper", "paper-gpu"))
+    short, full = run_config(gpu, "capsnet_r3_recon", 0), run_config(paper, "capsnet_r3_recon", 0)
+    assert (short.epochs, short.lr_schedule_epochs, full.epochs, full.lr_schedule_epochs) == (50, 640, 640, 0)
+    steps = 60_000 // 128  # per epoch
+    end_short, end_full = _lr_lambda(short)(50 * steps), _lr_lambda(full)(640 * steps)
+    assert end_short == pytest.approx(end_full) and 1e-3 * end_full == pytest.approx(2.2e-6, rel=0.02)
+    assert 1e-3 * _lr_lambda(dataclasses.replace(short, lr_schedule_epochs=0))(50 * steps) == pytest.approx(6.2e-4, rel=0.01)
+    assert _lr_lambda(short)(25 * steps) == pytest.approx(_lr_lambda(full)(320 * steps))  # halfway is halfway
+    ft = fast.train
+    assert (ft.epochs, ft.lr_schedule_epochs, ft.compile, ft.compile_cnns, ft.amp, ft.device) == (640, 0, True, False, False, "cuda")
+    assert fast.prepare.multimnist_pairs_per_digit == 1000 and fast.ablation.seeds == paper.ablation.seeds
 
 
 def test_gpu_profile_compiles_capsnets_and_runs_cnns_eager():
@@ -123,3 +143,35 @@ def test_gpu_session_writes_only_git_ignored_paths():
                              text=True).stdout.split()
     assert ignored == written
     assert '"results/$variant' not in script  # evaluate never writes into the committed results/ tree
+
+
+def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path):
+    """scripts/gpu_queue.py: runs of the gpu profile's protocol are done; runs of an older protocol (the
+    published ones, cut at 50 epochs of the uncompressed schedule) are queued again; Table 1's rows
+    (seed by seed) come before MultiMNIST and §5.2."""
+    import json
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_queue
+    finally:
+        sys.path.pop(0)
+    params = tmp_path / "params.gpu.yaml"
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
+                    "--write", str(params)], check=True, cwd=REPO)
+    protocol = gpu_queue.wanted_protocol(params)
+    assert protocol["lr_schedule_epochs"] == 640 and protocol["epochs"] == 50 and protocol["amp"] is True
+    runs = tmp_path / "runs"
+    for variant, seed, cfg in [("capsnet_r3_recon", 0, protocol), ("capsnet_r1", 2, protocol),
+                               ("capsnet_r3_recon", 1, {**protocol, "lr_schedule_epochs": None})]:
+        config = {k: v for k, v in cfg.items() if v is not None}
+        (runs / "models" / variant / f"seed{seed}").mkdir(parents=True)
+        (runs / "models" / variant / f"seed{seed}" / "config.json").write_text(json.dumps({"config": config}))
+    items = gpu_queue.queue(runs, protocol)
+    assert len(items) == 14 * 3 - 2
+    assert "capsnet_r3_recon:0" not in items and "capsnet_r1:2" not in items
+    assert items[0] == "capsnet_r3_recon_official:0" and items[8] == "capsnet_r3_recon:1"  # the old protocol: again
+    assert items.index("baseline_cnn:2") < items.index("multimnist_r3_recon:0") < items.index("capsnet_affnist:0")
+    published = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--limit", "3"],
+                               cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert published == ["capsnet_r3_recon:0", "capsnet_r3_recon_official:0", "capsnet_r1_recon:0"]

@@ -20,7 +20,7 @@ COMMIT = "c0ffee0123456789abcdef0123456789abcdef01"
 
 def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="capsnet", recon=True, image_size=28,
               stop_reason="budget", bins=None, recipe=None, history=None, epochs=None, commit=COMMIT,
-              adam_eps=1e-8, resumed=None, amp=False, device="cpu"):
+              adam_eps=1e-8, resumed=None, amp=False, device="cpu", lr_schedule_epochs=None):
     """Evaluation files whose per-image predictions give exactly error_pct (clean set) and affine_pct
     (transformed set) on n images; 40×40 variants get §5.2's set names. ``commit``/``adam_eps``/
     ``resumed`` None: the run does not record them (as the 17bb48c runs)."""
@@ -48,6 +48,8 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
               "device": device}
     if recipe is not None:  # runs from before recipes existed have none
         config["recipe"] = recipe
+    if lr_schedule_epochs is not None:  # runs from before compressed schedules have none
+        config["lr_schedule_epochs"] = lr_schedule_epochs
     record = {"config": config, "params": {"device": device}, "train_seconds": 1.0, "stop_reason": stop_reason,
               "epochs_trained": len(history), "run_id": f"{variant}-{seed}",
               "environment": {"torch_version": "t", "python_version": "p"} | ({"git_commit": commit} if commit else {})}
@@ -138,6 +140,18 @@ def test_rows_never_pool_protocols_or_commits(tmp_path):
     assert "| capsnet_r1_recon | paper | 1 | yes | c0ffee0 | 2 |" in text[long:short]
     assert "| capsnet_r3_recon | paper | 3 | yes | aaaaaaa | 1 | 1.00 ± – |" in text[short:]
     assert "| capsnet_r3_recon | paper | 3 | yes | ccccccc | 1 | 3.00 ± – |" in text[short:]
+
+
+def test_a_compressed_schedule_is_another_protocol_and_says_so(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, history=[2.0, 1.0])  # recorded before the key existed
+    fabricate(tmp_path, "capsnet_r1", 1, 1.0, history=[2.0, 1.0], lr_schedule_epochs=0)  # uncompressed: the same
+    fabricate(tmp_path, "capsnet_r3", 0, 1.0, history=[2.0, 1.0], lr_schedule_epochs=640)
+    runs = load(tmp_path, ["capsnet_r1"], [0, 1]) + load(tmp_path, ["capsnet_r3"], [0])
+    summary = rp.summarize(runs, REFERENCE).set_index("variant")
+    assert summary.loc["capsnet_r1", "n_seeds"] == 2
+    assert "0.96^(step/2000) ≥" in summary.loc["capsnet_r1", "protocol"]
+    assert "0.96^(step/2000 · 640/2) ≥" in summary.loc["capsnet_r3", "protocol"]
+    assert rp.effects(runs, REFERENCE).empty  # routing 3 vs 1 across two protocols: not compared
 
 
 def test_end_of_training_columns_are_labelled_a_diagnostic(tmp_path):

@@ -56,6 +56,18 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     assert again.epochs == []
 
 
+def test_a_compressed_schedule_reaches_the_optimizer_and_the_checkpoint_digest(tmp_path):
+    """lr_schedule_epochs compresses the decay: 2 epochs of 3 steps laid over 640 epochs' decay, so
+    the logged lr after 6 steps is 1e-3 · 0.96^(6/2000 · 640/2); a checkpoint of the uncompressed
+    configuration does not resume a compressed one."""
+    result = train(tiny_config(epochs=2, lr_schedule_epochs=640), tiny_data(), tmp_path / "a.pt")
+    assert result.history[-1]["lr"] == pytest.approx(1e-3 * 0.96 ** (6 / 2000 * 320))
+    assert result.history[0]["lr"] == pytest.approx(1e-3 * 0.96 ** (3 / 2000 * 320))
+    plain = train(tiny_config(epochs=2), tiny_data(), tmp_path / "b.pt")
+    assert plain.history[-1]["lr"] == pytest.approx(1e-3 * 0.96 ** (6 / 2000))
+    assert tiny_config(lr_schedule_epochs=640).digest() != tiny_config().digest()
+
+
 def test_checkpoint_of_another_config_is_not_resumed(tmp_path):
     train(tiny_config(epochs=1), tiny_data(), tmp_path / "c.pt")
     with pytest.warns(UserWarning, match="another configuration"):
