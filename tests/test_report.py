@@ -152,6 +152,9 @@ def test_a_compressed_schedule_is_another_protocol_and_says_so(tmp_path):
     assert "0.96^(step/2000) ≥" in summary.loc["capsnet_r1", "protocol"]
     assert "0.96^(step/2000 · 640/2) ≥" in summary.loc["capsnet_r3", "protocol"]
     assert rp.effects(runs, REFERENCE).empty  # routing 3 vs 1 across two protocols: not compared
+    compressed, cut = [d for d in rp.run_deviations(runs) if "compressed" in d or "**cut**" in d]
+    assert compressed.startswith("1 of 3 runs decay the learning rate of 640 epochs compressed into their 2")
+    assert cut.startswith("2 of 3 runs trained the paper's schedule **cut** at 2 epochs") and "0.0009" in cut
 
 
 def test_end_of_training_columns_are_labelled_a_diagnostic(tmp_path):
@@ -394,14 +397,15 @@ def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
         fabricate(tmp_path, variant, 0, 1.0, adam_eps=None, commit=None)
     fabricate(tmp_path, "capsnet_r1_recon", 0, 1.0, resumed=[20])
     runs = load(tmp_path, ["capsnet_r1", "capsnet_r3", "capsnet_r1_recon"], [0])
-    eps, resumed = rp.run_deviations(runs)
+    eps, cut, resumed = rp.run_deviations(runs)
+    assert "**cut** at 1 epochs" in cut  # the fabricated runs train 1 epoch of the uncompressed schedule
     assert eps.startswith("Adam ε is not recorded by 2 of 3 runs (capsnet_r1, capsnet_r3; trained at not recorded")
     assert "1e-07" not in eps  # nothing filled from an old default
     assert "1 of 3 runs resumed" in resumed and "capsnet_r1_recon 0@20" in resumed
     for run in runs[:2]:
         run.config["optimizer"] = {"name": "adam", "adam_eps": 1e-8}
     runs[2].config["resumed_at_epochs"] = []
-    assert rp.run_deviations(runs) == []
+    assert rp.run_deviations(runs) == [cut]
 
 
 def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_path, monkeypatch):
