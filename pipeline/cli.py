@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -250,9 +251,13 @@ def sync(journal_dir: str) -> None:
     added = 0
     for journal in journals:
         try:
-            run_id = tracker.replay(journal)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                run_id = tracker.replay(journal)
         except (ValueError, KeyError) as err:
             raise UserError(f"{journal}: {err}") from err
+        for warning in caught:
+            click.echo(f"warning: {warning.message}", err=True)
         added += run_id is not None
         click.echo(f"{journal.name}: {'-> run ' + run_id if run_id else 'synced before, skipped'}")
     click.echo(f"{added} run(s) added to {tracker.uri}, {len(journals) - added} already there")

@@ -20,6 +20,7 @@ import platform
 import subprocess
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import torch
@@ -166,10 +167,11 @@ class Tracker:
         return {r.data.tags["journal_run_id"] for r in runs if "journal_run_id" in r.data.tags}
 
     def replay(self, journal: Path) -> str | None:
-        """Replay one journal file into this store as a new run; None if it was synced before."""
+        """Replay one journal file into this store as a new run; None if it was synced before.
+        A torn last line (a trainer killed mid-write) is left out with a warning (`read_journal`)."""
         from mlflow.entities import Param
 
-        events = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+        events = read_journal(journal)
         if not events or events[0]["event"] != "start":
             raise ValueError(f"{journal}: not a capsnet tracking journal (no start event first)")
         journal_id = journal.stem
@@ -198,6 +200,25 @@ class Tracker:
         if status != "RUNNING":
             self.end(run_id, failed=status == "FAILED", end_time_ms=end_ms)
         return run_id
+
+
+def read_journal(path: Path) -> list[dict]:
+    """The events of a journal file. Only the last line may be torn (a process killed mid-write
+    leaves a partial line, and a line is written whole or last): it is dropped with a warning naming
+    the file and the line, and the complete records before it are kept. A malformed line anywhere
+    else means the file is not what it claims: ValueError naming the line."""
+    lines = [(k, line) for k, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    events = []
+    for index, (number, line) in enumerate(lines):
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if index < len(lines) - 1:
+                raise ValueError(f"line {number} is not a journal record ({err.msg}); only a torn last line "
+                                 "is skipped") from err
+            warnings.warn(f"{path}: line {number} is torn (a process stopped mid-write); replaying the "
+                          f"{len(events)} complete record(s) before it", stacklevel=2)
+    return events
 
 
 class JournalTracker:
@@ -231,7 +252,7 @@ class JournalTracker:
 
     def _events(self, run_id: str) -> list[dict]:
         path = self.folder / f"{run_id}.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+        return read_journal(path) if path.is_file() else []
 
     def log_artifact(self, run_id: str, path: str | Path, folder: str | None = None) -> None:
         path = Path(path).resolve()

@@ -86,6 +86,8 @@ MUTATIONS = [
              ("tests/test_train.py::test_a_compressed_schedule_reaches_the_optimizer_and_the_checkpoint_digest",)),
     Mutation("the gpu profile cuts the schedule instead of compressing it", "pipeline/profiles.py",
              '"train.lr_schedule_epochs": 640, ', "", ("tests/test_profiles.py",)),
+    Mutation("a torn journal tail refuses the whole file", "pipeline/tracking.py",
+             "if index < len(lines) - 1:", "if True:", ("tests/test_tracking.py",)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
              "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",

@@ -93,3 +93,28 @@ def test_git_commit_is_dirty_for_code_changes_but_not_for_report_outputs(tmp_pat
     assert tracking.git_commit(tmp_path) == head
     (tmp_path / "train.py").write_text("x = 2\n")
     assert tracking.git_commit(tmp_path) == head + "-dirty"
+
+
+def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses(tmp_path, monkeypatch):
+    """A trainer killed mid-write leaves a partial last line: its complete epochs are still replayed,
+    with a one-line warning naming the file and the line; a malformed line before the end is not a
+    torn tail, and the file is refused naming that line."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    journal_id = journal_a_run(tmp_path / "journal", tmp_path)
+    path = tmp_path / "journal" / f"{journal_id}.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + '\n{"event": "end", "sta')  # killed while writing its last line
+    result = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "journal")])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {path}: line {len(lines)} is torn" in result.output
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    (run,) = client.search_runs([client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id])
+    history = client.get_metric_history(run.info.run_id, "test_error_pct")
+    assert [(m.step, m.value) for m in history] == [(1, 4.0), (2, 3.0), (3, 2.5)]  # every complete epoch
+
+    other = tmp_path / "j2"
+    other.mkdir()
+    (other / "x.jsonl").write_text(lines[0] + '\n{"event": "metr\n' + lines[1] + "\n")
+    result = CliRunner().invoke(main, ["track", "sync", str(other)])
+    assert result.exit_code == 1 and "line 2 is not a journal record" in result.output
