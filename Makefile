@@ -12,7 +12,7 @@ export UV_COMPILE_BYTECODE := 1
 # Profiles (smoke, gpu) are DVC's own -S overrides, defined once in pipeline/profiles.py.
 PROFILE := PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pipeline.profiles
 
-.PHONY: venv test smoke gpu paper-gpu gpus repro
+.PHONY: venv test smoke gpu paper-gpu gpus repro ui
 venv: $(BIN)/capsnet
 $(BIN)/capsnet: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q 'uv==0.13.9'
@@ -30,6 +30,9 @@ gpu: venv  ## the whole DVC pipeline in the GPU profile (needs CUDA); refuses a 
 
 paper-gpu: venv  ## the paper protocol (640 epochs) with the GPU fast path (needs CUDA; hours per variant)
 	$(PROFILE) paper-gpu --exec dvc exp run
+
+ui: venv  ## the published runs (and any local ones) in the MLflow UI on 127.0.0.1:5000 (PORT=…); Ctrl-C stops it
+	$(BIN)/capsnet ui --port $(or $(PORT),5000)
 
 repro: venv  ## the whole DVC pipeline in the paper profile; refuses a params.yaml that differs from the committed one
 	$(PROFILE) paper --check

@@ -248,6 +248,13 @@ def sync(journal_dir: str) -> None:
     journals = sorted(Path(journal_dir).glob("*.jsonl"))
     if not journals:
         raise UserError(f"{journal_dir} holds no *.jsonl journal")
+    added = _replay(tracker, journals)
+    click.echo(f"{added} run(s) added to {tracker.uri}, {len(journals) - added} already there")
+
+
+def _replay(tracker, journals: list[Path], quiet: bool = False) -> int:
+    """Replay each journal (skipping those synced before), a line each unless ``quiet``, a line per
+    torn tail always; returns how many runs were added."""
     added = 0
     for journal in journals:
         try:
@@ -259,8 +266,41 @@ def sync(journal_dir: str) -> None:
         for warning in caught:
             click.echo(f"warning: {warning.message}", err=True)
         added += run_id is not None
-        click.echo(f"{journal.name}: {'-> run ' + run_id if run_id else 'synced before, skipped'}")
-    click.echo(f"{added} run(s) added to {tracker.uri}, {len(journals) - added} already there")
+        if not quiet:
+            click.echo(f"{journal.name}: {'-> run ' + run_id if run_id else 'synced before, skipped'}")
+    return added
+
+
+@main.command()
+@click.option("--journal", "journal_dir", type=click.Path(file_okay=False), default="reports/runs/journal",
+              show_default=True, help="published run journals to load first (skipped if already loaded)")
+@click.option("--port", type=int, default=5000, show_default=True)
+@click.option("--dry-run", is_flag=True, help="load the journals and print the URL, without starting the UI")
+@user_errors
+def ui(journal_dir: str, port: int, dry_run: bool) -> None:
+    """Open the project's runs in the MLflow UI: load the published run journals into the store
+    ($MLFLOW_TRACKING_URI or mlflow.db) if they are not there yet, then serve `mlflow ui` on
+    127.0.0.1 and print the experiment's URL. Ctrl-C stops it."""
+    import subprocess
+
+    from pipeline import tracking
+
+    tracker = tracking.Tracker()
+    journals = sorted(Path(journal_dir).glob("*.jsonl")) if Path(journal_dir).is_dir() else []
+    added = _replay(tracker, journals, quiet=True)
+    click.echo(f"{added} published run(s) loaded, {len(journals) - added} already in {tracker.uri}")
+    url = f"http://127.0.0.1:{port}/#/experiments/{tracker.experiment_id}"
+    click.echo(f"experiment {tracking.EXPERIMENT}: {url}  (Group by: Params > variant; Ctrl-C stops the UI)")
+    if dry_run:
+        return
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracker.uri, "--host", "127.0.0.1",
+               "--port", str(port), "--workers", "1"]  # one reader on loopback: starts in seconds, not four workers' imports
+    try:
+        subprocess.run(command, check=True)
+    except KeyboardInterrupt:
+        pass
+    except subprocess.CalledProcessError as err:
+        raise UserError(f"mlflow ui stopped with status {err.returncode} (is port {port} taken? use --port)") from err
 
 
 if __name__ == "__main__":

@@ -118,3 +118,50 @@ def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses
     (other / "x.jsonl").write_text(lines[0] + '\n{"event": "metr\n' + lines[1] + "\n")
     result = CliRunner().invoke(main, ["track", "sync", str(other)])
     assert result.exit_code == 1 and "line 2 is not a journal record" in result.output
+
+
+def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path):
+    """`capsnet ui` (make ui): the published journals go into the store once (a second start adds
+    none), then `mlflow ui` on loopback serves the experiment with those runs."""
+    import os
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from conftest import REPO, tool_env
+
+    journals = sorted((REPO / "reports" / "runs" / "journal").glob("*.jsonl"))[:2]
+    (tmp_path / "journal").mkdir()
+    for journal in journals:
+        shutil.copy(journal, tmp_path / "journal")
+    env = tool_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/ui.db", PYTHONPATH=str(REPO))
+    ui = [sys.executable, "-m", "pipeline.cli", "ui", "--journal", str(tmp_path / "journal")]
+    first = subprocess.run([*ui, "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert "2 published run(s) loaded, 0 already" in first.stdout and "/#/experiments/" in first.stdout
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([*ui, "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                body = json.dumps({"experiment_ids": [first.stdout.split("/#/experiments/")[1].split()[0]]}).encode()
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search", data=body,
+                                                 headers={"Content-Type": "application/json"})
+                runs = json.loads(urllib.request.urlopen(request, timeout=5).read())["runs"]
+                break
+            except OSError:
+                assert server.poll() is None and time.time() < deadline, server.stdout.read()
+                time.sleep(0.5)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the UI and the server processes it started
+        output = server.communicate(timeout=60)[0]
+    assert "0 published run(s) loaded, 2 already" in output  # the second start added nothing
+    assert sorted(r["info"]["run_name"] for r in runs) == sorted(
+        json.loads(j.read_text().splitlines()[0])["run_name"] for j in journals)
