@@ -131,5 +131,6 @@ def test_adam_epsilon_is_tf1_default():
     """tf.train.AdamOptimizer's default ε is 1e-8 (Keras' is 1e-7); the official code uses TF1's."""
     model = CapsNet(1, False, num_classes=3)
     optimizer, _ = make_optimizer(model, type("Cfg", (), {"lr": 1e-3, "lr_min": 1e-6, "lr_decay_rate": 0.96,
-                                                          "lr_decay_steps": 2000})(), torch.device("cpu"))
+                                                          "lr_decay_steps": 2000, "lr_schedule_epochs": 0,
+                                                          "epochs": 1})(), torch.device("cpu"))
     assert ADAM_EPS == 1e-8 and optimizer.param_groups[0]["eps"] == 1e-8
