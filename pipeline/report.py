@@ -110,9 +110,8 @@ def effects(runs: list[Run], reference: dict) -> pd.DataFrame:
             common = [c for c in by_variant[a] if c in by_variant[b] and c != NOT_RECORDED]
             if not common:
                 ra, rb = next(iter(by_variant[a].values())), next(iter(by_variant[b].values()))
-                mean = lambda rs: float(np.mean([r.metrics["error_pct"] for r in rs]))  # noqa: E731
                 rows.append(row | {
-                    "commit": "", "our_delta": mean(ra) - mean(rb), "ci_low": math.nan, "ci_high": math.nan,
+                    "commit": "", "our_delta": _mean_error(ra) - _mean_error(rb), "ci_low": math.nan, "ci_high": math.nan,
                     "per_seed": "", "status": (f"confounded: {a} trained at {', '.join(by_variant[a])} (Adam ε "
                                                f"{_recorded([r.adam_eps for r in ra])}), {b} at "
                                                f"{', '.join(by_variant[b])} (Adam ε {_recorded([r.adam_eps for r in rb])})")})
@@ -127,6 +126,10 @@ def effects(runs: list[Run], reference: dict) -> pd.DataFrame:
                                "ci_high": interval.hi, "per_seed": per_seed, "status": stats.effect_words(interval)})
     return pd.DataFrame(rows, columns=["protocol", "effect", "a", "b", "paper_delta", "commit", "our_delta",
                                        "ci_low", "ci_high", "per_seed", "status"])
+
+
+def _mean_error(runs: list[Run]) -> float:
+    return float(np.mean([r.metrics["error_pct"] for r in runs]))
 
 
 def fmt_pct(x: float, digits: int = 2) -> str:

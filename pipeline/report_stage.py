@@ -117,10 +117,8 @@ def table1_figures(table1: list[rr.Run], s52: list[rr.Run], multi: list[rr.Run],
         for r in runs:
             curves = panels.setdefault(title, {})
             curves.setdefault(_label(r, ambiguous), []).append((list(r.history.epoch), list(r.history.test_error_pct)))
-            if "lr" in r.history:
-                key = r.protocol.split(", bf16")[0].split(", fp32")[0]
-                if key not in lr or len(r.history) > len(lr[key][0]):
-                    lr[key] = (list(r.history.epoch), list(r.history.lr))
+            if "lr" in r.history and (r.schedule not in lr or len(r.history) > len(lr[r.schedule][0])):
+                lr[r.schedule] = (list(r.history.epoch), list(r.history.lr))  # the longest run of each schedule
     figures.learning_curve_panels(panels, lr, fig_dir / "learning_curves.png")
     shown = {f"Test error per variant ({headline.protocol.iloc[0]})": "figures/table1_errors.png",
              "Learning curves": "figures/learning_curves.png"}

@@ -114,16 +114,21 @@ class Run:
         return cfg.get("profile", NOT_RECORDED), cfg["epochs"], cfg["batch_size"], schedule, self.precision
 
     @property
-    def protocol(self) -> str:
-        """The protocol in words, e.g. `gpu profile: 50 epochs × batch 128, lr 0.001·0.96^(step/2000) ≥ 1e-06,
-        bf16 autocast`; a compressed schedule reads `0.96^(step/2000 · 640/50)`."""
+    def schedule(self) -> str:
+        """Profile, length and learning-rate schedule in words, e.g. `gpu profile: 50 epochs × batch 128,
+        lr 0.001·0.96^(step/2000) ≥ 1e-06`; a compressed schedule reads `0.96^(step/2000 · 640/50)`."""
         cfg = self.cfg
         pace = f" · {cfg['lr_schedule_epochs']}/{cfg['epochs']}" if cfg.get("lr_schedule_epochs") else ""
-        schedule = f"lr {cfg['lr']:g}·{cfg['lr_decay_rate']:g}^(step/{cfg['lr_decay_steps']}{pace}) ≥ {cfg['lr_min']:g}"
+        lr = f"lr {cfg['lr']:g}·{cfg['lr_decay_rate']:g}^(step/{cfg['lr_decay_steps']}{pace}) ≥ {cfg['lr_min']:g}"
         extra = [f"{k} {cfg[k]}" for k in sorted(cfg) if k.startswith("lr")
                  and k not in ("lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "lr_schedule_epochs")]
         return (f"{cfg.get('profile', NOT_RECORDED)} profile: {cfg['epochs']} epochs × batch {cfg['batch_size']}, "
-                f"{', '.join([schedule, *extra])}, {self.precision}")
+                f"{', '.join([lr, *extra])}")
+
+    @property
+    def protocol(self) -> str:
+        """The protocol in words: `schedule` and precision."""
+        return f"{self.schedule}, {self.precision}"
 
     @property
     def commit_key(self) -> str:

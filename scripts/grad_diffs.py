@@ -21,20 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from conftest import REPO, synthetic_digits  # noqa: E402
-from pipeline import multimnist as mm  # noqa: E402
+from conftest import REPO  # noqa: E402
+from test_gpu import batch  # noqa: E402  (the GPU test's batch, on any device)
 from pipeline.params import load_params  # noqa: E402
-from pipeline.train import augment, build_model, loss_function, run_config, to_float  # noqa: E402
-
-
-def batch(cfg, size: int, device: str):
-    images, labels = synthetic_digits(size, seed=0)
-    generator = torch.Generator(device=device).manual_seed(0)
-    if cfg.multimnist:
-        pairs, shifts = mm.sample_pairs(mm.class_index(labels.to(device)), size, cfg.max_shift, generator)
-        merged, digits = mm.compose(images.to(device), pairs, shifts)
-        return to_float(merged), labels.to(device).long()[pairs], digits.unsqueeze(2).float() / 255
-    return to_float(augment(images.to(device), cfg.image_size, cfg.max_shift, generator)), labels.to(device).long(), None
+from pipeline.train import build_model, loss_function, run_config  # noqa: E402
 
 
 def step(model, cfg, x, y, targets, amp: bool, device: str):
@@ -60,7 +50,7 @@ def main() -> None:
         torch.manual_seed(0)
         reference = build_model(cfg).to(args.device).eval()  # dropout off: both steps see the same network
         fast = copy.deepcopy(reference)
-        x, y, targets = batch(cfg, args.batch, args.device)
+        x, y, targets = batch(cfg, 0, args.device, args.batch)
         ref_loss, ref_grads = step(reference, cfg, x, y, targets, False, args.device)
         loss, grads = step(fast, cfg, x, y, targets, True, args.device)
         print(json.dumps({"variant": variant, "device": args.device, "batch": args.batch,

@@ -50,17 +50,18 @@ def config(variant: str, **changes):
     return run_config(PARAMS, variant, 0, device="cuda", batch_size=BATCH, deterministic=False, **changes)
 
 
-def batch(cfg, seed: int = 0):
-    """An augmented batch (B, 1, S, S) on the GPU, its labels and reconstruction targets (None but
+def batch(cfg, seed: int = 0, device: str = "cuda", size: int = BATCH):
+    """An augmented batch (B, 1, S, S) on ``device``, its labels and reconstruction targets (None but
     for MultiMNIST: (B, 2) labels, (B, 2, 1, S, S) digits alone), as the training loop builds them."""
-    images, labels = synthetic_digits(BATCH, seed=seed)
-    generator = torch.Generator(device="cuda").manual_seed(seed)
+    images, labels = synthetic_digits(size, seed=seed)
+    images, labels = images.to(device), labels.to(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
     if cfg.multimnist:
-        pairs, shifts = mm.sample_pairs(mm.class_index(labels.cuda()), BATCH, cfg.max_shift, generator)
-        merged, digits = mm.compose(images.cuda(), pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
-        return to_float(merged), labels.cuda().long()[pairs], digits.unsqueeze(2).float() / 255
-    x = to_float(augment(images.cuda(), cfg.image_size, cfg.max_shift, generator))  # (B, 1, S, S)
-    return x, labels.cuda().long(), None
+        pairs, shifts = mm.sample_pairs(mm.class_index(labels), size, cfg.max_shift, generator)
+        merged, digits = mm.compose(images, pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
+        return to_float(merged), labels.long()[pairs], digits.unsqueeze(2).float() / 255
+    x = to_float(augment(images, cfg.image_size, cfg.max_shift, generator))  # (B, 1, S, S)
+    return x, labels.long(), None
 
 
 @pytest.fixture
