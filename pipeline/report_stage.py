@@ -127,8 +127,10 @@ def table1_figures(table1: list[rr.Run], s52: list[rr.Run], multi: list[rr.Run],
         for name in ("reconstructions", "fig4"):
             figures.placeholder("No reconstruction variant in this report", fig_dir / f"{name}.png")
         return shown
-    best = recon.sort_values("test_error_mean").iloc[0].variant
-    best_run = min((r for r in table1 if r.variant == best), key=lambda r: r.metrics["error_pct"])
+    row = recon.sort_values("test_error_mean").iloc[0]
+    best = row.variant
+    best_run = min((r for r in table1 if (r.variant, r.protocol, r.commit) == (best, row.protocol, row.commit)),
+                   key=lambda r: r.metrics["error_pct"])  # the row's own runs, not another protocol's
     for name in ("reconstructions", "fig4"):
         shutil.copyfile(results_dir / best / f"seed{best_run.seed}" / f"{name}.png", fig_dir / f"{name}.png")
     shown[f"Reconstructions ({best}, seed {best_run.seed})"] = "figures/reconstructions.png"
