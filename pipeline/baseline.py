@@ -61,8 +61,12 @@ class BaselineCNN(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(fc_sizes[1], num_classes)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """images (B, 1, H, W) in [0, 1] -> logits (B, num_classes); softmax lives in the loss."""
+    def forward(self, images: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """images (B, 1, H, W) in [0, 1] -> logits (B, num_classes); softmax lives in the loss.
+
+        ``keep`` (B, FC2): the dropout mask already scaled, 0 or 1 / (1 − p), drawn by
+        `dropout_keep` from the run's own generator (training); None: nn.Dropout's own draw.
+        """
         x = images
         for k, conv in enumerate(self.convs):
             x = F.relu(conv(x))  # (B, C, H', W') with SAME padding
@@ -70,7 +74,16 @@ class BaselineCNN(nn.Module):
                 x = F.max_pool2d(x, 2)  # (B, C, H'/2, W'/2)
         x = F.relu(self.fc1(x.flatten(1)))  # (B, FC1)
         x = F.relu(self.fc2(x))  # (B, FC2)
-        return self.out(self.dropout(x))  # (B, num_classes)
+        x = self.dropout(x) if keep is None else x * keep.to(x.dtype)  # (B, FC2)
+        return self.out(x)  # (B, num_classes)
+
+    def dropout_keep(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        """A training step's dropout mask (B, FC2), 0 with probability p else 1 / (1 − p), drawn from
+        ``generator`` (on its device): each seed's own stream, so stacked seeds drop what separate
+        runs drop."""
+        p = self.dropout.p
+        u = torch.rand(batch, self.out.in_features, generator=generator, device=generator.device)  # (B, FC2)
+        return (u >= p).float() / (1 - p)
 
 
 class PoolingCNN(BaselineCNN):

@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from pipeline.errors import UserError
+from pipeline.experiment import Batch, predict, to_float
 from pipeline.files import atomic_path
 
 IDX_UBYTE = 0x08
@@ -274,3 +275,37 @@ def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generato
     b, h, w = images.shape
     shift = torch.randint(-max_shift, max_shift + 1, (b, 2), generator=generator, device=images.device)  # (B, 2)
     return translate(images, shift, h)  # square MNIST digits
+
+
+# --- the Table 1 experiment ----------------------------------------------------------------------
+
+
+class ShiftedMnist:
+    """Table 1's training (pipeline.experiment.Experiment): every epoch a fresh permutation of the
+    training digits (the last partial batch dropped), every step a batch shifted by up to
+    ±max_shift px with zero fill; scored each epoch by the error on the clean test set.
+    ``cfg`` is a pipeline.train.RunConfig."""
+
+    def __init__(self, cfg, data: dict[str, torch.Tensor], device: torch.device):
+        self.images = data["train_images"].to(device)  # (N, 28, 28) uint8
+        self.labels = data["train_labels"].to(device).long()  # (N,)
+        self.test_images = data["test_images"].to(device)  # (M, S, S) uint8, copied once per process
+        self.test_labels = data["test_labels"].to(device).long()  # (M,)
+        self.batch_size, self.max_shift, self.image_size = cfg.batch_size, cfg.max_shift, cfg.image_size
+        self.examples_per_epoch = self.images.shape[0]
+        self.steps_per_epoch = self.examples_per_epoch // cfg.batch_size
+
+    def epoch_order(self, generator: torch.Generator) -> torch.Tensor:
+        return torch.randperm(self.images.shape[0], generator=generator, device=self.images.device)  # (N,)
+
+    def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """(B, 28, 28) uint8 -> (B, S, S): Table 1's ±max_shift px shift."""
+        return random_shift(images, self.max_shift, generator)
+
+    def batch(self, order: torch.Tensor, step: int, generator: torch.Generator) -> Batch:
+        idx = order[step * self.batch_size:(step + 1) * self.batch_size]  # (B,)
+        return Batch(to_float(self.augment(self.images[idx], generator)), self.labels[idx], None)
+
+    def test_error(self, model: torch.nn.Module, batch_size: int, amp: bool) -> float:
+        _, preds = predict(model, self.test_images, batch_size, amp)  # (M,)
+        return 100.0 * int((preds != self.test_labels).sum()) / self.test_labels.shape[0]  # exact count, one sync

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 from pipeline.data import MNIST_SIZE, MULTIMNIST_SIZE, save_split, translate
+from pipeline.experiment import Batch, class_scores, to_float
 
 CANVAS = MULTIMNIST_SIZE  # 36
 PAD = (CANVAS - MNIST_SIZE) // 2  # 4
@@ -122,10 +123,8 @@ def predict_pairs(model: torch.nn.Module, images: torch.Tensor, pairs: torch.Ten
     predicted = []
     for start in range(0, pairs.shape[0], batch_size):
         merged, _ = compose(images, pairs[start:start + batch_size], shifts[start:start + batch_size])
-        x = merged.unsqueeze(1).float().div_(255)  # (b, 1, 36, 36)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            out = model(x)
-        predicted.append(top2((out if torch.is_tensor(out) else out.lengths).float()))  # (b, 2)
+            predicted.append(top2(class_scores(model(to_float(merged)))))  # (b, 2)
     model.train(was_training)
     return torch.cat(predicted)  # (P, 2)
 
@@ -170,3 +169,33 @@ def reconstruct_pairs(model: torch.nn.Module, merged: torch.Tensor, predicted: t
     out = model(x, predicted.long().to(device))  # reconstructions (k, 2, 1, 36, 36)
     model.train(was_training)
     return out.reconstructions.squeeze(2).float().cpu()  # (k, 2, 36, 36)
+
+
+class Pairs:
+    """MultiMNIST's training (§6; pipeline.experiment.Experiment): every example of every step a
+    fresh pair and fresh shifts composed on the device, an epoch ``cfg.multimnist_epoch_size``
+    examples; the targets are each digit alone (the decoder reconstructs both). Scored each epoch
+    by the pair error on the first CURVE_RECIPES test recipes. ``cfg`` is a pipeline.train.RunConfig."""
+
+    def __init__(self, cfg, data: dict[str, torch.Tensor], device: torch.device):
+        self.images = data["train_images"].to(device)  # (N, 28, 28) uint8
+        self.index = class_index(data["train_labels"].to(device))  # built once: sampling by class
+        self.test_images = data["test_images"].to(device)  # (M, 28, 28) uint8, the digits the recipes index
+        self.curve_pairs = data["test_pairs"][:CURVE_RECIPES].to(device).long()  # (P', 2)
+        self.curve_shifts = data["test_shifts"][:CURVE_RECIPES].to(device)  # (P', 2, 2)
+        self.curve_labels = data["test_labels"].to(device).long()[self.curve_pairs]  # (P', 2)
+        self.batch_size, self.max_shift = cfg.batch_size, cfg.max_shift
+        self.examples_per_epoch = cfg.multimnist_epoch_size
+        self.steps_per_epoch = self.examples_per_epoch // cfg.batch_size
+
+    def epoch_order(self, generator: torch.Generator) -> None:
+        return None  # every batch is drawn fresh
+
+    def batch(self, order: None, step: int, generator: torch.Generator) -> Batch:
+        pairs, shifts = sample_pairs(self.index, self.batch_size, self.max_shift, generator)  # (B, 2), (B, 2, 2)
+        merged, digits = compose(self.images, pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
+        return Batch(to_float(merged), self.index.labels[pairs], digits.unsqueeze(2).float().div_(255))
+
+    def test_error(self, model: torch.nn.Module, batch_size: int, amp: bool) -> float:
+        preds = predict_pairs(model, self.test_images, self.curve_pairs, self.curve_shifts, batch_size, amp)
+        return 100.0 * int((~pair_correct(preds, self.curve_labels)).sum()) / self.curve_labels.shape[0]

@@ -1,8 +1,11 @@
-"""Training and prediction: the paper's recipe on data that lives on the device.
+"""The training loop: optimizer, schedule, checkpoints and seed stacking; it knows no experiment.
 
-`train(config, data, checkpoint_path, logger)` is the pure core the `capsnet train` stage wraps.
-The whole training set sits on the device as uint8; shuffling, the ±2 px shifts and batching
-happen there; the loss is read back only every `log_every` steps (no per-step host sync).
+`train_group(configs, data, checkpoint_path, loggers)` trains S seeds of one variant as one
+computation (pipeline.stack); `train(config, …)` is the one-seed case, the pure core the
+`capsnet train` stage wraps. How a batch is drawn and augmented, the loss's targets and how a
+model is scored each epoch belong to the variant's experiment family (pipeline.families). The
+data sits on the device as uint8; shuffling, augmentation and batching happen there; the loss
+is read back only every `log_every` steps (no per-step host sync).
 An atomic checkpoint every `checkpoint_every` epochs (and after the last) makes a killed run
 resumable; in deterministic CPU mode
 the resumed run ends with exactly the weights of an uninterrupted one.
@@ -17,6 +20,7 @@ DEVIATIONS (printed by the report):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -27,17 +31,18 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from pipeline.affnist import random_place
 from pipeline.baseline import BaselineCNN, MultiMNISTCNN, PoolingCNN
-from pipeline.capsnet import CapsNet, capsnet_loss, margin_loss
-from pipeline.data import random_shift
+from pipeline.capsnet import CapsNet
 from pipeline.errors import UserError
-from pipeline import multimnist as mm
+from pipeline.experiment import Batch, Experiment, predict, to_float  # noqa: F401 (to_float, predict: re-exported)
+from pipeline.families import experiment
 from pipeline.files import atomic_path
+from pipeline.multimnist import CANVAS as MULTIMNIST_CANVAS
 from pipeline.params import Params
+from pipeline.stack import (LossOf, SeedStack, compute_loss, loss_function, loss_recipe,  # noqa: F401 (re-exported)
+                            stack_batches)
 
 ADAM_EPS = 1e-8  # TF1's tf.train.AdamOptimizer default, which the official code uses (1e-7 is Keras')
 DEVIATIONS = [
@@ -95,7 +100,7 @@ class RunConfig:
     @property
     def multimnist(self) -> bool:
         """A MultiMNIST variant (§6): two overlapping digits on the 36×36 canvas."""
-        return self.image_size == mm.CANVAS
+        return self.image_size == MULTIMNIST_CANVAS
 
     def digest(self) -> str:
         """Hash of the fields that change the mathematics (a checkpoint resumes only on a match)."""
@@ -171,112 +176,6 @@ def place_model(model: torch.nn.Module, cfg: RunConfig, device: torch.device) ->
     return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
 
-def to_float(images: torch.Tensor) -> torch.Tensor:
-    """uint8 (B, H, W) -> float (B, 1, H, W) in [0, 1]."""
-    return images.unsqueeze(1).float().div_(255)
-
-
-def augment(images: torch.Tensor, image_size: int, max_shift: int, generator: torch.Generator) -> torch.Tensor:
-    """The paper's training augmentation, on the device.  (B, h, w) uint8 -> (B, S, S), S = image_size.
-
-    Digits at the model's input size get a random shift of up to ±max_shift px (Table 1); smaller
-    digits go to a uniformly random position on an image_size canvas, nothing else (§5.2).
-    """
-    if images.shape[-1] == image_size:
-        return random_shift(images, max_shift, generator)
-    return random_place(images, image_size, generator)
-
-
-def loss_recipe(cfg: RunConfig) -> str | None:
-    """The CapsNet loss recipe of cfg's model, or None for a CNN (cross-entropy)."""
-    return cfg.recipe if cfg.model == "capsnet" else None
-
-
-def compute_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: str | None,
-                 targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(total, margin or cross-entropy, reconstruction) for one batch, all on the device.
-
-    ``recipe``: `capsnet_loss`'s recipe for a CapsNet, None for a CNN (`loss_recipe(cfg)`).
-    MultiMNIST: y (B, 2) and ``targets`` (B, 2, 1, S, S), each digit alone; its CNN takes the
-    margin loss on raw outputs with both classes positive (the official code's default loss).
-    """
-    if recipe is None:
-        scores = model(x).float()  # (B, K)
-        loss = margin_loss(scores, y) if y.dim() == 2 else F.cross_entropy(scores, y)
-        return loss, loss, torch.zeros((), device=x.device)
-    return capsnet_loss(model(x, y), x, y, recipe, targets)
-
-
-class LossOf(torch.nn.Module):
-    """The model and its loss as one module, so that torch.compile fuses them into one graph
-    (routing, squash, margin and reconstruction loss: hundreds of eager launches become tens)."""
-
-    def __init__(self, model: torch.nn.Module, recipe: str | None):
-        super().__init__()
-        self.model, self.recipe = model, recipe
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor,
-                targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return compute_loss(self.model, x, y, self.recipe, targets)
-
-
-def loss_function(model: torch.nn.Module, cfg: RunConfig, compile_mode: str = "default") -> torch.nn.Module:
-    """The callable `training_step` differentiates: model + loss, compiled together when cfg.compile
-    (``compile_mode``: torch.compile's mode; "reduce-overhead" adds CUDA graphs)."""
-    fn = LossOf(model, loss_recipe(cfg))
-    return torch.compile(fn, mode=compile_mode) if cfg.compile else fn
-
-
-def configure_backends(cfg: RunConfig, device: torch.device) -> None:
-    """Deterministic algorithms, or (deterministic: false) cuDNN autotuning for speed."""
-    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = not cfg.deterministic
-
-
-@torch.no_grad()
-def predict(model: torch.nn.Module, images: torch.Tensor, batch_size: int, amp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class scores and predictions for uint8 images (N, H, W) on the model's device.
-
-    Returns scores (N, K) float32 (capsule lengths, or logits for the CNN) and predictions (N,).
-    """
-    model.eval()
-    device = next(model.parameters()).device
-    scores = []
-    for start in range(0, images.shape[0], batch_size):
-        x = to_float(images[start:start + batch_size].to(device))  # (b, 1, H, W)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            out = model(x)
-        scores.append((out if torch.is_tensor(out) else out.lengths).float())  # (b, K)
-    model.train()
-    scores = torch.cat(scores)  # (N, K)
-    return scores, scores.argmax(dim=1)
-
-
-def training_step(loss_fn: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, images: torch.Tensor,
-                  labels: torch.Tensor, generator: torch.Generator, cfg: RunConfig, amp: bool,
-                  digits: torch.Tensor | None = None) -> torch.Tensor:
-    """One optimiser step on a uint8 batch (B, h, w): augment, loss, backward, Adam, lr decay.
-
-    ``loss_fn`` is `loss_function(model, cfg)`. Returns (total, margin or cross-entropy,
-    reconstruction) detached on the device (no sync). The same function runs in `capsnet train`
-    and `capsnet bench`; the augmentation stays outside the compiled graph. MultiMNIST batches
-    come composed (`multimnist.compose`): images (B, 36, 36), labels (B, 2), and ``digits``
-    (B, 2, 36, 36), each digit alone, the reconstruction targets; they get no further augmentation.
-    """
-    if digits is None:
-        x, targets = to_float(augment(images, cfg.image_size, cfg.max_shift, generator)), None  # (B, 1, S, S)
-    else:
-        x, targets = to_float(images), digits.unsqueeze(2).float().div_(255)  # (B, 1, S, S), (B, 2, 1, S, S)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-        loss, margin, recon = loss_fn(x, labels, targets)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    scheduler.step()
-    return torch.stack([loss, margin, recon]).detach()
-
-
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device):
     """Adam (TF defaults, lr from cfg) and the smooth exponential decay, floored at lr_min."""
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=ADAM_EPS, fused=device.type == "cuda")
@@ -291,6 +190,40 @@ def _lr_lambda(cfg: RunConfig):
     return lambda step: max(cfg.lr_decay_rate ** (step / cfg.lr_decay_steps * pace), floor)
 
 
+def configure_backends(cfg: RunConfig, device: torch.device) -> None:
+    """Deterministic algorithms, or (deterministic: false) cuDNN autotuning for speed."""
+    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = not cfg.deterministic
+
+
+def training_step(loss_fn: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: Batch,
+                  keep: torch.Tensor | None, active: torch.Tensor, amp: bool) -> torch.Tensor:
+    """One optimiser step of every seed: loss, backward of the **sum** of the active seeds' losses,
+    Adam, lr decay. ``loss_fn`` is a `SeedStack` (compiled or not), ``batch`` the seeds' stacked
+    batches, ``active`` (S,) 1.0 for a seed still training, 0.0 for one early stopping has
+    finished. Returns each seed's (total, margin or cross-entropy, reconstruction) (S, 3), detached
+    on the device (no sync). The same function runs in `capsnet train` and `capsnet bench`."""
+    with torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=amp):
+        parts = loss_fn(batch, keep)  # (S, 3)
+    optimizer.zero_grad(set_to_none=True)
+    (parts[:, 0] * active).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    return parts.detach()
+
+
+def draw_step(exp: Experiment, stack: SeedStack, orders: list, step: int,
+              generators: list[torch.Generator]) -> tuple[Batch, torch.Tensor | None]:
+    """Every seed's batch and dropout mask for ``step``, each from its own generator in the order a
+    separate run draws them: the batch (and its augmentation), then the mask."""
+    batches, keeps = [], []
+    for order, generator in zip(orders, generators):
+        batches.append(exp.batch(order, step, generator))
+        keeps.append(stack.dropout_keep(batches[-1].x.shape[0], generator))
+    return stack_batches(batches), None if keeps[0] is None else torch.stack(keeps)  # (S, B, F)
+
+
 def assert_finite_weights(weights: dict[str, torch.Tensor], what: str) -> None:
     """Refuse to save non-finite weights: a NaN checkpoint would poison every resume after it."""
     bad = [k for k, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
@@ -299,146 +232,199 @@ def assert_finite_weights(weights: dict[str, torch.Tensor], what: str) -> None:
                                  f"{' …' if len(bad) > 3 else ''}; nothing saved (the last good checkpoint is kept)")
 
 
-def _save_checkpoint(path: Path, state: dict) -> None:
-    assert_finite_weights(state["model"], f"checkpoint {path}")
+def _save_checkpoint(path: Path, state: dict, weights: dict[str, torch.Tensor]) -> None:
+    """Write ``state`` atomically after checking ``weights`` (what a resume would train on) are finite."""
+    assert_finite_weights(weights, f"checkpoint {path}")
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
 
-def load_checkpoint(path: str | Path, cfg: RunConfig) -> dict | None:
-    """The checkpoint at ``path`` if it belongs to ``cfg`` (same digest); else None."""
-    path = Path(path)
+def group_config(cfgs: RunConfig | list[RunConfig]) -> list[RunConfig]:
+    """The seeds of one training process: configurations equal but for distinct seeds."""
+    cfgs = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
+    if not cfgs:
+        raise ValueError("no seeds to train")
+    seeds = [c.seed for c in cfgs]
+    if len(set(seeds)) != len(seeds):
+        raise UserError(f"{cfgs[0].variant}: seeds {seeds} repeat one; give each seed once")
+    if any(dataclasses.replace(c, seed=cfgs[0].seed) != cfgs[0] for c in cfgs):
+        raise ValueError(f"{cfgs[0].variant}: stacked seeds must share every setting but the seed")
+    return cfgs
+
+
+def group_digest(cfgs: list[RunConfig]) -> str:
+    """The checkpoint key of a seed group: one seed's own digest (so a separate run's checkpoint
+    keeps its key), else the hash of every seed's."""
+    if len(cfgs) == 1:
+        return cfgs[0].digest()
+    return hashlib.sha256(" ".join(c.digest() for c in cfgs).encode()).hexdigest()[:16]
+
+
+def load_checkpoint(path: str | Path, cfgs: RunConfig | list[RunConfig]) -> dict | None:
+    """The checkpoint at ``path`` if it belongs to ``cfgs`` (one run, or a seed group); else None."""
+    path, cfgs = Path(path), group_config(cfgs)
     if not path.is_file():
         return None
     state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("digest") != cfg.digest():
+    if state.get("digest") != group_digest(cfgs):
         warnings.warn(f"{path} belongs to another configuration; starting afresh", stacklevel=2)
         return None
+    if "stack" not in state:
+        warnings.warn(f"{path} was written by an older trainer (one seed, no stack); starting afresh", stacklevel=2)
+        return None
     return state
+
+
+@dataclass
+class _Seed:
+    """One seed's progress in a group: what its checkpoint and outputs carry."""
+
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    stop_reason: str = "budget"
+    resumed_at: list[int] = dataclasses.field(default_factory=list)
+    extra: dict = dataclasses.field(default_factory=dict)
+    weights: dict[str, torch.Tensor] | None = None  # frozen at early stopping (the stack trains on)
 
 
 def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | Path,
           logger: EpochLogger | None = None, extra: dict | None = None,
           state: dict | None | Literal["load"] = "load") -> TrainResult:
-    """Train one (variant, seed); resume from ``checkpoint_path`` when it matches ``cfg``.
+    """Train one (variant, seed): `train_group` with one seed."""
+    return train_group([cfg], data, checkpoint_path, [logger], [extra], state)[0]
 
-    ``data``: train_images (N, 28, 28) uint8, train_labels (N,), and the clean test set the model
-    is scored on each epoch, test_images (M, S, S) with S = cfg.image_size, test_labels (M,).
-    MultiMNIST (cfg.multimnist): every step composes a fresh batch of pairs from the train split,
-    an epoch is cfg.multimnist_epoch_size examples, and the per-epoch test error is the pair error
-    on the first `multimnist.CURVE_RECIPES` of test_pairs (P, 2) / test_shifts (P, 2, 2) over the
-    28×28 test_images.
-    With ``cfg.target_accuracy_pct`` > 0 training stops after the first epoch whose test
-    accuracy reaches it (§5.2 early stopping); ``stop_reason`` says which end was reached.
-    ``extra`` is stored in every checkpoint (the tracking run id, say). ``state`` is the checkpoint
-    already read by the caller with `load_checkpoint` (None: start afresh); by default it is read here.
+
+def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint_path: str | Path,
+                loggers: list[EpochLogger | None] | None = None, extras: list[dict | None] | None = None,
+                state: dict | None | Literal["load"] = "load") -> list[TrainResult]:
+    """Train the seeds ``cfgs`` of one variant together (`SeedStack`); resume from
+    ``checkpoint_path`` when it belongs to the same group. One result per seed, in order.
+
+    ``data``: train_images (N, 28, 28) uint8, train_labels (N,), the test set the model is scored
+    on each epoch (test_images, test_labels; MultiMNIST also test_pairs, test_shifts); the
+    experiment family (pipeline.families) decides how batches are drawn and the model scored.
+    Each seed draws its initialisation, data order, augmentation and dropout from its own streams
+    (`torch.manual_seed(seed)` before building its model, then a device generator seeded with the
+    seed), exactly those a separate run of that seed draws. With ``target_accuracy_pct`` > 0 a
+    seed stops after the first epoch whose test accuracy reaches it (§5.2 early stopping): its
+    weights and history freeze there while the others train on. ``extras`` go into the checkpoint
+    per seed (the tracking run ids); ``state``: the checkpoint already read (`load_checkpoint`;
+    None: start afresh), by default read here.
     """
+    cfgs = group_config(cfgs)
+    cfg, n_seeds = cfgs[0], len(cfgs)
+    loggers = loggers or [None] * n_seeds
     checkpoint_path = Path(checkpoint_path)
     device = resolve_device(cfg.device)
     amp = cfg.amp and device.type == "cuda"
     if cfg.amp and not amp:
         warnings.warn("train.amp is on but the device is not CUDA: training in fp32", stacklevel=2)
     configure_backends(cfg, device)
-    torch.manual_seed(cfg.seed)
-    model = place_model(build_model(cfg), cfg, device)
-    optimizer, scheduler = make_optimizer(model, cfg, device)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
-
-    images = data["train_images"].to(device)  # (N, H, W) uint8
-    labels = data["train_labels"].to(device).long()  # (N,)
-    test_images = data["test_images"].to(device)  # (N_test, H, W) uint8, copied once per run
-    test_labels = data["test_labels"].to(device).long()  # (N_test,)
-    n = images.shape[0]
-    steps_per_epoch = (cfg.multimnist_epoch_size if cfg.multimnist else n) // cfg.batch_size
+    models = []
+    for c in cfgs:
+        torch.manual_seed(c.seed)
+        models.append(place_model(build_model(c), c, device))
+    stack = SeedStack(models, loss_recipe(cfg))
+    optimizer, scheduler = make_optimizer(stack, cfg, device)
+    generators = [torch.Generator(device=device).manual_seed(c.seed) for c in cfgs]
+    exp = experiment(cfg, data, device)
+    steps_per_epoch = exp.steps_per_epoch
     if steps_per_epoch == 0:
-        raise UserError(f"train.batch_size {cfg.batch_size} exceeds the "
-                        f"{cfg.multimnist_epoch_size if cfg.multimnist else n} training examples of an epoch")
-    if cfg.multimnist:  # built once: the class index for sampling, the curve's recipes on the device
-        train_index = mm.class_index(labels)
-        curve_pairs = data["test_pairs"][:mm.CURVE_RECIPES].to(device).long()  # (P', 2)
-        curve_shifts = data["test_shifts"][:mm.CURVE_RECIPES].to(device)  # (P', 2, 2)
-        curve_labels = test_labels[curve_pairs]  # (P', 2)
+        raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {exp.examples_per_epoch} training "
+                        "examples of an epoch")
 
-    start_epoch, history, stop_reason, resumed_at = 0, [], "budget", []
+    seeds = [_Seed(extra=dict(e or {})) for e in (extras or [None] * n_seeds)]
+    start_epoch = 0
     if state == "load":
-        state = load_checkpoint(checkpoint_path, cfg)
+        state = load_checkpoint(checkpoint_path, cfgs)
     if state is not None:
-        model.load_state_dict(state["model"])
+        stack.load_state_dict(state["stack"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        generator.set_state(state["generator"])
-        torch.set_rng_state(state["cpu_rng"])
-        if device.type == "cuda" and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(state["cuda_rng"], device)
-        start_epoch, history, stop_reason = state["epoch"] + 1, state["history"], state["stop_reason"]
-        resumed_at = [*state.get("resumed_at", []), start_epoch]
-    last_epoch = len(history) if stop_reason == "target" else cfg.epochs  # an early-stopped run is finished
+        for generator, saved in zip(generators, state["generators"]):
+            generator.set_state(saved)
+        start_epoch = state["epoch"] + 1
+        seeds = [_Seed(s["history"], s["stop_reason"], [*s["resumed_at"], start_epoch], s["extra"], s["weights"])
+                 for s in state["seeds"]]
 
-    loss_fn = loss_function(model, cfg)
-    model.train()
-    for epoch in range(start_epoch, last_epoch):
+    loss_fn = torch.compile(stack) if cfg.compile else stack
+    name = f"{cfg.variant} seed{'s ' + ','.join(str(c.seed) for c in cfgs) if n_seeds > 1 else cfg.seed}"
+    stack.train()
+    for epoch in range(start_epoch, cfg.epochs):
+        active = torch.tensor([s.stop_reason != "target" for s in seeds], device=device, dtype=torch.float32)  # (S,)
+        if not bool(active.any()):
+            break
         t0 = time.perf_counter()
-        sums = torch.zeros(3, device=device)  # total, margin, reconstruction
-        first_bad = torch.full((), -1, device=device, dtype=torch.long)
+        sums = torch.zeros(n_seeds, 3, device=device)  # per seed: total, margin, reconstruction
+        first_bad = torch.full((n_seeds,), -1, device=device, dtype=torch.long)
         step_dev = torch.full((), epoch * steps_per_epoch, device=device, dtype=torch.long)
-        perm = None if cfg.multimnist else torch.randperm(n, generator=generator, device=device)  # (N,)
-        bar = tqdm(range(steps_per_epoch), desc=f"{cfg.variant} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}",
+        orders = [exp.epoch_order(g) for g in generators]
+        bar = tqdm(range(steps_per_epoch), desc=f"{name} epoch {epoch + 1}/{cfg.epochs}",
                    leave=False, mininterval=1.0, disable=None)
         for step in bar:
-            if cfg.multimnist:  # a fresh pair and fresh shifts for every example
-                pairs, shifts = mm.sample_pairs(train_index, cfg.batch_size, cfg.max_shift, generator)  # (B, 2), (B, 2, 2)
-                merged, digits = mm.compose(images, pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
-                parts = training_step(loss_fn, optimizer, scheduler, merged, labels[pairs], generator, cfg, amp, digits)
-            else:
-                idx = perm[step * cfg.batch_size:(step + 1) * cfg.batch_size]  # (B,)
-                parts = training_step(loss_fn, optimizer, scheduler, images[idx], labels[idx], generator, cfg, amp)  # (3,)
-            first_bad = torch.where(~torch.isfinite(parts[0]) & (first_bad < 0), step_dev, first_bad)
+            batch, keep = draw_step(exp, stack, orders, step, generators)
+            parts = training_step(loss_fn, optimizer, scheduler, batch, keep, active, amp)  # (S, 3)
+            bad = ~torch.isfinite(parts[:, 0]) & (active > 0) & (first_bad < 0)  # (S,)
+            first_bad = torch.where(bad, step_dev, first_bad)
             sums += parts
             step_dev += 1
             if (step + 1) % cfg.log_every == 0 or step + 1 == steps_per_epoch:
-                if int(first_bad) >= 0:  # one host read every log_every steps
+                if bool((first_bad >= 0).any()):  # one host read every log_every steps
+                    k = int((first_bad >= 0).nonzero()[0])
                     raise NonFiniteLossError(
-                        f"{cfg.variant} seed {cfg.seed}: non-finite loss at step {int(first_bad)} "
+                        f"{cfg.variant} seed {cfgs[k].seed}: non-finite loss at step {int(first_bad[k])} "
                         f"(epoch {epoch + 1}); the last good checkpoint is {checkpoint_path}")
-                bar.set_postfix(loss=f"{float(sums[0]) / (step + 1):.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}",
-                                img_s=f"{(step + 1) * cfg.batch_size / (time.perf_counter() - t0):.0f}")
+                seconds = time.perf_counter() - t0
+                bar.set_postfix(loss=f"{float((sums[:, 0] * active).sum() / active.sum()) / (step + 1):.4f}",
+                                lr=f"{scheduler.get_last_lr()[0]:.2e}",
+                                img_s=f"{(step + 1) * cfg.batch_size * n_seeds / seconds:.0f}")
         bar.close()
-        totals = (sums / steps_per_epoch).tolist()
+        totals = (sums / steps_per_epoch).tolist()  # (S, 3)
         seconds = time.perf_counter() - t0
-        if cfg.multimnist:
-            preds = mm.predict_pairs(model, test_images, curve_pairs, curve_shifts, cfg.eval_batch_size, amp)
-            test_error = 100.0 * int((~mm.pair_correct(preds, curve_labels)).sum()) / curve_labels.shape[0]
-        else:
-            _, preds = predict(model, test_images, cfg.eval_batch_size, amp)
-            test_error = 100.0 * int((preds != test_labels).sum()) / test_labels.shape[0]  # exact count, one sync
-        metrics = {
-            "epoch": epoch + 1,
-            "train_loss": totals[0], "margin_loss": totals[1], "reconstruction_loss": totals[2],
-            "lr": scheduler.get_last_lr()[0], "test_error_pct": test_error,
-            "epoch_seconds": seconds, "train_images_per_second": steps_per_epoch * cfg.batch_size / seconds,
-        }
-        history.append(metrics)
-        if target_reached(test_error, cfg.target_accuracy_pct):
-            stop_reason = "target"
-        last = stop_reason == "target" or epoch + 1 == last_epoch
-        if last or (epoch + 1) % cfg.checkpoint_every == 0:
-            _save_checkpoint(checkpoint_path, {
-                "digest": cfg.digest(), "epoch": epoch, "history": history, "extra": extra or {},
-                "resumed_at": resumed_at,
-                "stop_reason": stop_reason, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "generator": generator.get_state(),
-                "cpu_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        scored = []  # (k, metrics, stopped now) of the seeds this epoch trained
+        for k, seed in enumerate(seeds):
+            if seed.stop_reason == "target":
+                continue
+            test_error = exp.test_error(stack.seed_model(k), cfg.eval_batch_size, amp)
+            seed.history.append({
+                "epoch": epoch + 1,
+                "train_loss": totals[k][0], "margin_loss": totals[k][1], "reconstruction_loss": totals[k][2],
+                "lr": scheduler.get_last_lr()[0], "test_error_pct": test_error,
+                "epoch_seconds": seconds, "train_images_per_second": steps_per_epoch * cfg.batch_size / seconds,
             })
-        if logger is not None:
-            logger.log_epoch(epoch + 1, metrics)
-        print(f"{cfg.variant} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}: loss {totals[0]:.4f}, "
-              f"test error {test_error:.2f}%, {metrics['train_images_per_second']:.0f} img/s", flush=True)
-        if stop_reason == "target":
-            print(f"{cfg.variant} seed{cfg.seed}: test accuracy {100 - test_error:.2f}% reached the target "
-                  f"{cfg.target_accuracy_pct}% after epoch {epoch + 1}; early stop", flush=True)
+            stopped = target_reached(test_error, cfg.target_accuracy_pct)
+            if stopped:
+                seed.stop_reason = "target"
+                seed.weights = {n: w.detach().cpu().clone() for n, w in stack.seed_weights(k).items()}
+            scored.append((k, seed.history[-1], stopped))
+        finished = all(s.stop_reason == "target" for s in seeds) or epoch + 1 == cfg.epochs
+        if finished or (epoch + 1) % cfg.checkpoint_every == 0:  # before logging: a kill there loses nothing
+            live = {f"seed{c.seed}.{n}": w for k, c in enumerate(cfgs) if seeds[k].stop_reason != "target"
+                    for n, w in stack.seed_weights(k).items()}
+            _save_checkpoint(checkpoint_path, {
+                "digest": group_digest(cfgs), "epoch": epoch, "seeds": [dataclasses.asdict(s) for s in seeds],
+                "stack": stack.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "generators": [g.get_state() for g in generators],
+            }, live)
+        for k, metrics, stopped in scored:
+            c = cfgs[k]
+            if loggers[k] is not None:
+                loggers[k].log_epoch(epoch + 1, metrics)
+            print(f"{c.variant} seed{c.seed} epoch {epoch + 1}/{cfg.epochs}: loss {metrics['train_loss']:.4f}, "
+                  f"test error {metrics['test_error_pct']:.2f}%, {metrics['train_images_per_second']:.0f} img/s"
+                  f"{f' ({n_seeds} seeds stacked)' if n_seeds > 1 else ''}", flush=True)
+            if stopped:
+                print(f"{c.variant} seed{c.seed}: test accuracy {100 - metrics['test_error_pct']:.2f}% reached "
+                      f"the target {cfg.target_accuracy_pct}% after epoch {epoch + 1}; early stop", flush=True)
+        if finished:
             break
-    return TrainResult(model, history, len(history) * steps_per_epoch, start_epoch, resumed_at, stop_reason)
+    results = []
+    for k, (c, seed) in enumerate(zip(cfgs, seeds)):
+        model = copy.deepcopy(stack.seed_model(k))
+        if seed.weights is not None:
+            model.load_state_dict(seed.weights)
+        results.append(TrainResult(model, seed.history, len(seed.history) * steps_per_epoch, start_epoch,
+                                   seed.resumed_at, seed.stop_reason))
+    return results
 
 
 def target_reached(test_error_pct: float, target_accuracy_pct: float) -> bool:

@@ -36,7 +36,8 @@ class Mutation:
 EQUATIONS = "tests/test_capsnet.py"
 RECIPES = "tests/test_recipes.py"
 RECIPE_WIRING = "tests/test_wiring.py::test_a_variant_trains_with_its_recipes_loss_and_model"
-RESUME = "tests/test_wiring.py::test_resume_restores_the_cpu_generator_that_dropout_draws_from"
+RESUME = "tests/test_wiring.py::test_resume_restores_the_generator_that_dropout_draws_from"
+STACK = "tests/test_stack.py"
 COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
@@ -73,13 +74,22 @@ MUTATIONS = [
              (RECIPE_WIRING,)),
     Mutation("the model is built without its recipe", "pipeline/train.py",
              "cfg.image_size, cfg.num_classes, cfg.recipe)", "cfg.image_size, cfg.num_classes)", (RECIPE_WIRING,)),
-    Mutation("resume drops the CPU generator", "pipeline/train.py",
-             'torch.set_rng_state(state["cpu_rng"])', "pass", (RESUME,)),
-    Mutation("resume drops the data generator", "pipeline/train.py",
-             'generator.set_state(state["generator"])', "pass", (RESUME,)),
+    Mutation("resume drops the seeds' generators", "pipeline/train.py",
+             "generator.set_state(saved)", "pass", (RESUME,)),
+    Mutation("stacked seeds share one generator", "pipeline/train.py",
+             "generators = [torch.Generator(device=device).manual_seed(c.seed) for c in cfgs]",
+             "generators = [torch.Generator(device=device).manual_seed(cfg.seed)] * n_seeds", (STACK,)),
+    Mutation("stacked seeds built from one initialisation", "pipeline/train.py",
+             "        torch.manual_seed(c.seed)\n", "        torch.manual_seed(cfg.seed)\n", (STACK,)),
+    Mutation("dropout masks from the global generator", "pipeline/stack.py",
+             'draw = getattr(self.template, "dropout_keep", None)', "draw = None", (STACK,)),
+    Mutation("stacked losses averaged over the seeds", "pipeline/train.py",
+             "(parts[:, 0] * active).sum().backward()", "(parts[:, 0] * active).mean().backward()", (STACK,)),
+    Mutation("a seed that stopped early keeps its last weights, not its stopping epoch's", "pipeline/train.py",
+             "        if seed.weights is not None:\n            model.load_state_dict(seed.weights)\n", "", (STACK,)),
     Mutation("compiled step differs from eager (loss scaled)", "pipeline/train.py",
-             "    return torch.compile(fn, mode=compile_mode) if cfg.compile else fn",
-             "    return torch.compile(lambda *a: tuple(t * 1.01 for t in fn(*a)), mode=compile_mode) if cfg.compile else fn",
+             "    loss_fn = torch.compile(stack) if cfg.compile else stack",
+             "    loss_fn = torch.compile(lambda *a: stack(*a) * 1.01) if cfg.compile else stack",
              (COMPILED,)),
     Mutation("the optimizer ignores a compressed schedule", "pipeline/train.py",
              "pace = cfg.lr_schedule_epochs / cfg.epochs if cfg.lr_schedule_epochs else 1.0", "pace = 1.0",

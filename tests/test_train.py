@@ -14,7 +14,10 @@ from conftest import REPO, Recorder, synthetic_digits, tiny_data, tiny_pipeline
 from mlflow.tracking import MlflowClient
 
 from pipeline import evaluate_stage, tracking
+from pipeline import data as data_module
+from pipeline import stack as stack_module
 from pipeline import train as train_module
+from pipeline.families import experiment
 from pipeline.train import NonFiniteLossError, RunConfig, train
 
 
@@ -76,15 +79,15 @@ def test_checkpoint_of_another_config_is_not_resumed(tmp_path):
 
 
 def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
-    real = train_module.compute_loss
+    real = stack_module.compute_loss
     calls = {"n": 0}
 
-    def poisoned(model, x, y, capsnet, targets=None):
+    def poisoned(model, x, y, capsnet, targets=None, keep=None):
         calls["n"] += 1
-        loss, margin, recon = real(model, x, y, capsnet, targets)
+        loss, margin, recon = real(model, x, y, capsnet, targets, keep)
         return (loss * float("nan"), margin, recon) if calls["n"] == 5 else (loss, margin, recon)
 
-    monkeypatch.setattr(train_module, "compute_loss", poisoned)
+    monkeypatch.setattr(stack_module, "compute_loss", poisoned)
     checkpoint = tmp_path / "d.pt"
     with pytest.raises(NonFiniteLossError, match="non-finite loss at step 4 "):
         train(tiny_config(), tiny_data(), checkpoint)
@@ -104,12 +107,12 @@ def test_early_stopping_stops_at_the_first_epoch_reaching_the_target(tmp_path, m
         preds[:next(errors)] = 1
         return torch.zeros(images.shape[0], 10), preds
 
-    monkeypatch.setattr(train_module, "predict", constructed_predict)
+    monkeypatch.setattr(data_module, "predict", constructed_predict)
     cfg = tiny_config(epochs=5, target_accuracy_pct=99.23)
     result = train(cfg, data, tmp_path / "e.pt")
     assert result.stop_reason == "target" and len(result.history) == 3 and result.steps == 3 * 3
     assert [h["test_error_pct"] for h in result.history] == pytest.approx([5.0, 0.78, 0.77])
-    assert torch.load(tmp_path / "e.pt", weights_only=False)["stop_reason"] == "target"
+    assert torch.load(tmp_path / "e.pt", weights_only=False)["seeds"][0]["stop_reason"] == "target"
     again = Recorder()  # an early-stopped run is finished: re-running trains nothing
     rerun = train(cfg, data, tmp_path / "e.pt", logger=again)
     assert again.epochs == [] and rerun.stop_reason == "target" and len(rerun.history) == 3
@@ -126,11 +129,15 @@ def test_target_reached(accuracy, target, reached):
     assert train_module.target_reached(100.0 - accuracy, target) is reached
 
 
-def test_augment_shifts_at_28_and_places_on_the_canvas_at_40():
+def test_the_experiment_shifts_at_28_and_places_on_the_canvas_at_40():
     images, _ = synthetic_digits(8)
     g = torch.Generator().manual_seed(0)
-    assert train_module.augment(images, 28, 2, g).shape == (8, 28, 28)
-    placed = train_module.augment(images, 40, 2, g)
+    mnist = experiment(tiny_config(), tiny_data(), torch.device("cpu"))
+    canvas = experiment(tiny_config(image_size=40), tiny_data(), torch.device("cpu"))
+    assert type(mnist).__name__ == "ShiftedMnist" and type(canvas).__name__ == "Canvas"
+    shifted = mnist.augment(images, g)
+    assert shifted.shape == (8, 28, 28) and not torch.equal(shifted, images)
+    placed = canvas.augment(images, g)
     assert placed.shape == (8, 40, 40)
     assert torch.equal(placed.flatten(1).long().sum(1), images.flatten(1).long().sum(1))  # whole digits, no shift loss
 
@@ -228,10 +235,10 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
 
 def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
     root = pipeline_dir
-    real = train_module.compute_loss
-    monkeypatch.setattr(train_module, "compute_loss",
-                        lambda m, x, y, capsnet, targets=None: tuple(t * float("nan")
-                                                                     for t in real(m, x, y, capsnet, targets)))
+    real = stack_module.compute_loss
+    monkeypatch.setattr(stack_module, "compute_loss",
+                        lambda m, x, y, capsnet, targets=None, keep=None: tuple(
+                            t * float("nan") for t in real(m, x, y, capsnet, targets, keep)))
     result = run_cli(["train", "capsnet_r1", "0", str(root / "prepared"), str(root / "models" / "nan"),
                       "--checkpoint", str(root / "ckpt" / "nan.pt"), "--params", str(root / "params.yaml")], root, monkeypatch)
     assert result.exit_code == 1 and "non-finite loss at step" in result.output
@@ -295,7 +302,8 @@ def test_channels_last_step_computes_the_same_step(variant):
         merged, digits = mm.compose(images, pairs, shifts)
         x, y, targets = train_module.to_float(merged), labels.long()[pairs], digits.unsqueeze(2).float() / 255
     else:
-        x, y = train_module.to_float(train_module.augment(images, cfg.image_size, cfg.max_shift, generator)), labels.long()
+        x = train_module.to_float(experiment(cfg, tiny_data(), torch.device("cpu")).augment(images, generator))
+        y = labels.long()
     torch.manual_seed(0)
     model = train_module.build_model(cfg).eval()  # eval: the CNNs' dropout off, so no step draws masks
 
