@@ -9,6 +9,7 @@ Timing synchronises the device at the edges of the timed loop only.
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
 
@@ -18,9 +19,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from torchvision.transforms import v2
 
 from pipeline.data import MNIST_SIZE
+from pipeline.families import experiment
+from pipeline.multimnist import CANVAS as MULTIMNIST_CANVAS
+from pipeline.stack import SeedStack
 from pipeline.train import (
-    RunConfig, build_model, compute_loss, configure_backends, loss_function, loss_recipe, make_optimizer,
-    place_model, predict, resolve_device, training_step,
+    RunConfig, build_model, compute_loss, configure_backends, draw_step, loss_recipe, make_optimizer, place_model,
+    predict, resolve_device, training_step,
 )
 
 EPOCH_IMAGES = 60_000
@@ -54,52 +58,80 @@ def flop_per_image(cfg: RunConfig, device: torch.device, batch: int = 8) -> floa
     return counter.get_total_flops() / batch
 
 
+def random_data(cfg: RunConfig, n: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """n random uint8 training digits and a test set of cfg's size: what cfg's experiment draws from."""
+    data = {"train_images": torch.randint(0, 256, (n, MNIST_SIZE, MNIST_SIZE), dtype=torch.uint8, device=device),
+            "train_labels": torch.arange(n, device=device) % cfg.num_classes,
+            "test_images": torch.randint(0, 256, (n, cfg.image_size, cfg.image_size), dtype=torch.uint8, device=device),
+            "test_labels": torch.arange(n, device=device) % cfg.num_classes}
+    if cfg.image_size == MULTIMNIST_CANVAS:  # MultiMNIST scores pair recipes over 28×28 test digits
+        data["test_images"] = data["train_images"]
+        data["test_pairs"] = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n], dim=1)  # labels differ
+        data["test_shifts"] = torch.zeros(n, 2, 2, dtype=torch.int8)
+    return data
+
+
 def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
-               compile_mode: str = "default") -> dict:
-    """Time `training_step` (the code `capsnet train` runs) and inference on random uint8 data.
+               compile_mode: str = "default", seeds: int = 1) -> dict:
+    """Time the training step `capsnet train` runs (draw every seed's batch, one stacked step) and
+    inference, on random uint8 data; ``seeds`` seeds stacked (1: a separate run).
 
     The first warm-up step includes compilation; its wall time is returned as first_step_s.
+    train_images_per_s counts every seed's images (aggregate); per_seed_images_per_s one seed's.
     """
     device = resolve_device(cfg.device)
     amp = cfg.amp and device.type == "cuda"
     configure_backends(cfg, device)
-    torch.manual_seed(generator_seed)
-    model = place_model(build_model(cfg), cfg, device)
-    optimizer, scheduler = make_optimizer(model, cfg, device)
-    step_model = loss_function(model, cfg, compile_mode)
-    generator = torch.Generator(device=device).manual_seed(generator_seed)
+    models = []
+    for k in range(seeds):
+        torch.manual_seed(generator_seed + k)
+        models.append(place_model(build_model(cfg), cfg, device))
+    stack = SeedStack(models, loss_recipe(cfg))
+    optimizer, scheduler = make_optimizer(stack, cfg, device)
+    loss_fn = torch.compile(stack, mode=compile_mode) if cfg.compile else stack
+    generators = [torch.Generator(device=device).manual_seed(generator_seed + k) for k in range(seeds)]
     n = cfg.batch_size * (steps + warmup)
-    digits = torch.randint(0, 256, (n, MNIST_SIZE, MNIST_SIZE), dtype=torch.uint8, device=device)  # training input
-    images = torch.randint(0, 256, (n, cfg.image_size, cfg.image_size), dtype=torch.uint8, device=device)  # test input
-    labels = torch.randint(0, cfg.num_classes, (n,), device=device)
+    exp = experiment(cfg, random_data(cfg, n, device), device)
+    orders = [exp.epoch_order(g) for g in generators]
+    active = torch.ones(seeds, device=device)
+
+    def step(k: int) -> None:
+        batch, keep = draw_step(exp, stack, orders, k, generators)
+        training_step(loss_fn, optimizer, scheduler, batch, keep, active, amp)
+
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    batches = [slice(k * cfg.batch_size, (k + 1) * cfg.batch_size) for k in range(steps + warmup)]
     t0 = time.perf_counter()
-    for k, sl in enumerate(batches[:warmup]):
-        training_step(step_model, optimizer, scheduler, digits[sl], labels[sl], generator, cfg, amp)
+    for k in range(warmup):
+        step(k)
         if k == 0:
             _sync(device)
             first_step_s = time.perf_counter() - t0
     _sync(device)
     t0 = time.perf_counter()
-    for sl in batches[warmup:]:
-        training_step(step_model, optimizer, scheduler, digits[sl], labels[sl], generator, cfg, amp)
+    for k in range(warmup, warmup + steps):
+        step(k)
     _sync(device)
     train_seconds = time.perf_counter() - t0
     # whole eval batches only: a last partial batch is a new shape, and cuDNN autotuning (deterministic:
     # false) would time its algorithm search
+    images = exp.test_images if cfg.image_size != MULTIMNIST_CANVAS else random_data(
+        dataclasses.replace(cfg, image_size=MNIST_SIZE), n, device)["test_images"]
+    if cfg.image_size == MULTIMNIST_CANVAS:
+        images = torch.nn.functional.pad(images, (4, 4, 4, 4))  # (n, 36, 36)
     infer = images[: max(n // cfg.eval_batch_size, 1) * cfg.eval_batch_size]
+    model = stack.seed_model(0)
     predict(model, infer[: cfg.eval_batch_size], cfg.eval_batch_size, amp)  # warm-up
     _sync(device)
     t0 = time.perf_counter()
     predict(model, infer, cfg.eval_batch_size, amp)
     _sync(device)
     infer_seconds = time.perf_counter() - t0
-    images_per_s = steps * cfg.batch_size / train_seconds
-    return {"train_images_per_s": images_per_s, "ms_per_step": 1000 * train_seconds / steps,
-            "s_per_epoch": EPOCH_IMAGES / images_per_s, "peak_memory_mb": _peak_memory_mb(device),
-            "inference_images_per_s": infer.shape[0] / infer_seconds, "first_step_s": first_step_s}
+    images_per_s = seeds * steps * cfg.batch_size / train_seconds
+    return {"seeds": seeds, "train_images_per_s": images_per_s, "per_seed_images_per_s": images_per_s / seeds,
+            "ms_per_step": 1000 * train_seconds / steps, "s_per_epoch": seeds * EPOCH_IMAGES / images_per_s,
+            "peak_memory_mb": _peak_memory_mb(device), "inference_images_per_s": infer.shape[0] / infer_seconds,
+            "first_step_s": first_step_s}
 
 
 class _TensorDigits(Dataset):
@@ -147,9 +179,10 @@ def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -
 
 
 def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
-        reference: bool, deterministic: str, device: str):
-    """Yield one row per (batch, mode), the reference loop first when asked: what `capsnet bench` prints."""
-    import dataclasses
+        reference: bool, deterministic: str, device: str, seeds: tuple[int, ...] = (1,)):
+    """Yield one row per (batch, mode, seeds stacked), the reference loop first when asked: what
+    `capsnet bench` prints. Rows with seeds > 1 carry speedup_vs_separate: their aggregate images/s
+    over the one-seed row's (S separate runs one after another train at the one-seed rate)."""
     import datetime
 
     from pipeline.train import run_config
@@ -177,8 +210,14 @@ def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ..
             amp, compile_mode, channels_last = MODES[mode]
             cfg = dataclasses.replace(base, batch_size=batch, amp=amp and dev.type == "cuda",
                                       compile=compile_mode is not None, channels_last=channels_last)
-            result = bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default")
-            if ref:
-                result["speedup_vs_reference"] = result["train_images_per_s"] / ref["train_images_per_s"]
-            yield row({"mode": mode, "batch": batch, **result})
-            torch._dynamo.reset()  # each mode compiles afresh; the on-disk cache still helps
+            single = None
+            for s in seeds:
+                result = bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default", seeds=s)
+                if ref:
+                    result["speedup_vs_reference"] = result["train_images_per_s"] / ref["train_images_per_s"]
+                if s == 1:
+                    single = result["train_images_per_s"]
+                elif single:
+                    result["speedup_vs_separate"] = result["train_images_per_s"] / single
+                yield row({"mode": mode, "batch": batch, **result})
+                torch._dynamo.reset()  # each configuration compiles afresh; the on-disk cache still helps

@@ -191,10 +191,12 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
 @click.option("--deterministic", type=click.Choice(["params", "on", "off"]), default="params", show_default=True,
               help="deterministic algorithms as params.yaml's train.deterministic says, or forced")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
+@click.option("--seeds", "seeds", type=click.IntRange(1, 64), multiple=True, default=(1,), show_default=True,
+              help="seeds stacked in one step (repeatable: --seeds 1 --seeds 3 compares stacked with separate)")
 @PARAMS_OPTION
 @user_errors
 def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
-          reference: bool, deterministic: str, device: str, params_path: str) -> None:
+          reference: bool, deterministic: str, device: str, seeds: tuple[int, ...], params_path: str) -> None:
     """Print one JSON line per configuration: images/s, ms/step, s/epoch, TFLOP/s, memory.
 
     Times the real training step of `capsnet train` on random uint8 data after warm-up steps,
@@ -208,7 +210,7 @@ def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], st
     from pipeline import bench as bn
 
     params = load_params(params_path)
-    for row in bn.run(params, variant, batch_sizes, modes, steps, warmup, reference, deterministic, device):
+    for row in bn.run(params, variant, batch_sizes, modes, steps, warmup, reference, deterministic, device, seeds):
         click.echo(json.dumps(row))
 
 
