@@ -81,28 +81,48 @@ def prepare(raw_dir: str, out_dir: str, montage: str, affnist_montage: str, para
     click.echo(prepare_stage.run(params, Path(raw_dir), Path(out_dir), Path(montage), Path(affnist_montage)))
 
 
+def parse_seeds(text: str) -> list[int]:
+    """"2" -> [2]; "0,1,2" -> [0, 1, 2] (stacked in one process)."""
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give a seed (0) or comma-separated seeds (0,1,2)", param_hint="SEEDS")
+    if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
+        raise click.BadParameter(f"{text!r}: seeds are distinct integers >= 0", param_hint="SEEDS")
+    return seeds
+
+
 @main.command()
 @click.argument("variant")
-@click.argument("seed", type=int)
+@click.argument("seeds")
 @click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--checkpoint", "checkpoint_path", type=click.Path(dir_okay=False), required=True,
               help="resume state, kept outside DVC's outputs so a killed run resumes")
 @PARAMS_OPTION
 @user_errors
-def train(variant: str, seed: int, data_dir: str, out_dir: str, checkpoint_path: str, params_path: str) -> None:
-    """Train VARIANT with SEED on DATA_DIR's prepared MNIST; write weights and config to OUT_DIR.
+def train(variant: str, seeds: str, data_dir: str, out_dir: str, checkpoint_path: str, params_path: str) -> None:
+    """Train VARIANT with SEEDS on DATA_DIR's prepared MNIST; write weights and config to OUT_DIR.
 
-    Resumes from --checkpoint when it belongs to the same configuration; a finished run is not
-    retrained. Logs to MLflow (run <variant>-seed<k>); a failure or SIGTERM marks the run FAILED.
+    SEEDS is one seed (0) or several (0,1,2) trained stacked in one process, each seed exactly as
+    its own run would train; then OUT_DIR names each seed's directory with {seed}
+    (models/capsnet_r3_recon/seed{seed}). Resumes from --checkpoint when it belongs to the same
+    configuration and seeds; a finished run is not retrained. Logs to MLflow (run <variant>-seed<k>
+    per seed); a failure or SIGTERM marks the runs FAILED.
     """
     from pipeline import train_stage
 
+    seed_list = parse_seeds(seeds)
+    if len(seed_list) > 1 and "{seed}" not in out_dir:
+        raise click.BadParameter(f"{out_dir!r}: with several seeds, name each seed's directory with {{seed}}, "
+                                 f"e.g. models/{variant}/seed{{seed}}", param_hint="OUT_DIR")
+    out_dirs = [Path(out_dir.replace("{seed}", str(seed))) for seed in seed_list]
     params = load_params(params_path)
-    done = train_stage.run(params, variant, seed, Path(data_dir), Path(out_dir), Path(checkpoint_path))
-    stopped = f", early stop at epoch {len(done.history)}" if done.stop_reason == "target" else ""
-    click.echo(f"{variant} seed {seed}: final {done.eval_set} error {done.history[-1]['test_error_pct']:.2f}%"
-               f"{stopped} -> {out_dir}")
+    outcomes = train_stage.run_group(params, variant, seed_list, Path(data_dir), out_dirs, Path(checkpoint_path))
+    for done, out in zip(outcomes, out_dirs):
+        stopped = f", early stop at epoch {len(done.history)}" if done.stop_reason == "target" else ""
+        click.echo(f"{variant} seed {done.cfg.seed}: final {done.eval_set} error "
+                   f"{done.history[-1]['test_error_pct']:.2f}%{stopped} -> {out}")
 
 
 @main.command()

@@ -1,4 +1,5 @@
-"""Stage `train`: one (variant, seed) from prepared data to weights, history and config, tracked.
+"""Stage `train`: one (variant, seed), or several seeds of a variant stacked (`run_group`), from
+prepared data to each seed's weights, history and config, each tracked as its own MLflow run.
 
 Top to bottom, what the stage must get right: check everything checkable (params, device, batch
 against the data, writable paths) before an MLflow run exists; lock the checkpoint so two trainers
@@ -29,7 +30,7 @@ from pipeline.files import atomic_path, file_lock, writable_dir, write_json
 from pipeline.params import Params
 from pipeline.profiles import cpu_epoch_seconds
 from pipeline.train import (ADAM_EPS, RunConfig, assert_finite_weights, count_params, load_checkpoint, resolve_device,
-                            run_config, train)
+                            run_config, train_group)
 
 ARTIFACTS = ("model.safetensors", "learning_curve.png", "history.csv", "config.json")
 
@@ -84,73 +85,100 @@ def multimnist_max_shift(data_dir: Path) -> int:
 def run(params: Params, variant: str, seed: int, data_dir: Path, out_dir: Path, checkpoint: Path) -> TrainOutcome:
     """Train ``variant`` with ``seed``; resume from ``checkpoint`` when it belongs to the same
     configuration. Writes model.safetensors, history.csv, learning_curve.png and config.json."""
-    cfg = run_config(params, variant, seed)
-    if cfg.multimnist:
-        cfg = dataclasses.replace(cfg, max_shift=multimnist_max_shift(data_dir))
+    return run_group(params, variant, [seed], data_dir, [out_dir], checkpoint)[0]
+
+
+def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, out_dirs: list[Path],
+              checkpoint: Path) -> list[TrainOutcome]:
+    """Train ``variant``'s ``seeds`` stacked in one process (`train.train_group`), seed k's outputs
+    in out_dirs[k] exactly as a one-seed run writes them, one MLflow run per seed
+    (``<variant>-seed<k>``); resume from ``checkpoint`` when it belongs to the same seed group."""
+    if len(out_dirs) != len(seeds) or len(set(map(str, out_dirs))) != len(seeds):
+        raise UserError(f"{variant}: {len(seeds)} seed(s) need as many distinct output directories, got {out_dirs}")
+    cfgs = [run_config(params, variant, seed) for seed in seeds]
+    if cfgs[0].multimnist:
+        cfgs = [dataclasses.replace(c, max_shift=multimnist_max_shift(data_dir)) for c in cfgs]
+    cfg = cfgs[0]
     device = resolve_device(cfg.device)
     data = load_data(data_dir, cfg)
     per_epoch = cpu_epoch_seconds(cfg.model, cfg.image_size)
     if device.type == "cpu" and cfg.profile != "smoke" and per_epoch is not None:
-        hours = per_epoch * len(data["train_images"]) / 60_000 * cfg.epochs / 3600
+        hours = per_epoch * len(data["train_images"]) / 60_000 * cfg.epochs * len(seeds) / 3600
         if hours > 1:
-            warnings.warn(f"{variant} seed {seed}: {cfg.epochs} epochs on a CPU take about {hours:,.0f} h "
+            warnings.warn(f"{variant} seed(s) {seeds}: {cfg.epochs} epochs on a CPU take about {hours:,.0f} h "
                           "(measured on 2 cores); the paper protocol wants a GPU", stacklevel=2)
-    writable_dir(out_dir, "output")
+    for out_dir in out_dirs:
+        writable_dir(out_dir, "output")
     writable_dir(checkpoint.parent, "checkpoint")
-    with file_lock(checkpoint.with_name(checkpoint.name + ".lock"), wait=False,
-                   what=f"{variant} seed {seed}'s checkpoint {checkpoint}"):
-        state = load_checkpoint(checkpoint, cfg)
+    what = f"{variant} seed {seeds[0]}" if len(seeds) == 1 else f"{variant} seeds {', '.join(map(str, seeds))}"
+    with file_lock(checkpoint.with_name(checkpoint.name + ".lock"), wait=False, what=f"{what}'s checkpoint {checkpoint}"):
+        state = load_checkpoint(checkpoint, cfgs)
         env = tracking.environment()
-        run_params = {
-            "variant": variant, "model": cfg.model, "routing_iterations": cfg.routing_iterations,
-            "reconstruction": cfg.reconstruction, "seed": seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
-            "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps,
-            "lr_schedule_epochs": cfg.lr_schedule_epochs, "epochs": cfg.epochs,
-            "steps": cfg.epochs * ((cfg.multimnist_epoch_size if cfg.multimnist else data["train_images"].shape[0])
-                                   // cfg.batch_size), "amp": cfg.amp,
-            "compile": cfg.compile, "n_params": count_params(cfg), "device": str(device),
-            "torch_version": env["torch_version"], "profile": cfg.profile, "recipe": cfg.recipe,
-            "image_size": cfg.image_size, "n_train": data["train_images"].shape[0],
-            "n_test": data["test_images"].shape[0]}
         tracker = tracking.open_tracker()
-        run_name = f"{variant}-seed{seed}"
-        run_id = tracker.start(run_name, run_params, run_id=state["extra"].get("run_id") if state else None)
-        tracker.close_stale(run_name, keep=run_id)
+        run_ids: list[str] = []
         try:
+            for k, c in enumerate(cfgs):
+                run_name = f"{variant}-seed{c.seed}"
+                saved = state["seeds"][k]["extra"].get("run_id") if state else None
+                run_ids.append(tracker.start(run_name, run_params(c, data, device, env), run_id=saved))
+                tracker.close_stale(run_name, keep=run_ids[-1])
             with sigterm_raises():
-                outcome = _train_and_write(cfg, data, checkpoint, out_dir, tracker, run_id, run_params, env, state)
+                outcomes = _train_and_write(cfgs, data, checkpoint, out_dirs, tracker, run_ids,
+                                            [run_params(c, data, device, env) for c in cfgs], env, state)
         except BaseException:
-            tracker.end(run_id, failed=True)
+            for run_id in run_ids:
+                tracker.end(run_id, failed=True)
             raise
-        tracker.end(run_id)
-    return outcome
+        for run_id in run_ids:
+            tracker.end(run_id)
+    return outcomes
 
 
-def _train_and_write(cfg: RunConfig, data: dict, checkpoint: Path, out: Path, tracker, run_id: str,
-                     run_params: dict, env: dict, state: dict | None) -> TrainOutcome:
+def run_params(cfg: RunConfig, data: dict, device: torch.device, env: dict) -> dict:
+    """What MLflow records as one run's parameters."""
+    return {
+        "variant": cfg.variant, "model": cfg.model, "routing_iterations": cfg.routing_iterations,
+        "reconstruction": cfg.reconstruction, "seed": cfg.seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
+        "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps,
+        "lr_schedule_epochs": cfg.lr_schedule_epochs, "epochs": cfg.epochs,
+        "steps": cfg.epochs * ((cfg.multimnist_epoch_size if cfg.multimnist else data["train_images"].shape[0])
+                               // cfg.batch_size), "amp": cfg.amp,
+        "compile": cfg.compile, "n_params": count_params(cfg), "device": str(device),
+        "torch_version": env["torch_version"], "profile": cfg.profile, "recipe": cfg.recipe,
+        "image_size": cfg.image_size, "n_train": data["train_images"].shape[0],
+        "n_test": data["test_images"].shape[0]}
+
+
+def _train_and_write(cfgs: list[RunConfig], data: dict, checkpoint: Path, outs: list[Path], tracker,
+                     run_ids: list[str], params: list[dict], env: dict, state: dict | None) -> list[TrainOutcome]:
     t0 = time.perf_counter()
-    result = train(cfg, data, checkpoint, tracker.epoch_logger(run_id), extra={"run_id": run_id}, state=state)
-    weights = {k: t.contiguous() for k, t in result.model.state_dict().items()}
-    assert_finite_weights(weights, f"{cfg.variant} seed {cfg.seed}")
-    with atomic_path(out / "model.safetensors") as tmp:
-        save_file(weights, str(tmp))
-    with atomic_path(out / "history.csv") as tmp, tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(result.history[0]))
-        writer.writeheader()
-        writer.writerows(result.history)
-    figures.learning_curves(result.history, f"{cfg.variant} seed {cfg.seed}", out / "learning_curve.png")
-    eval_set = test_sets(cfg.image_size)[0]
-    write_json(out / "config.json", {
-        "config": dataclasses.asdict(cfg), "run_id": run_id, "params": run_params,
-        "optimizer": {"name": "adam", "adam_eps": ADAM_EPS}, "environment": env,
-        "train_seconds": time.perf_counter() - t0, "resumed_from_epoch": result.resumed_from_epoch,
-        "resumed_at_epochs": result.resumed_at,
-        "stop_reason": result.stop_reason, "epochs_trained": len(result.history), "steps_trained": result.steps,
-        "eval_set": eval_set})
-    if result.resumed_from_epoch < len(result.history):  # something was trained (else these are logged already)
-        tracker.log_metrics(run_id, {"epochs_trained": len(result.history),
-                                     "reached_target": float(result.stop_reason == "target")},
-                            step=len(result.history))
-    for artifact in ARTIFACTS:
-        tracker.log_artifact(run_id, out / artifact)
-    return TrainOutcome(cfg, result.history, result.stop_reason, eval_set, run_id)
+    results = train_group(cfgs, data, checkpoint, [tracker.epoch_logger(r) for r in run_ids],
+                          extras=[{"run_id": r} for r in run_ids], state=state)
+    seconds = time.perf_counter() - t0
+    eval_set = test_sets(cfgs[0].image_size)[0]
+    outcomes = []
+    for cfg, result, out, run_id, run_params_ in zip(cfgs, results, outs, run_ids, params):
+        weights = {k: t.contiguous() for k, t in result.model.state_dict().items()}
+        assert_finite_weights(weights, f"{cfg.variant} seed {cfg.seed}")
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(weights, str(tmp))
+        with atomic_path(out / "history.csv") as tmp, tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(result.history[0]))
+            writer.writeheader()
+            writer.writerows(result.history)
+        figures.learning_curves(result.history, f"{cfg.variant} seed {cfg.seed}", out / "learning_curve.png")
+        write_json(out / "config.json", {
+            "config": dataclasses.asdict(cfg), "run_id": run_id, "params": run_params_,
+            "optimizer": {"name": "adam", "adam_eps": ADAM_EPS}, "environment": env,
+            "train_seconds": seconds, "stacked_seeds": [c.seed for c in cfgs],
+            "resumed_from_epoch": result.resumed_from_epoch, "resumed_at_epochs": result.resumed_at,
+            "stop_reason": result.stop_reason, "epochs_trained": len(result.history), "steps_trained": result.steps,
+            "eval_set": eval_set})
+        if result.resumed_from_epoch < len(result.history):  # something was trained (else these are logged already)
+            tracker.log_metrics(run_id, {"epochs_trained": len(result.history),
+                                         "reached_target": float(result.stop_reason == "target")},
+                                step=len(result.history))
+        for artifact in ARTIFACTS:
+            tracker.log_artifact(run_id, out / artifact)
+        outcomes.append(TrainOutcome(cfg, result.history, result.stop_reason, eval_set, run_id))
+    return outcomes

@@ -8,23 +8,25 @@
 # Afterwards, here: bash scripts/gpu_import.sh /work/.device/N [/work/.device/M ...], commit reports/.
 #
 # The queue, most needed first:
-#  1. checks and speed: every CUDA-only test (per-layer gradient bounds, CUDA generator on resume),
-#     and bench rows for the levers never measured: CUDA graphs (bf16-graphs), NHWC (-cl);
+#  1. checks and speed: every CUDA-only test (per-layer gradient bounds, CUDA generator on resume,
+#     three seeds stacked and compiled), bench rows for stacked seeds (#23: one seed, then three, for
+#     capsnet_r3_recon and baseline_cnn) and the levers never measured: CUDA graphs (bf16-graphs), NHWC (-cl);
 #  2. the short protocol (gpu profile: 50 epochs with the paper's 640-epoch decay compressed into
 #     them) for the five Table 1 rows and their four official twins, seeds 0-2, all at this commit,
-#     then MultiMNIST's three variants, then §5.2's two: scripts/gpu_queue.py lists what
-#     reports/runs does not yet hold under this protocol, in that order;
-#  3. not queued yet: the paper protocol (`make paper-gpu`, 640 epochs) needs stacked seeds (#23) to
-#     fit 3 seeds in a session, and the bf16-vs-fp32 precision check (gpu profile, capsnet_r3_recon,
-#     3 seeds each) waits until item 2 is done.
+#     then MultiMNIST's three variants, then §5.2's two: scripts/gpu_queue.py --stack lists what
+#     reports/runs does not yet hold under this protocol, in that order, a variant's seeds stacked in
+#     one process (`capsnet train V 0,1,2`);
+#  3. not queued yet: the paper protocol (`make paper-gpu`, 640 epochs), until the stacked bench rows say
+#     how long 3 seeds take, and the bf16-vs-fp32 precision check (gpu profile, capsnet_r3_recon,
+#     3 seeds each), which waits until item 2 is done.
 # A lever the bench shows faster goes into the gpu profile only after the CUDA tests pass with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pipeline.profiles gpu --write params.gpu.yaml
-BENCH="capsnet_r3_recon@bf16-compile,bf16-compile-cl,bf16-graphs baseline_cnn@bf16,bf16-cl"
-TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml)
+BENCH="capsnet_r3_recon@bf16-compile#1,3 baseline_cnn@bf16#1,3 capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl"
+TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack)
 TESTS=()
 mkdir -p logs
 [ -f logs/gpu_tests.done ] || TESTS=(--tests)
-bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --train "$TRAIN" --parallel 5 --deadline "${1:-560}"
+bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --train "$TRAIN" --parallel 4 --deadline "${1:-560}"
 touch logs/gpu_tests.done

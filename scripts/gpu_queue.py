@@ -8,7 +8,8 @@ under the protocol the params give (epochs, batch, every lr* setting, amp): runs
 (the 2026-11-23 runs, cut at 50 epochs of the 640-epoch schedule) are queued again, so the next
 Table 1 comes from one protocol. Needs only PyYAML (the GPU machine has no DVC or MLflow).
 Order: the five Table 1 rows and their four official twins (seed 0 of each first, then 1, then 2),
-then MultiMNIST's three variants, then §5.2's two. The paper protocol (640 epochs, `make
+then MultiMNIST's three variants, then §5.2's two; with --stack one item per variant, its missing
+seeds trained stacked in one process (`V:0,1,2`). The paper protocol (640 epochs, `make
 paper-gpu`) is not queued: 3 seeds of one variant need about 40 min of H100 time side by side, more
 than a session's 30, until seeds train stacked (issue #23).
 """
@@ -50,15 +51,28 @@ def queue(runs: Path, protocol: dict) -> list[str]:
     return items
 
 
+def stacked(items: list[str]) -> list[str]:
+    """One word per variant, its missing seeds stacked in one process (`capsnet train V 0,1,2`, issue
+    #23), in the order the variants' first items come."""
+    seeds: dict[str, list[str]] = {}
+    for item in items:
+        variant, seed = item.split(":")
+        seeds.setdefault(variant, []).append(seed)
+    return [f"{v}:{','.join(sorted(s, key=int))}" for v, s in seeds.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=Path("reports/runs"))
     parser.add_argument("--params", type=Path, default=Path("params.gpu.yaml"))
     parser.add_argument("--limit", type=int, default=0, help="at most this many items (0: all)")
+    parser.add_argument("--stack", action="store_true", help="a variant's missing seeds as one stacked item (V:0,1,2)")
     args = parser.parse_args()
     if not args.params.is_file():
         sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
     items = queue(args.runs, wanted_protocol(args.params))
+    if args.stack:
+        items = stacked(items)
     print(" ".join(items[:args.limit] if args.limit else items))
 
 

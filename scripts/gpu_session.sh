@@ -4,9 +4,11 @@
 #   --tests          every CUDA-only test (marked cuda: tests/test_gpu.py's fast path vs eager fp32 per
 #                    variant and layer, the CUDA generator on resume, MultiMNIST composed on the device)
 #   --bench "V ..."  `capsnet bench` rows for these variants: the reference loop, then fp32, bf16 and
-#                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs);
+#                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs),
+#                    with seeds stacked as V@mode#1,3 (one seed, then three stacked: bench --seeds);
 #                    a bench this warm machine already ran (logs/bench/) is not run again
-#   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile, --parallel at
+#   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile ("V:0,1,2": three seeds
+#                     stacked in one process, issue #23), --parallel at
 #                    a time, each started only while --deadline leaves time and stopped at it
 #                    (a stopped run resumes from its checkpoint if the same machine runs it again)
 # Tracking is journalled (no MLflow there); everything comes back in $OUT (runs-*.tar.gz split
@@ -64,13 +66,16 @@ fi
 
 mkdir -p logs/bench
 for entry in $BENCH; do
-  variant=${entry%%@*} modes=fp32,bf16,bf16-compile
-  [[ $entry == *@* ]] && modes=${entry#*@}
+  spec=${entry%%#*} seeds=1
+  [[ $entry == *#* ]] && seeds=${entry#*#}
+  variant=${spec%%@*} modes=fp32,bf16,bf16-compile
+  [[ $spec == *@* ]] && modes=${spec#*@}
   done_file="logs/bench/$entry.jsonl"
   if [ -s "$done_file" ]; then say "bench $entry done before on this machine (its rows came back then)"; continue; fi
   if [ $((DEADLINE - $(date +%s))) -lt 120 ]; then say "bench $entry not started: under 120 s left"; continue; fi
   mode_args=()
   for mode in ${modes//,/ }; do mode_args+=(--mode "$mode"); done
+  for s in ${seeds//,/ }; do mode_args+=(--seeds "$s"); done
   $CLI bench --variant "$variant" "${mode_args[@]}" --steps 40 --warmup 5 --params params.gpu.yaml \
     >"$done_file.tmp" 2>>"$LOG"
   status=$?
@@ -82,15 +87,20 @@ done
 # Evaluations go to gpu_results/ (git-ignored), packed as results/: the device tool re-sends the
 # working tree each call and deletes files there that are not git-ignored, which the committed
 # results/**/metrics.json are (a 2026-11-23 session lost every earlier call's metrics.json that way).
-job() {  # one (variant, seed): train then evaluate, inside the deadline
-  local variant=${1%%:*} seed=${1##*:} left=$((DEADLINE - $(date +%s)))
-  if [ -f "gpu_results/$variant/seed$seed/metrics.json" ]; then echo "$1 done before"; return 0; fi
+job() {  # one variant's seeds "V:S" or "V:S1,S2,S3" (stacked in one process): train, then evaluate each seed
+  local variant=${1%%:*} seeds=${1##*:} left=$((DEADLINE - $(date +%s))) s todo=""
+  local tag="$variant-${seeds//,/-}"
+  for s in ${seeds//,/ }; do [ -f "gpu_results/$variant/seed$s/metrics.json" ] || todo=1; done
+  if [ -z "$todo" ]; then echo "$1 done before"; return 0; fi
   if [ "$left" -lt 60 ]; then echo "$1 not started: ${left}s left"; return 0; fi
-  timeout "$left" python3 -m pipeline.cli train "$variant" "$seed" data/prepared "models/$variant/seed$seed" \
-      --checkpoint "checkpoints/$variant/seed$seed.pt" --params params.gpu.yaml >>"logs/$variant-$seed.log" 2>&1 \
-    && timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pipeline.cli evaluate \
-      "models/$variant/seed$seed" data/prepared "gpu_results/$variant/seed$seed" >>"logs/$variant-$seed.log" 2>&1
-  echo "$1 exit $? after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$variant-$seed.log")"
+  timeout "$left" python3 -m pipeline.cli train "$variant" "$seeds" data/prepared "models/$variant/seed{seed}" \
+      --checkpoint "checkpoints/$variant/seed${seeds//,/-}.pt" --params params.gpu.yaml >>"logs/$tag.log" 2>&1
+  local status=$?
+  for s in ${seeds//,/ }; do
+    [ $status = 0 ] && timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pipeline.cli \
+      evaluate "models/$variant/seed$s" data/prepared "gpu_results/$variant/seed$s" >>"logs/$tag.log" 2>&1 || status=$?
+  done
+  echo "$1 exit $status after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$tag.log")"
 }
 export -f job
 if [ -n "$TRAIN" ]; then

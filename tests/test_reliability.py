@@ -83,7 +83,7 @@ def test_sigterm_marks_the_run_failed(stage, monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)
         raise AssertionError("SIGTERM did not interrupt")
 
-    monkeypatch.setattr(train_stage, "train", killed)
+    monkeypatch.setattr(train_stage, "train_group", killed)
     result = train()
     assert result.exit_code == 143 and "Terminated: stopped by signal 15" in result.output
     [run] = runs(root)
@@ -154,7 +154,7 @@ def test_a_batch_larger_than_the_data_stops_before_any_run(stage):
 def test_non_finite_weights_are_never_checkpointed(tmp_path):
     weights = {"w": torch.tensor([1.0, float("nan")]), "steps": torch.tensor([3])}
     with pytest.raises(NonFiniteLossError, match="non-finite weights in w"):
-        _save_checkpoint(tmp_path / "c.pt", {"model": weights})
+        _save_checkpoint(tmp_path / "c.pt", {"stack": weights}, weights)
     assert list(tmp_path.iterdir()) == []
 
 

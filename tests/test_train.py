@@ -191,6 +191,33 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
                <= set(r.data.metrics) for r in runs)
 
 
+def test_train_cli_stacks_several_seeds_with_one_run_and_directory_per_seed(pipeline_dir, monkeypatch):
+    """`capsnet train V 0,1 … 'models/V/seed{seed}'`: one process, each seed's outputs and MLflow run as
+    a one-seed run writes them (evaluate reads them unchanged); several seeds without {seed} refused."""
+    root = pipeline_dir
+    args = ["train", "capsnet_r1", "0,1", str(root / "prepared")]
+    tail = ["--checkpoint", str(root / "ckpt" / "stack.pt"), "--params", str(root / "params.yaml")]
+    refused = run_cli([*args, str(root / "models" / "capsnet_r1"), *tail], root, monkeypatch)
+    assert refused.exit_code == 2 and "{seed}" in refused.output
+    assert run_cli(["train", "capsnet_r1", "0,x", str(root / "prepared"), "m", *tail], root, monkeypatch).exit_code == 2
+    result = run_cli([*args, str(root / "models" / "capsnet_r1" / "seed{seed}"), *tail], root, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert "capsnet_r1 seed 0: final" in result.output and "capsnet_r1 seed 1: final" in result.output
+    for seed in (0, 1):
+        model_dir = root / "models" / "capsnet_r1" / f"seed{seed}"
+        config = json.loads((model_dir / "config.json").read_text())
+        assert config["config"]["seed"] == seed and config["stacked_seeds"] == [0, 1]
+        done = run_cli(["evaluate", str(model_dir), str(root / "prepared"), str(root / "results" / f"s{seed}")],
+                       root, monkeypatch)
+        assert done.exit_code == 0, done.output
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id],
+                              "attributes.run_name LIKE 'capsnet_r1-seed%'")  # the module's other tests log too
+    assert sorted(r.info.run_name for r in runs) == ["capsnet_r1-seed0", "capsnet_r1-seed1"]
+    assert all(r.info.status == "FINISHED" and r.data.params["seed"] == r.info.run_name[-1] for r in runs)
+    assert all("eval_test_error_pct" in r.data.metrics for r in runs)  # evaluate found each seed's own run
+
+
 def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatch):
     root = pipeline_dir
     params = root / "params_s52.yaml"
