@@ -172,3 +172,19 @@ def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient():
         compute_loss(m, x, y, "paper")[0].backward()
         for w, (name, p) in zip(stack.weights, m.named_parameters()):
             torch.testing.assert_close(w.grad[k], p.grad, rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_adam_sees_each_seeds_own_gradient_in_the_stack(tmp_path):
+    """Summed, not averaged: after one epoch, the stack's Adam moments for seed k are those of seed
+    k's separate run (an average over S seeds would scale the first moment by 1/S and the second by
+    1/S², which Adam's ε then turns into a different update)."""
+    cfg = config("capsnet_r1", epochs=1)
+    cfgs = [dataclasses.replace(cfg, seed=s) for s in SEEDS]
+    train_group(cfgs, tiny_data(), tmp_path / "stack.pt")
+    stacked = torch.load(tmp_path / "stack.pt", weights_only=False)["optimizer"]["state"]
+    for k, c in enumerate(cfgs):
+        train(c, tiny_data(), tmp_path / f"seed{c.seed}.pt")
+        alone = torch.load(tmp_path / f"seed{c.seed}.pt", weights_only=False)["optimizer"]["state"]
+        for i, moments in alone.items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert_close_in_norm(stacked[i][key][k], moments[key][0], f"seed {c.seed} param {i} {key}")
