@@ -68,6 +68,8 @@ def loss_function(model: nn.Module, cfg, compile_mode: str = "default") -> nn.Mo
 
 def stack_batches(batches: list[Batch]) -> Batch:
     """S seeds' batches as one, each field with a leading seed axis: x (S, B, 1, H, W), …"""
+    if len(batches) == 1:  # a separate run: a view, no per-step copy of the batch
+        return Batch(*(None if t is None else t.unsqueeze(0) for t in batches[0]))
     return Batch(*(None if parts[0] is None else torch.stack(parts) for parts in zip(*batches)))
 
 

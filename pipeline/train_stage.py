@@ -115,16 +115,17 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
         state = load_checkpoint(checkpoint, cfgs)
         env = tracking.environment()
         tracker = tracking.open_tracker()
+        params_per_seed = [run_params(c, data, device, env) for c in cfgs]
         run_ids: list[str] = []
         try:
-            for k, c in enumerate(cfgs):
+            for k, (c, seed_params) in enumerate(zip(cfgs, params_per_seed)):
                 run_name = f"{variant}-seed{c.seed}"
                 saved = state["seeds"][k]["extra"].get("run_id") if state else None
-                run_ids.append(tracker.start(run_name, run_params(c, data, device, env), run_id=saved))
+                run_ids.append(tracker.start(run_name, seed_params, run_id=saved))
                 tracker.close_stale(run_name, keep=run_ids[-1])
             with sigterm_raises():
                 outcomes = _train_and_write(cfgs, data, checkpoint, out_dirs, tracker, run_ids,
-                                            [run_params(c, data, device, env) for c in cfgs], env, state)
+                                            params_per_seed, env, state)
         except BaseException:
             for run_id in run_ids:
                 tracker.end(run_id, failed=True)
