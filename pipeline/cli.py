@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from pipeline.errors import Terminated, UserError
-from pipeline.params import load_params
+from pipeline.params import Params, load_params
 
 # `capsnet bench --mode`: the keys of pipeline.bench.MODES (listed here so the CLI starts without torch)
 BENCH_MODES = ["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs", "bf16-cl", "bf16-compile-cl"]
@@ -81,12 +81,16 @@ def prepare(raw_dir: str, out_dir: str, montage: str, affnist_montage: str, para
     click.echo(prepare_stage.run(params, Path(raw_dir), Path(out_dir), Path(montage), Path(affnist_montage)))
 
 
-def parse_seeds(text: str) -> list[int]:
-    """"2" -> [2]; "0,1,2" -> [0, 1, 2] (stacked in one process)."""
+def parse_seeds(text: str, params: Params) -> list[int]:
+    """"2" -> [2]; "0,1,2" -> [0, 1, 2] (stacked in one process); "all" -> params.yaml's ablation.seeds
+    (what dvc.yaml's train_stacked stage passes: DVC cannot put a list into a command)."""
+    if text == "all":
+        return list(params.ablation.seeds)
     try:
         seeds = [int(part) for part in text.split(",")]
     except ValueError:
-        raise click.BadParameter(f"{text!r}: give a seed (0) or comma-separated seeds (0,1,2)", param_hint="SEEDS")
+        raise click.BadParameter(f"{text!r}: give a seed (0), comma-separated seeds (0,1,2) or all (params.yaml's "
+                                 "ablation.seeds)", param_hint="SEEDS")
     if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
         raise click.BadParameter(f"{text!r}: seeds are distinct integers >= 0", param_hint="SEEDS")
     return seeds
@@ -104,20 +108,21 @@ def parse_seeds(text: str) -> list[int]:
 def train(variant: str, seeds: str, data_dir: str, out_dir: str, checkpoint_path: str, params_path: str) -> None:
     """Train VARIANT with SEEDS on DATA_DIR's prepared MNIST; write weights and config to OUT_DIR.
 
-    SEEDS is one seed (0) or several (0,1,2) trained stacked in one process, each seed exactly as
-    its own run would train; then OUT_DIR names each seed's directory with {seed}
+    SEEDS is one seed (0) or several (0,1,2, or all: params.yaml's ablation.seeds) trained stacked
+    in one process, each seed exactly as its own run would train; then OUT_DIR names each seed's
+    directory with {seed}
     (models/capsnet_r3_recon/seed{seed}). Resumes from --checkpoint when it belongs to the same
     configuration and seeds; a finished run is not retrained. Logs to MLflow (run <variant>-seed<k>
     per seed); a failure or SIGTERM marks the runs FAILED.
     """
     from pipeline import train_stage
 
-    seed_list = parse_seeds(seeds)
+    params = load_params(params_path)
+    seed_list = parse_seeds(seeds, params)
     if len(seed_list) > 1 and "{seed}" not in out_dir:
         raise click.BadParameter(f"{out_dir!r}: with several seeds, name each seed's directory with {{seed}}, "
                                  f"e.g. models/{variant}/seed{{seed}}", param_hint="OUT_DIR")
     out_dirs = [Path(out_dir.replace("{seed}", str(seed))) for seed in seed_list]
-    params = load_params(params_path)
     outcomes = train_stage.run_group(params, variant, seed_list, Path(data_dir), out_dirs, Path(checkpoint_path))
     for done, out in zip(outcomes, out_dirs):
         stopped = f", early stop at epoch {len(done.history)}" if done.stop_reason == "target" else ""
@@ -178,23 +183,25 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme
 @click.option("--index", type=int, default=None,
               help="print only the item at this position (a SLURM array task id, a Kubernetes completion index)")
 @click.option("--count", is_flag=True, help="print how many items there are")
-@click.option("--kind", type=click.Choice(["item", "train", "evaluate"]), default="item", show_default=True,
-              help="print bare items (<variant>-<seed>) or that DVC stage's names")
+@click.option("--kind", type=click.Choice(["item", "stages"]), default="item", show_default=True,
+              help="print bare items, or each item's DVC stages (space-separated, in the order they run)")
 @PARAMS_OPTION
 @user_errors
 def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
-    """The (variant, seed) items of params.yaml's ablation, one per line, as dvc.yaml's matrix names
-    them: what `make gpus`, the SLURM array and the Kubernetes Indexed Job fan out."""
+    """The items of params.yaml's ablation, one per line: a stacked variant (<variant>, all its
+    seeds in one process) or a separate variant's seed (<variant>-<seed>). What `make gpus`, the
+    SLURM array and the Kubernetes Indexed Job fan out, one item per GPU."""
     from pipeline import stages as stage_list
 
-    names = stage_list.items(load_params(params_path))
+    params = load_params(params_path)
+    names = stage_list.items(params)
     if index is not None:
         names = [stage_list.item_at(names, index)]
     if count:
         click.echo(len(names))
         return
     for name in names:
-        click.echo(name if kind == "item" else f"{kind}@{name}")
+        click.echo(name if kind == "item" else " ".join(stage_list.stage_names(params, name)))
 
 
 @main.command()

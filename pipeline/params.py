@@ -138,12 +138,28 @@ class VariantParams:
 
 @dataclass(frozen=True)
 class AblationParams:
-    variants: tuple[str, ...]
+    """DVC's matrices: every variant is listed once, under how its seeds train."""
+
     seeds: tuple[int, ...]
+    stacked: tuple[str, ...]   # all seeds in one process (pipeline/stack.py): stage train_stacked@<variant>
+    separate: tuple[str, ...]  # one process per seed: stage train@<variant>-<seed>
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """Every variant the ablation trains, stacked ones first (as `capsnet stages` lists them)."""
+        return self.stacked + self.separate
 
     def check(self, where: str) -> None:
         if not self.variants:
-            raise ParamsError(f"{where}.variants must list at least one variant")
+            raise ParamsError(f"{where}.stacked and {where}.separate list no variant between them; list at least one")
+        for name in ("stacked", "separate"):
+            names = getattr(self, name)
+            if len(set(names)) != len(names):
+                raise ParamsError(f"{where}.{name} lists a variant twice: {list(names)}")
+        both = sorted(set(self.stacked) & set(self.separate))
+        if both:
+            raise ParamsError(f"{where}: {both[0]!r} is under both stacked and separate; a variant's seeds train "
+                              "either in one process (stacked) or one process each (separate): keep it in one list")
         if not self.seeds:
             raise ParamsError(f"{where}.seeds must list at least one seed")
         if len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
@@ -236,16 +252,32 @@ def parse_params(raw: Any) -> Params:
     for name in [*sections, "variants"]:
         if name not in raw:
             raise ParamsError(f"missing section {name!r} in params.yaml")
-    loaded = {name: _load_section(cls, raw[name], name) for name, cls in sections.items()}
+    loaded = {name: _load_section(cls, current_ablation(raw[name]) if name == "ablation" else raw[name], name)
+              for name, cls in sections.items()}
     if not isinstance(raw["variants"], dict) or not raw["variants"]:
         raise ParamsError("variants must map each variant name to its model settings")
     variants = {name: _load_section(VariantParams, v, f"variants.{name}") for name, v in raw["variants"].items()}
-    for name in loaded["ablation"].variants:
-        if name not in variants:
-            raise ParamsError(f"ablation.variants names {name!r}, which is not defined under variants")
+    for key in ("stacked", "separate"):
+        for name in getattr(loaded["ablation"], key):
+            if name not in variants:
+                raise ParamsError(f"ablation.{key} names {name!r}, which is not defined under variants")
     params = Params(variants=variants, **loaded)
     check_combinations(params)
     return params
+
+
+def current_ablation(raw: Any) -> Any:
+    """The run records written before seeds could stack (reports/runs/params.yaml of the 2026-11-22/23
+    GPU runs) list ``ablation.variants``: every variant one process per seed, which is ``separate``."""
+    if isinstance(raw, dict) and "variants" in raw and not {"stacked", "separate"} & set(raw):
+        return {**{k: v for k, v in raw.items() if k != "variants"}, "stacked": [], "separate": raw["variants"]}
+    return raw
+
+
+def ablation_variants(raw: dict) -> list[str]:
+    """Every variant a raw params mapping's ablation trains (stacked, then separate)."""
+    ablation = current_ablation(raw["ablation"])
+    return [*ablation["stacked"], *ablation["separate"]]
 
 
 def check_combinations(p: Params) -> None:

@@ -20,7 +20,7 @@ for slots in ${@:-1 4}; do
      "$BIN/python" - <<'PY'
 import yaml
 p = yaml.safe_load(open("params.yaml"))
-p["ablation"] = {"variants": ["capsnet_r1", "capsnet_r1_recon", "capsnet_r3", "capsnet_r3_recon"], "seeds": [0]}
+p["ablation"] = {"seeds": [0], "stacked": [], "separate": ["capsnet_r1", "capsnet_r1_recon", "capsnet_r3", "capsnet_r3_recon"]}
 yaml.safe_dump(p, open("params.yaml", "w"), sort_keys=False)
 PY
      PATH="$BIN:$PATH" dvc repro -q prepare >/dev/null  # not timed: the fan-out starts after it

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One node, several GPUs (`make gpus`): every (variant, seed) of params.yaml's ablation trains and
-# evaluates as its own DVC stage process, one per GPU, then one `dvc repro` finishes the pipeline.
+# One node, several GPUs (`make gpus`): every item of params.yaml's ablation (a stacked variant, or a
+# separate variant's seed: `capsnet stages`) trains and evaluates through its own DVC stage
+# processes, one item per GPU, then one `dvc repro` finishes the pipeline.
 #
 #   GPUS="0 1 2 3" bash scripts/fanout.sh     # device indices; default: every GPU nvidia-smi lists
 #
@@ -28,24 +29,27 @@ if dvc stage list --name-only | grep -qx prepare; then
   dvc --wait-for-lock repro prepare  # the upstream stages (download, prepare), once
 fi
 
-run_item() {  # one (variant, seed) in xargs slot $SLOT: its train and evaluate stages
-  local item=$1 slots gpu start
+run_item() {  # one item in xargs slot $SLOT: its DVC stages (train, then evaluate per seed), in order
+  local stages=$1 slots gpu start item stage
   read -r -a slots <<<"$FANOUT_SLOTS"
   gpu=${slots[$SLOT]}
+  item=${stages%% *}
+  item=${item#*@}  # train@<variant>-<seed> or train_stacked@<variant>
   start=$(date +%s)
-  if CUDA_VISIBLE_DEVICES=$gpu dvc --wait-for-lock repro -s "train@$item" >"logs/fanout/$item.log" 2>&1 \
-     && CUDA_VISIBLE_DEVICES=$gpu dvc --wait-for-lock repro -s "evaluate@$item" >>"logs/fanout/$item.log" 2>&1; then
-    echo "$item: done on GPU $gpu in $(( $(date +%s) - start )) s"
-  else
-    echo "$item: FAILED on GPU $gpu after $(( $(date +%s) - start )) s; see logs/fanout/$item.log" >&2
-    return 1
-  fi
+  : >"logs/fanout/$item.log"
+  for stage in $stages; do
+    if ! CUDA_VISIBLE_DEVICES=$gpu dvc --wait-for-lock repro -s "$stage" >>"logs/fanout/$item.log" 2>&1; then
+      echo "$item: FAILED ($stage) on GPU $gpu after $(( $(date +%s) - start )) s; see logs/fanout/$item.log" >&2
+      return 1
+    fi
+  done
+  echo "$item: done on GPU $gpu in $(( $(date +%s) - start )) s"
 }
 export -f run_item
 
-listed=$(capsnet stages)  # an assignment: a failing listing stops the script (set -e)
+listed=$(capsnet stages --kind stages)  # an assignment: a failing listing stops the script (set -e)
 mapfile -t items <<<"$listed"
-echo "fanning out ${#items[@]} (variant, seed) items over ${#slots[@]} slot(s): GPUs ${slots[*]}"
+echo "fanning out ${#items[@]} items (stacked variants, (variant, seed) pairs) over ${#slots[@]} slot(s): GPUs ${slots[*]}"
 status=0
 fanout_start=$(date +%s%N)
 printf '%s\n' "${items[@]}" | xargs -P "${#slots[@]}" --process-slot-var=SLOT -I{} bash -c 'run_item "$1"' _ {} || status=$?

@@ -120,12 +120,13 @@ def tiny_pipeline(root: Path, transforms_per_digit: int = 2) -> Path:
     return root
 
 
-def dvc_repo(root: Path, variants: list[str], seeds: list[int], *, scripts: bool = False) -> Path:
+def dvc_repo(root: Path, separate: list[str], seeds: list[int], *, stacked: list[str] = (),
+             scripts: bool = False) -> Path:
     """A git + DVC repository at ``root`` holding this repository's dvc.yaml cut down to the train and
-    evaluate stages, tiny prepared data as a `dvc add`ed folder, params.yaml's ablation set to
-    ``variants`` × ``seeds``, pipeline/ (the stages' code dependencies) and, with ``scripts``, the
-    scripts/ folder; one commit, with a DVC cache outside it (``root``/../cache). The stages run
-    the test environment's `capsnet` (callers put it on PATH)."""
+    evaluate stages (stacked and separate), tiny prepared data as a `dvc add`ed folder, params.yaml's
+    ablation set to ``stacked`` and ``separate`` variants × ``seeds``, pipeline/ (the stages' code
+    dependencies) and, with ``scripts``, the scripts/ folder; one commit, with a DVC cache outside it
+    (``root``/../cache). The stages run the test environment's `capsnet` (callers put it on PATH)."""
     import shutil
 
     import yaml
@@ -135,11 +136,11 @@ def dvc_repo(root: Path, variants: list[str], seeds: list[int], *, scripts: bool
     shutil.move(root / "prepared", root / "data" / "prepared")
     shutil.rmtree(root / "raw")
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["ablation"] = {"variants": variants, "seeds": seeds}
+    params["ablation"] = {"seeds": seeds, "stacked": list(stacked), "separate": separate}
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())
-    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {k: pipeline["stages"][k] for k in ("train", "evaluate")}},
-                                                  sort_keys=False))
+    pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())  # YAML's anchors and merge keys resolved
+    kept = ("train_stacked", "train", "evaluate", "evaluate_stacked")
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {k: pipeline["stages"][k] for k in kept}}, sort_keys=False))
     shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     if scripts:
         shutil.copytree(REPO / "scripts", root / "scripts")

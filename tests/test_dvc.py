@@ -2,8 +2,10 @@
 experiment that leaves the workspace's params.yaml and dvc.lock as committed.
 
 A throwaway git + DVC repository holds this repository's dvc.yaml cut down to the train and
-evaluate stages of one (variant, seed), the prepared data as a `dvc add`ed folder, and pipeline/
-(the stages' code dependencies). The stages run this checkout's `capsnet` command.
+evaluate stages of one stacked variant with two seeds (train_stacked@capsnet_r1 and
+evaluate_stacked@capsnet_r1-<seed>; the separate stages are run by tests/test_scale.py), the
+prepared data as a `dvc add`ed folder, and pipeline/ (the stages' code dependencies). The stages
+run this checkout's `capsnet` command.
 """
 
 import json
@@ -22,8 +24,10 @@ def sh(cwd: Path, *command: str) -> str:
     return conftest.sh(cwd, *command, MLFLOW_TRACKING_URI=f"sqlite:///{cwd}/mlflow.db")
 
 
-MODEL = Path("models/capsnet_r1/seed0/model.safetensors")
-METRICS = Path("results/capsnet_r1/seed0/metrics.json")
+SEEDS = [0, 1]
+MODELS = [Path(f"models/capsnet_r1/seed{k}/model.safetensors") for k in SEEDS]
+METRICS = [Path(f"results/capsnet_r1/seed{k}/metrics.json") for k in SEEDS]
+STAGES = ["train_stacked@capsnet_r1", *(f"evaluate_stacked@capsnet_r1-{k}" for k in SEEDS)]
 
 
 @pytest.fixture(scope="module")
@@ -31,25 +35,37 @@ def ran(tmp_path_factory) -> dict:
     """A git + DVC repo (its DVC cache outside it) at tag `before` without dvc.lock; then `dvc repro`
     and its dvc.lock and metrics committed on top. Returns the repo and what the run wrote."""
     root = tmp_path_factory.mktemp("dvc")
-    repo = dvc_repo(root / "a", ["capsnet_r1"], [0])
+    repo = dvc_repo(root / "a", [], SEEDS, stacked=["capsnet_r1"])
     sh(repo, "git", "tag", "before")
     sh(repo, "dvc", "repro", "-q")
     sh(repo, "git", "add", "dvc.lock", "results")
     sh(repo, "git", "commit", "-qm", "ran")
-    return {"repo": repo, "model": (repo / MODEL).read_bytes(), "metrics": json.loads((repo / METRICS).read_text())}
+    return {"repo": repo, "models": [(repo / m).read_bytes() for m in MODELS],
+            "metrics": [json.loads((repo / m).read_text()) for m in METRICS]}
+
+
+def test_a_stacked_stage_trains_each_seed_into_its_own_directory(ran):
+    """train_stacked@<variant> writes models/<variant>/seed<k>/ for every seed of ablation.seeds, each
+    seed its own weights, and its config says the seeds trained together."""
+    repo = ran["repo"]
+    assert ran["models"][0] != ran["models"][1]  # two seeds, two initialisations
+    for k in SEEDS:
+        config = json.loads((repo / f"models/capsnet_r1/seed{k}/config.json").read_text())
+        assert config["config"]["seed"] == k and config["stacked_seeds"] == SEEDS
+        assert config["environment"]["dvc_stage"] == "train_stacked@capsnet_r1"
 
 
 def test_a_second_clone_sharing_the_cache_restores_train_and_evaluate_from_the_run_cache(ran, tmp_path):
     """What scale-out relies on: a stage run in one clone is restored, not rerun, in another."""
-    assert (ran["repo"] / "checkpoints/capsnet_r1/seed0.pt").is_file()  # resume state, outside DVC
+    assert (ran["repo"] / "checkpoints/capsnet_r1/stacked.pt").is_file()  # resume state, outside DVC
     b = tmp_path / "b"
     sh(tmp_path, "git", "clone", "-q", "--branch", "before", str(ran["repo"]), str(b))  # no dvc.lock
     sh(b, "dvc", "checkout", "-q", "data/prepared.dvc")
     out = sh(b, "dvc", "repro")
-    for stage in ("train@capsnet_r1-0", "evaluate@capsnet_r1-0"):
+    for stage in STAGES:
         assert f"Stage '{stage}' is cached - skipping run, checking out outputs" in out
-    assert (b / MODEL).read_bytes() == ran["model"]
-    assert json.loads((b / METRICS).read_text()) == ran["metrics"]
+    assert [(b / m).read_bytes() for m in MODELS] == ran["models"]
+    assert [json.loads((b / m).read_text()) for m in METRICS] == ran["metrics"]
     assert not (b / "checkpoints").exists() and not (b / "mlflow.db").exists()  # nothing trained, nothing logged
     assert "up to date" in sh(b, "dvc", "status")
 
@@ -65,5 +81,5 @@ def test_a_smoke_experiment_leaves_params_and_lock_as_committed(ran):
     [experiment] = baseline["experiments"]
     result = experiment["revs"][0]["data"]
     assert result["params"]["params.yaml"]["data"]["train"]["batch_size"] == 32  # the smoke value
-    run_metrics = result["metrics"]["results/capsnet_r1/seed0/metrics.json"]["data"]
-    assert 0 <= run_metrics["error_pct"] <= 100
+    for metrics in METRICS:  # each stacked seed's own metrics file, as a separate run's
+        assert 0 <= result["metrics"][str(metrics)]["data"]["error_pct"] <= 100

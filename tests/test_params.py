@@ -32,6 +32,17 @@ def test_committed_params_are_the_paper_protocol():
     s52 = p.variant("capsnet_affnist"), p.variant("cnn_affnist")
     assert [(v.image_size, v.target_accuracy_pct) for v in s52] == [(40, 99.23), (40, 99.23)]
     assert p.prepare.affnist_transforms == 32 and {"capsnet_affnist", "cnn_affnist"} <= set(p.ablation.variants)
+    assert len(p.ablation.variants) == len(p.variants)  # every defined variant trains, stacked or separate
+
+
+def test_a_record_from_before_stacking_reads_as_separate_variants():
+    """reports/runs/params.yaml (the published GPU runs) lists ablation.variants: one process per seed."""
+    p = load_params(REPO / "reports" / "runs" / "params.yaml")
+    assert p.ablation.stacked == () and len(p.ablation.separate) == 14
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["ablation"]["variants"] = ["capsnet_r1"]  # beside the new keys: refused, not guessed
+    with pytest.raises(ParamsError, match="unknown key ablation.variants"):
+        parse_params(raw)
 
 
 @pytest.mark.parametrize("path,value,message", [
@@ -45,7 +56,9 @@ def test_committed_params_are_the_paper_protocol():
     ("prepare.min_scale", 1.5, "prepare.min_scale (1.5) must be <= prepare.max_scale"),
     ("base.profile", "fast", "base.profile must be one of"),
     ("ablation.seeds", [0, 0], "ablation.seeds must be distinct"),
-    ("ablation.variants", ["capsnet_r9"], "ablation.variants names 'capsnet_r9'"),
+    ("ablation.separate", ["capsnet_r9"], "ablation.separate names 'capsnet_r9'"),
+    ("ablation.stacked", ["capsnet_r1", "baseline_cnn"], "'baseline_cnn' is under both stacked and separate"),
+    ("ablation.stacked", ["capsnet_r1", "capsnet_r1"], "ablation.stacked lists a variant twice"),
     ("variants.baseline_cnn.reconstruction", True, "baseline_cnn has no routing or reconstruction"),
     ("train.device", "tpu", "train.device must be"),
     ("variants.capsnet_affnist.image_size", 32, "variants.capsnet_affnist.image_size must be 28 (MNIST), 40 (the §5.2 canvas) or 36"),

@@ -75,7 +75,7 @@ def test_unknown_key_or_profile_is_named():
 
 def test_dvc_arguments_and_written_file(tmp_path):
     args = profiles.dvc_set_args("smoke")
-    assert args[:2] == ["-S", "base.profile=smoke"] and "ablation.seeds=[0]" in args and "train.device=cpu" in args
+    assert args[:2] == ["-S", "base.profile=smoke"] and "ablation.seeds=[0, 1]" in args and "train.device=cpu" in args
     out = tmp_path / "p.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
                     "--write", str(out)], check=True, cwd=REPO)
@@ -122,7 +122,7 @@ def test_smoke_puts_params_and_lock_back_even_when_it_fails(tmp_path, monkeypatc
 
 def test_cpu_estimate_arithmetic():
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["ablation"] = {"variants": ["capsnet_r1", "baseline_cnn"], "seeds": [0, 1]}
+    raw["ablation"] = {"seeds": [0, 1], "stacked": ["capsnet_r1"], "separate": ["baseline_cnn"]}
     raw["train"]["epochs"] = 3
     raw["prepare"]["train_subset"] = 30_000
     # (600 + 5,900 s per full epoch) x half the data x 3 epochs x 2 seeds

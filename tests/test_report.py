@@ -282,7 +282,7 @@ def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
     gpu = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, multimnist_pairs_per_digit=100))
     (line,) = [d for d in report_stage.deviations(gpu, REFERENCE) if "MultiMNIST test set" in d]
     assert "100 partners per test digit, 1,000,000 pairs" in line and "SE ≤ 0.050 pp" in line  # √(¼ / 1e6) = 0.0005
-    no_multi = dataclasses.replace(gpu, ablation=dataclasses.replace(gpu.ablation, variants=("capsnet_r1",)))
+    no_multi = dataclasses.replace(gpu, ablation=dataclasses.replace(gpu.ablation, stacked=(), separate=("capsnet_r1",)))
     assert not any("MultiMNIST" in d for d in report_stage.deviations(no_multi, REFERENCE))
 
 
@@ -387,7 +387,7 @@ def test_deviations_list_each_recipe_present():
     committed = load_params(REPO / "params.yaml")
     listed = rp.deviations(committed, REFERENCE)
     assert all(d in listed for d in capsnet.PAPER_RECIPE_DEVIATIONS + capsnet.OFFICIAL_RECIPE_DEVIATIONS)
-    paper_only = dataclasses.replace(committed, ablation=dataclasses.replace(committed.ablation, variants=("capsnet_r1",)))
+    paper_only = dataclasses.replace(committed, ablation=dataclasses.replace(committed.ablation, stacked=(), separate=("capsnet_r1",)))
     listed = rp.deviations(paper_only, REFERENCE)
     assert capsnet.PAPER_RECIPE_DEVIATIONS[0] in listed and capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] not in listed
 
@@ -420,7 +420,7 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, recon=False, history=[3.0, 1.0 + seed])
     p = load_params(REPO / "params.yaml")
-    p = dataclasses.replace(p, ablation=dataclasses.replace(p.ablation, variants=("capsnet_r1",), seeds=(0, 1)))
+    p = dataclasses.replace(p, ablation=dataclasses.replace(p.ablation, stacked=(), separate=("capsnet_r1",), seeds=(0, 1)))
     for run in load(tmp_path, ["capsnet_r1"], [0, 1]):
         (tmp_path / "models" / "capsnet_r1" / f"seed{run.seed}" / "config.json").write_text(json.dumps(
             {**run.config, "params": {"device": "cpu"},

@@ -1,5 +1,6 @@
-"""Scale-out for real, on CPU: `make gpus`' fan-out (scripts/fanout.sh) of four (variant, seed)
-items over four fake GPU slots into one DVC workspace, logging to an MLflow server on loopback; the
+"""Scale-out for real, on CPU: `make gpus`' fan-out (scripts/fanout.sh) of three items (a stacked
+variant with its two seeds, and a separate variant's two seeds) over three fake GPU slots into one
+DVC workspace, logging to an MLflow server on loopback; the
 SLURM array script's tasks run as local processes (SLURM variables set) against a DVC remote, with
 deferred tracking, then gathered from the run-cache in another clone; the stage list they share.
 """
@@ -23,9 +24,14 @@ from pipeline.params import load_params
 
 pytest.importorskip("dvc")
 
-VARIANTS, SEEDS = ["capsnet_r1", "baseline_cnn"], [0, 1]
-ITEMS = ["capsnet_r1-0", "capsnet_r1-1", "baseline_cnn-0", "baseline_cnn-1"]
-FAKE_GPUS = ["0", "1", "2", "3"]
+STACKED, SEPARATE, SEEDS = ["capsnet_r1"], ["baseline_cnn"], [0, 1]
+ITEMS = ["capsnet_r1", "baseline_cnn-0", "baseline_cnn-1"]  # stacked variants first
+STAGES = {"capsnet_r1": ["train_stacked@capsnet_r1", "evaluate_stacked@capsnet_r1-0", "evaluate_stacked@capsnet_r1-1"],
+          "baseline_cnn-0": ["train@baseline_cnn-0", "evaluate@baseline_cnn-0"],
+          "baseline_cnn-1": ["train@baseline_cnn-1", "evaluate@baseline_cnn-1"]}
+RUNS = {"capsnet_r1-seed0": "capsnet_r1", "capsnet_r1-seed1": "capsnet_r1",  # MLflow run -> its item
+        "baseline_cnn-seed0": "baseline_cnn-0", "baseline_cnn-seed1": "baseline_cnn-1"}
+FAKE_GPUS = ["0", "1", "2"]
 
 
 def lock_stages(repo: Path) -> set[str]:
@@ -33,29 +39,44 @@ def lock_stages(repo: Path) -> set[str]:
 
 
 def every_stage() -> set[str]:
-    return {f"{kind}@{item}" for kind in stages.KINDS for item in ITEMS}
+    return {stage for item in ITEMS for stage in STAGES[item]}
+
+
+def scale_repo(root: Path) -> Path:
+    return dvc_repo(root, SEPARATE, SEEDS, stacked=STACKED, scripts=True)
 
 
 # ---- the stage list ---------------------------------------------------------------------------
 
 
 def test_stage_list_is_dvc_matrix_names_in_params_order():
-    """What every engine fans out: the items of the committed params.yaml, named as DVC names them."""
-    names = stages.items(load_params(REPO / "params.yaml"))
+    """What every engine fans out: the items of the committed params.yaml, each with its DVC stages
+    named as dvc.yaml's matrices name them, and together every train and evaluate stage once."""
+    params = load_params(REPO / "params.yaml")
+    names = stages.items(params)
     listed = sh(REPO, "dvc", "stage", "list", "--name-only").split()
-    assert {f"train@{n}" for n in names} == {s for s in listed if s.startswith("train@")}
-    assert {f"evaluate@{n}" for n in names} == {s for s in listed if s.startswith("evaluate@")}
+    fanned = [stage for n in names for stage in stages.stage_names(params, n)]
+    assert sorted(fanned) == sorted(s for s in listed if s.split("@")[0] in
+                                    ("train", "train_stacked", "evaluate", "evaluate_stacked"))
+    assert len(set(fanned)) == len(fanned)
+    assert names[:len(params.ablation.stacked)] == list(params.ablation.stacked)
     assert sh(REPO, "capsnet", "stages").split() == names
     assert sh(REPO, "capsnet", "stages", "--count").strip() == str(len(names))
-    assert sh(REPO, "capsnet", "stages", "--index", "1", "--kind", "train").strip() == f"train@{names[1]}"
+    assert sh(REPO, "capsnet", "stages", "--index", "0", "--kind", "stages").split() == [
+        f"train_stacked@{names[0]}", *(f"evaluate_stacked@{names[0]}-{k}" for k in params.ablation.seeds)]
+    last = names[-1]
+    assert sh(REPO, "capsnet", "stages", "--index", str(len(names) - 1), "--kind", "stages").split() == [
+        f"train@{last}", f"evaluate@{last}"]
+    with pytest.raises(UserError, match="not an item"):
+        stages.stage_names(params, "capsnet_r9")
 
 
 def test_an_array_index_outside_the_list_names_the_range_to_submit():
-    with pytest.raises(UserError, match=r"index 4 is outside the 4 .* submit the array as 0-3"):
-        stages.item_at(ITEMS, 4)
+    with pytest.raises(UserError, match=r"index 3 is outside the 3 .* submit the array as 0-2"):
+        stages.item_at(ITEMS, 3)
     with pytest.raises(UserError, match="outside"):
         stages.item_at(ITEMS, -1)
-    assert [stages.item_at(ITEMS, i) for i in range(4)] == ITEMS
+    assert [stages.item_at(ITEMS, i) for i in range(3)] == ITEMS
 
 
 def test_kubernetes_example_runs_the_task_script_once_per_item():
@@ -118,8 +139,8 @@ def tracking_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fanned_out(tmp_path_factory, tracking_server):
-    """scripts/fanout.sh over four fake GPU slots: four items, each its train and evaluate stage."""
-    repo = dvc_repo(tmp_path_factory.mktemp("node") / "repo", VARIANTS, SEEDS, scripts=True)
+    """scripts/fanout.sh over three fake GPU slots: three items, each its train and evaluate stages."""
+    repo = scale_repo(tmp_path_factory.mktemp("node") / "repo")
     t0 = time.perf_counter()
     done = subprocess.run(["bash", "scripts/fanout.sh"], cwd=repo, capture_output=True, text=True,
                           env=env(GPUS=" ".join(FAKE_GPUS), BIN=str(BIN), MLFLOW_TRACKING_URI=tracking_server))
@@ -129,10 +150,11 @@ def fanned_out(tmp_path_factory, tracking_server):
 def test_fanned_out_stages_all_succeed_and_dvc_holds_every_one(fanned_out):
     repo, done = fanned_out["repo"], fanned_out["done"]
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert "fanning out 4 (variant, seed) items over 4 slot(s)" in done.stdout
+    assert "fanning out 3 items (stacked variants, (variant, seed) pairs) over 3 slot(s)" in done.stdout
     for item in ITEMS:
         assert f"{item}: done on GPU" in done.stdout
-        assert "Running stage 'train@" + item in (repo / "logs" / "fanout" / f"{item}.log").read_text()
+        log = (repo / "logs" / "fanout" / f"{item}.log").read_text()
+        assert all(f"Running stage '{stage}'" in log for stage in STAGES[item])
     assert lock_stages(repo) == every_stage()
     assert "up to date" in sh(repo, "dvc", "status")
     again = sh(repo, "dvc", "repro")
@@ -147,23 +169,23 @@ def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_
     client = MlflowClient(fanned_out["uri"])
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {f"{i.rsplit('-', 1)[0]}-seed{i.rsplit('-', 1)[1]}" for i in ITEMS}
+    assert set(runs) == set(RUNS)  # one run per seed, stacked or not
     head = sh(fanned_out["repo"], "git", "rev-parse", "HEAD").strip()
-    slots = set()
-    for item in ITEMS:
-        variant, seed = item.rsplit("-", 1)
-        run = runs[f"{variant}-seed{seed}"]
+    slots = {}
+    for name, item in RUNS.items():
+        variant, seed = name.rsplit("-seed", 1)
+        run = runs[name]
         assert run.info.status == "FINISHED"
         tags = run.data.tags
-        assert tags["dvc_stage"] == f"train@{item}" and tags["host"] == socket.gethostname()
+        assert tags["dvc_stage"] == STAGES[item][0] and tags["host"] == socket.gethostname()
         assert tags["git_commit"] == head
-        slots.add(tags["cuda_visible_devices"])
         assert [m.step for m in client.get_metric_history(run.info.run_id, "test_error_pct")] == [1]
         assert "eval_test_error_pct" in run.data.metrics  # the evaluate stage logged to the same run
         config = json.loads((fanned_out["repo"] / "models" / variant / f"seed{seed}" / "config.json").read_text())
-        assert config["environment"]["dvc_stage"] == f"train@{item}"
+        assert config["environment"]["dvc_stage"] == STAGES[item][0]
         assert config["environment"]["cuda_visible_devices"] == tags["cuda_visible_devices"]
-    assert slots == set(FAKE_GPUS)  # one item per slot, each slot's GPU its own
+        assert slots.setdefault(item, tags["cuda_visible_devices"]) == tags["cuda_visible_devices"]
+    assert sorted(slots.values()) == FAKE_GPUS  # one item per slot, each slot's GPU its own
 
 
 # ---- a cluster: the SLURM array script, its tasks as local processes, then the gather step -------
@@ -171,7 +193,7 @@ def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_
 
 def origin_with_remote(root: Path) -> Path:
     """The repository every task clones: its data in a DVC remote (a folder), no shared cache."""
-    origin = dvc_repo(root / "origin", VARIANTS, SEEDS, scripts=True)
+    origin = scale_repo(root / "origin")
     sh(origin, "dvc", "remote", "add", "-d", "store", str(root / "remote"))
     sh(origin, "dvc", "push", "-q")
     sh(origin, "dvc", "config", "--unset", "cache.dir")  # each clone its own cache: only the remote is shared
@@ -214,7 +236,7 @@ def test_each_array_task_runs_the_item_of_its_index(cluster):
         assert f"task {index}: {ITEMS[index]} on " in output and f"CUDA_VISIBLE_DEVICES={index}" in output
         assert f"task {index}: {ITEMS[index]} done" in output
     status, output = cluster["outputs"][len(ITEMS)]
-    assert status != 0 and "submit the array as 0-3" in output
+    assert status != 0 and "submit the array as 0-2" in output
     assert not list((cluster["root"] / "scratch").iterdir())  # every task removed its clone, the refused one too
 
 
@@ -239,7 +261,7 @@ def test_deferred_runs_synced_later_equal_the_directly_logged_ones(cluster, fann
 
     store = f"sqlite:///{tmp_path}/synced.db"
     out = sh(cluster["login"], "capsnet", "track", "sync", str(cluster["root"] / "journal"), MLFLOW_TRACKING_URI=store)
-    assert f"{len(ITEMS)} run(s) added" in out
+    assert f"{len(RUNS)} run(s) added" in out
     synced, live = MlflowClient(store), MlflowClient(fanned_out["uri"])
 
     def by_name(client):

@@ -223,7 +223,7 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
     root = pipeline_dir
     params = root / "params_s52.yaml"
     raw = yaml.safe_load((root / "params.yaml").read_text())
-    raw["ablation"] = {"variants": ["capsnet_r1", "capsnet_affnist", "cnn_affnist"], "seeds": [0]}
+    raw["ablation"] = {"seeds": [0], "stacked": [], "separate": ["capsnet_r1", "capsnet_affnist", "cnn_affnist"]}
     params.write_text(yaml.safe_dump(raw))
     models, results = root / "s52" / "models", root / "s52" / "results"
     (root / "s52").mkdir()

@@ -15,6 +15,6 @@ fi
 dvc status
 if [ "${1:-}" = "--commit" ]; then
   git add dvc.lock results reports
-  git commit -qm "Cluster run: dvc.lock and metrics of $(capsnet stages --count) (variant, seed) items"
+  git commit -qm "Cluster run: dvc.lock and metrics of $(capsnet stages --count) fanned-out items"
   git log --oneline -1
 fi

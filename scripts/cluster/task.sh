@@ -36,14 +36,16 @@ fi
 export PYTHONPATH="$work${PYTHONPATH:+:$PYTHONPATH}"  # this clone's pipeline/, even from a shared venv
 [ -z "${DVC_CACHE_DIR:-}" ] || dvc config --local cache.dir "$DVC_CACHE_DIR"
 item=$(capsnet stages --index "$index")
+stages=$(capsnet stages --index "$index" --kind stages)  # train, then evaluate per seed
 echo "task $index: $item on $(hostname), CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}, commit $(git rev-parse --short HEAD)"
 pull=()
 [ -z "$(dvc remote list)" ] || pull=(--pull)
-for stage in "train@$item" "evaluate@$item"; do
+for stage in $stages; do
   dvc repro -s "${pull[@]}" "$stage"
 done
 if [ -n "$(dvc remote list)" ]; then
   dvc push --run-cache
-  python scripts/cluster/push_uncached.py "train@$item" "evaluate@$item"  # what push --run-cache leaves out
+  # shellcheck disable=SC2086  # one word per stage
+  python scripts/cluster/push_uncached.py $stages  # what push --run-cache leaves out
 fi
 echo "task $index: $item done"
