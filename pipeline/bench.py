@@ -72,9 +72,10 @@ def random_data(cfg: RunConfig, n: int, device: torch.device) -> dict[str, torch
 
 
 def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
-               compile_mode: str = "default", seeds: int = 1) -> dict:
+               compile_mode: str = "default", seeds: int = 1, layout: str = "fused") -> dict:
     """Time the training step `capsnet train` runs (draw every seed's batch, one stacked step) and
-    inference, on random uint8 data; ``seeds`` seeds stacked (1: a separate run).
+    inference, on random uint8 data; ``seeds`` seeds stacked (1: a separate run) in ``layout``
+    (`pipeline.stack.SeedStack`).
 
     The first warm-up step includes compilation; its wall time is returned as first_step_s.
     train_images_per_s counts every seed's images (aggregate); per_seed_images_per_s one seed's.
@@ -86,7 +87,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     for k in range(seeds):
         torch.manual_seed(generator_seed + k)
         models.append(place_model(build_model(cfg), cfg, device))
-    stack = SeedStack(models, loss_recipe(cfg))
+    stack = SeedStack(models, loss_recipe(cfg), layout)
     optimizer, scheduler = make_optimizer(stack, cfg, device)
     loss_fn = torch.compile(stack, mode=compile_mode) if cfg.compile else stack
     generators = [torch.Generator(device=device).manual_seed(generator_seed + k) for k in range(seeds)]
@@ -178,10 +179,12 @@ def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -
 
 
 def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
-        reference: bool, deterministic: str, device: str, seeds: tuple[int, ...] = (1,)):
-    """Yield one row per (batch, mode, seeds stacked), the reference loop first when asked: what
-    `capsnet bench` prints. Rows with seeds > 1 carry speedup_vs_separate: their aggregate images/s
-    over the one-seed row's (S separate runs one after another train at the one-seed rate)."""
+        reference: bool, deterministic: str, device: str, seeds: tuple[int, ...] = (1,),
+        layouts: tuple[str, ...] = ("fused",)):
+    """Yield one row per (batch, mode, seeds stacked, layout), the reference loop first when asked:
+    what `capsnet bench` prints. Rows with seeds > 1 carry their layout and speedup_vs_separate: their
+    aggregate images/s over the one-seed row's (S separate runs one after another train at the
+    one-seed rate)."""
     import datetime
 
     from pipeline.train import run_config
@@ -210,13 +213,16 @@ def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ..
             cfg = dataclasses.replace(base, batch_size=batch, amp=amp and dev.type == "cuda",
                                       compile=compile_mode is not None, channels_last=channels_last)
             single = None
-            for s in seeds:
-                result = bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default", seeds=s)
+            for s, layout in [(s, layout) for s in seeds for layout in (layouts if s > 1 else ("fused",))]:
+                result = bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default", seeds=s,
+                                    layout=layout)
                 if ref:
                     result["speedup_vs_reference"] = result["train_images_per_s"] / ref["train_images_per_s"]
                 if s == 1:
                     single = result["train_images_per_s"]
-                elif single:
-                    result["speedup_vs_separate"] = result["train_images_per_s"] / single
+                else:
+                    result["stack"] = layout
+                    if single:
+                        result["speedup_vs_separate"] = result["train_images_per_s"] / single
                 yield row({"mode": mode, "batch": batch, **result})
                 torch._dynamo.reset()  # each configuration compiles afresh; the on-disk cache still helps

@@ -220,10 +220,14 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
 @click.option("--seeds", "seeds", type=click.IntRange(1, 64), multiple=True, default=(1,), show_default=True,
               help="seeds stacked in one step (repeatable: --seeds 1 --seeds 3 compares stacked with separate)")
+@click.option("--stack", "layouts", type=click.Choice(["fused", "loop"]), multiple=True, default=["fused"],
+              show_default=True, help="how stacked seeds run (pipeline.stack.STACK_LAYOUTS): fused, one grouped "
+                                      "kernel per layer (vmap), or loop, each seed's kernels in turn (repeatable)")
 @PARAMS_OPTION
 @user_errors
 def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
-          reference: bool, deterministic: str, device: str, seeds: tuple[int, ...], params_path: str) -> None:
+          reference: bool, deterministic: str, device: str, seeds: tuple[int, ...], layouts: tuple[str, ...],
+          params_path: str) -> None:
     """Print one JSON line per configuration: images/s, ms/step, s/epoch, TFLOP/s, memory.
 
     Times the real training step of `capsnet train` on random uint8 data after warm-up steps,
@@ -237,7 +241,8 @@ def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], st
     from pipeline import bench as bn
 
     params = load_params(params_path)
-    for row in bn.run(params, variant, batch_sizes, modes, steps, warmup, reference, deterministic, device, seeds):
+    for row in bn.run(params, variant, batch_sizes, modes, steps, warmup, reference, deterministic, device, seeds,
+                      layouts):
         click.echo(json.dumps(row))
 
 

@@ -10,6 +10,7 @@ confusion.png and, for reconstruction variants, reconstructions.png and fig4.png
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -63,7 +64,7 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
     saved, cfg, model = load_model(model_dir)
     writable_dir(out, "output")
     if cfg.multimnist:
-        return run_multimnist(saved, cfg, model, data_dir, out)
+        return run_multimnist(saved, cfg, model, model_dir, data_dir, out)
     metrics, arrays, panels = {}, {}, []
     breakdown = {"per_class": {}, "sources": {}, "bins": {}}
     clean_set, transformed_set = test_sets(cfg.image_size)
@@ -101,18 +102,30 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
                            out / "fig4.png", col_labels=[f"{round(s, 2) + 0.0:+.2f}" for s in FIG4_STEPS.tolist()])
         pngs += ["reconstructions.png", "fig4.png"]
     write_json(out / "metrics.json", metrics)
-    tracker = tracking.open_tracker()
-    run_id = saved["run_id"]
     # eval_*: training logs test_error_pct per epoch, so the evaluation's own keys never collide with it
-    tracker.log_metrics_once(run_id, {f"eval_{clean_set}_error_pct": metrics["error_pct"],
-                                      f"eval_{transformed_set}_error_pct": metrics["transformed_error_pct"]},
-                             step=saved["epochs_trained"])
-    for artifact in ["metrics.json", "breakdown.json", *pngs]:
-        tracker.log_artifact(run_id, out / artifact, "evaluation")
+    log_evaluation(saved, model_dir, out, {f"eval_{clean_set}_error_pct": metrics["error_pct"],
+                                           f"eval_{transformed_set}_error_pct": metrics["transformed_error_pct"]},
+                   ["metrics.json", "breakdown.json", *pngs])
     return metrics
 
 
-def run_multimnist(saved: dict, cfg: RunConfig, model: torch.nn.Module, data_dir: Path, out: Path) -> dict:
+def log_evaluation(saved: dict, model_dir: Path, out: Path, metrics: dict[str, float], artifacts: list[str]) -> None:
+    """Log the evaluation to the model's training run; where the store does not hold that run (the
+    model was trained against another store), say so and leave the written evaluation as it is."""
+    tracker = tracking.open_tracker()
+    run_id = saved["run_id"]
+    if not tracker.has_run(run_id):
+        warnings.warn(f"{model_dir} was trained as MLflow run {run_id}, which the tracking store {tracker.uri} does "
+                      f"not hold: the evaluation is in {out} but not in MLflow. To log it, run this again with "
+                      "MLFLOW_TRACKING_URI set to the store the model was trained with", stacklevel=2)
+        return
+    tracker.log_metrics_once(run_id, metrics, step=saved["epochs_trained"])
+    for artifact in artifacts:
+        tracker.log_artifact(run_id, out / artifact, "evaluation")
+
+
+def run_multimnist(saved: dict, cfg: RunConfig, model: torch.nn.Module, model_dir: Path, data_dir: Path,
+                   out: Path) -> dict:
     """MultiMNIST (§6): pair error on every test recipe, composed on the device batch by batch.
 
     metrics.json has no transformed set (MultiMNIST has none); breakdown.json adds the share of
@@ -153,9 +166,6 @@ def run_multimnist(saved: dict, cfg: RunConfig, model: torch.nn.Module, data_dir
                                            "predicted capsules", out / "reconstructions.png")
         pngs.append("reconstructions.png")
     write_json(out / "metrics.json", metrics)
-    tracker = tracking.open_tracker()
-    tracker.log_metrics_once(saved["run_id"], {"eval_multimnist_test_error_pct": metrics["error_pct"]},
-                             step=saved["epochs_trained"])
-    for artifact in ["metrics.json", "breakdown.json", *pngs]:
-        tracker.log_artifact(saved["run_id"], out / artifact, "evaluation")
+    log_evaluation(saved, model_dir, out, {"eval_multimnist_test_error_pct": metrics["error_pct"]},
+                   ["metrics.json", "breakdown.json", *pngs])
     return metrics

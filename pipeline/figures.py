@@ -73,22 +73,26 @@ def confusion(panels: list[tuple[list[list[int]], str]], title: str, path: str |
 
 
 def image_grid(rows: list[torch.Tensor], row_labels: list[str], title: str, path: str | Path,
-               col_labels: list[str] | None = None) -> None:
-    """Rows of equally many (H, W) images in [0, 1] or uint8."""
+               col_labels: list[str] | None = None, gap: int = 2) -> None:
+    """Rows of equally many (H, W) images in [0, 1] or uint8, tiled into one image (one axes, not
+    one per image: 200 axes took 8 s of every reconstruction variant's evaluation on 2 cores),
+    ``gap`` grey pixels apart; row labels at the left, column labels below."""
     n_rows, n_cols = len(rows), rows[0].shape[0]
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(0.8 * n_cols, 0.85 * n_rows), squeeze=False)
+    h, w = rows[0].shape[-2:]
+    canvas = torch.full((n_rows * (h + gap) - gap, n_cols * (w + gap) - gap), 0.5)
     for r, row in enumerate(rows):
-        row = row.float() / 255 if row.dtype == torch.uint8 else row
+        row = row.float() / 255 if row.dtype == torch.uint8 else row.float()
         for c in range(n_cols):
-            ax = axes[r, c]
-            ax.imshow(row[c].numpy(), cmap="gray", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c == 0:
-                ax.set_ylabel(row_labels[r], fontsize=6)
-            if col_labels and r == n_rows - 1:
-                ax.set_xlabel(col_labels[c], fontsize=6)
-    fig.suptitle(title, fontsize=9)
+            canvas[r * (h + gap):r * (h + gap) + h, c * (w + gap):c * (w + gap) + w] = row[c].detach().cpu()
+    fig, ax = plt.subplots(figsize=(0.8 * n_cols, 0.85 * n_rows))
+    ax.imshow(canvas.numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_yticks([r * (h + gap) + h / 2 - 0.5 for r in range(n_rows)], row_labels, fontsize=6)
+    ax.set_xticks([c * (w + gap) + w / 2 - 0.5 for c in range(n_cols)] if col_labels else [],
+                  col_labels or [], fontsize=6)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title(title, fontsize=9)  # on the axes: a figure title would float above the tiles' aspect
     save_figure(fig, path)
 
 

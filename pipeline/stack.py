@@ -12,6 +12,10 @@ parameter, the loop backpropagates the **sum** of the per-seed losses (so each s
 that seed's own gradient; an average would scale it by 1/S, which changes Adam's update through ε),
 and Adam is elementwise, so one Adam over (S, …) tensors is S Adams. S = 1 is a separate run:
 the same code without vmap.
+
+Grouped convolutions have been reported slower than separate ones on some GPUs (pytorch#73764), so
+the layout is a choice: ``fused`` (vmap, as above) or ``loop`` (each seed's model in turn, its own
+kernels, still one process, one backward and one Adam step); `capsnet bench --stack` times both.
 """
 
 from __future__ import annotations
@@ -73,16 +77,23 @@ def stack_batches(batches: list[Batch]) -> Batch:
     return Batch(*(None if parts[0] is None else torch.stack(parts) for parts in zip(*batches)))
 
 
+STACK_LAYOUTS = ("fused", "loop")
+
+
 class SeedStack(nn.Module):
     """S models of one architecture as one module whose parameters are (S, …) tensors.
 
     ``models``: the seeds' initialised models, in seed order, on the training device (each built
     after its own `torch.manual_seed`, as a separate run builds it). The first is kept, unregistered,
     as the architecture `functional_call` runs; `seed_weights(k)` gives seed k's state dict back.
+    ``layout``: "fused" evaluates the seeds at once (vmap), "loop" one after another.
     """
 
-    def __init__(self, models: list[nn.Module], recipe: str | None):
+    def __init__(self, models: list[nn.Module], recipe: str | None, layout: str = "fused"):
         super().__init__()
+        if layout not in STACK_LAYOUTS:
+            raise ValueError(f"layout must be one of {STACK_LAYOUTS}, got {layout!r}")
+        self.layout = layout
         if any(dict(m.named_buffers()) for m in models):
             raise ValueError("SeedStack stacks parameters only; these models have buffers")
         if any(isinstance(m, nn.Dropout) for m in models[0].modules()) and not hasattr(models[0], "dropout_keep"):
@@ -126,6 +137,10 @@ class SeedStack(nn.Module):
                               None if batch.targets is None else batch.targets[0],
                               None if keep is None else keep[0])  # (3,)
             return parts.unsqueeze(0)  # (1, 3)
+        if self.layout == "loop":
+            return torch.stack([self._one({n: w[k] for n, w in zip(self.names, self.weights)}, batch.x[k],
+                                          batch.labels[k], None if batch.targets is None else batch.targets[k],
+                                          None if keep is None else keep[k]) for k in range(self.seeds)])  # (S, 3)
         weights = {n: w for n, w in zip(self.names, self.weights)}
         in_dims = (0, 0, 0, None if batch.targets is None else 0, None if keep is None else 0)
         return vmap(self._one, in_dims=in_dims)(weights, batch.x, batch.labels, batch.targets, keep)  # (S, 3)

@@ -121,6 +121,17 @@ class Tracker:
             self.end(run_id, failed=True)
         return stale
 
+    def has_run(self, run_id: str) -> bool:
+        """Whether the store holds ``run_id`` (a model trained against another store, or before a
+        reset, has a run id this one never saw)."""
+        import mlflow
+
+        try:
+            self.client.get_run(run_id)
+        except mlflow.exceptions.MlflowException:
+            return False
+        return True
+
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0, timestamp_ms: int | None = None) -> None:
         from mlflow.entities import Metric
 
@@ -240,6 +251,10 @@ class JournalTracker:
         run_id = uuid.uuid4().hex
         self._write(run_id, "start", run_name=run_name, params=common_params(params), tags=run_tags())
         return run_id
+
+    def has_run(self, run_id: str) -> bool:
+        """Always: a journal only appends, and `capsnet track sync` finds the run when it replays."""
+        return True
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         self._write(run_id, "metrics", metrics={k: float(v) for k, v in metrics.items()}, step=step)

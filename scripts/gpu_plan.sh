@@ -10,7 +10,8 @@
 # The queue, most needed first:
 #  1. checks and speed: every CUDA-only test (per-layer gradient bounds, CUDA generator on resume,
 #     three seeds stacked and compiled), bench rows for stacked seeds (#23: one seed, then three, for
-#     capsnet_r3_recon and baseline_cnn) and the levers never measured: CUDA graphs (bf16-graphs), NHWC (-cl);
+#     capsnet_r3_recon and baseline_cnn, whose grouped convolutions are also timed against the loop
+#     layout, pytorch#73764) and the levers never measured: CUDA graphs (bf16-graphs), NHWC (-cl);
 #  2. the short protocol (gpu profile: 50 epochs with the paper's 640-epoch decay compressed into
 #     them) for the five Table 1 rows and their four official twins, seeds 0-2, all at this commit,
 #     then MultiMNIST's three variants, then §5.2's two: scripts/gpu_queue.py --stack lists what
@@ -23,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pipeline.profiles gpu --write params.gpu.yaml
-BENCH="capsnet_r3_recon@bf16-compile#1,3 baseline_cnn@bf16#1,3 capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl"
+BENCH="capsnet_r3_recon@bf16-compile#1,3 baseline_cnn@bf16#1,3+loop capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl"
 TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack)
 TESTS=()
 mkdir -p logs

@@ -5,7 +5,8 @@
 #                    variant and layer, the CUDA generator on resume, MultiMNIST composed on the device)
 #   --bench "V ..."  `capsnet bench` rows for these variants: the reference loop, then fp32, bf16 and
 #                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs),
-#                    with seeds stacked as V@mode#1,3 (one seed, then three stacked: bench --seeds);
+#                    with seeds stacked as V@mode#1,3 (one seed, then three stacked: bench --seeds;
+#                    V@mode#1,3+loop also times the stack's loop layout beside the fused one);
 #                    a bench this warm machine already ran (logs/bench/) is not run again
 #   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile ("V:0,1,2": three seeds
 #                     stacked in one process, issue #23), --parallel at
@@ -66,8 +67,9 @@ fi
 
 mkdir -p logs/bench
 for entry in $BENCH; do
-  spec=${entry%%#*} seeds=1
+  spec=${entry%%#*} seeds=1 layouts=fused
   [[ $entry == *#* ]] && seeds=${entry#*#}
+  if [[ $seeds == *+loop ]]; then seeds=${seeds%+loop} layouts="fused loop"; fi
   variant=${spec%%@*} modes=fp32,bf16,bf16-compile
   [[ $spec == *@* ]] && modes=${spec#*@}
   done_file="logs/bench/$entry.jsonl"
@@ -76,6 +78,7 @@ for entry in $BENCH; do
   mode_args=()
   for mode in ${modes//,/ }; do mode_args+=(--mode "$mode"); done
   for s in ${seeds//,/ }; do mode_args+=(--seeds "$s"); done
+  for layout in $layouts; do mode_args+=(--stack "$layout"); done
   $CLI bench --variant "$variant" "${mode_args[@]}" --steps 40 --warmup 5 --params params.gpu.yaml \
     >"$done_file.tmp" 2>>"$LOG"
   status=$?

@@ -87,6 +87,9 @@ MUTATIONS = [
              "(parts[:, 0] * active).sum().backward()", "(parts[:, 0] * active).mean().backward()", (STACK,)),
     Mutation("a seed that stopped early keeps its last weights, not its stopping epoch's", "pipeline/train.py",
              "        if seed.weights is not None:\n            model.load_state_dict(seed.weights)\n", "", (STACK,)),
+    Mutation("the loop layout gives every seed the first seed's batch", "pipeline/stack.py",
+             "zip(self.names, self.weights)}, batch.x[k],", "zip(self.names, self.weights)}, batch.x[0],",
+             ("tests/test_stack.py::test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient",)),
     Mutation("the stacked DVC stage trains only the first seed", "pipeline/cli.py",
              "return list(params.ablation.seeds)", "return list(params.ablation.seeds[:1])",
              ("tests/test_dvc.py::test_a_stacked_stage_trains_each_seed_into_its_own_directory",)),
@@ -104,6 +107,9 @@ MUTATIONS = [
              '"train.lr_schedule_epochs": 640, ', "", ("tests/test_profiles.py",)),
     Mutation("a torn journal tail refuses the whole file", "pipeline/tracking.py",
              "if index < len(lines) - 1:", "if True:", ("tests/test_tracking.py",)),
+    Mutation("an evaluation against another store dies in MLflow's traceback", "pipeline/evaluate_stage.py",
+             "    if not tracker.has_run(run_id):", "    if False:",
+             ("tests/test_train.py::test_evaluating_against_a_store_without_the_training_run_says_so_and_keeps_the_evaluation",)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
              "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",
@@ -146,6 +152,9 @@ def main() -> int:
     parser.add_argument("-k", default="", help="only mutations whose name contains this")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if args.k in m.name]
+    if not chosen:  # else the unmutated check below would run the whole suite for nothing
+        print(f"no mutation's name contains {args.k!r}", file=sys.stderr)
+        return 2
     survived = []
     with tempfile.TemporaryDirectory(prefix="capsnet-mutate-") as tmp:
         copy = Path(tmp)

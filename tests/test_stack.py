@@ -151,25 +151,29 @@ def test_a_group_must_share_everything_but_the_seed():
         train_module.group_config([cfg, cfg])
 
 
-def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient():
+@pytest.mark.parametrize("layout", ["fused", "loop"])
+def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient(layout):
     """Adam sees each seed's own gradient only if the loop backpropagates the sum: the stack's
-    per-seed losses, differentiated, give each slice its separate model's gradient."""
+    per-seed losses, differentiated, give each slice its separate model's gradient on that seed's
+    own batch, in either layout (`bench --stack`)."""
     from pipeline.capsnet import CapsNet
-    from pipeline.stack import SeedStack, stack_batches
     from pipeline.experiment import Batch
+    from pipeline.stack import SeedStack, compute_loss, stack_batches
 
     models = []
     for s in SEEDS:
         torch.manual_seed(s)
         models.append(CapsNet(1, True, 28, 10))
-    images, labels = synthetic_digits(4)
+    images, labels = synthetic_digits(4 * len(SEEDS))
     x, y = images.unsqueeze(1).float() / 255, labels.long()
-    stack = SeedStack([m for m in models], "paper")
-    parts = stack(stack_batches([Batch(x, y, None)] * 3), None)  # (S, 3)
+    batches = [Batch(x[4 * k:4 * k + 4], y[4 * k:4 * k + 4], None) for k in range(len(SEEDS))]
+    stack = SeedStack([m for m in models], "paper", layout)
+    parts = stack(stack_batches(batches), None)  # (S, 3)
     parts[:, 0].sum().backward()
-    for k, m in enumerate(models):
-        from pipeline.stack import compute_loss
-        compute_loss(m, x, y, "paper")[0].backward()
+    for k, (m, batch) in enumerate(zip(models, batches)):
+        alone = compute_loss(m, batch.x, batch.labels, "paper")[0]
+        torch.testing.assert_close(parts[k, 0], alone.detach(), rtol=1e-5, atol=1e-7)
+        alone.backward()
         for w, (name, p) in zip(stack.weights, m.named_parameters()):
             torch.testing.assert_close(w.grad[k], p.grad, rtol=1e-5, atol=1e-8, msg=name)
 

@@ -219,6 +219,29 @@ def test_train_cli_stacks_several_seeds_with_one_run_and_directory_per_seed(pipe
     assert all("eval_test_error_pct" in r.data.metrics for r in runs)  # evaluate found each seed's own run
 
 
+def test_evaluating_against_a_store_without_the_training_run_says_so_and_keeps_the_evaluation(
+        pipeline_dir, monkeypatch, tmp_path):
+    """A model trained against one MLflow store, evaluated with MLFLOW_TRACKING_URI naming another
+    (a fresh clone's, say): the evaluation is written and a warning names the run, the store and the
+    fix, instead of MLflow's "Run ... not found" traceback."""
+    from pipeline.cli import main
+
+    root, model_dir = pipeline_dir, tmp_path / "model"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/trained.db")  # not the module's shared store
+    trained = CliRunner().invoke(main, ["train", "capsnet_r1", "0", str(root / "prepared"), str(model_dir),
+                                        "--checkpoint", str(tmp_path / "ckpt.pt"), "--params", str(root / "params.yaml")],
+                                 catch_exceptions=False)
+    assert trained.exit_code == 0, trained.output
+    run_id = json.loads((model_dir / "config.json").read_text())["run_id"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/other.db")
+    with pytest.warns(UserWarning, match=rf"MLflow run {run_id}, which the tracking store .*other.db does not hold.*"
+                                         "MLFLOW_TRACKING_URI set to the store the model was trained with"):
+        done = CliRunner().invoke(main, ["evaluate", str(model_dir), str(root / "prepared"), str(tmp_path / "out")],
+                                  catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    assert 0 <= json.loads((tmp_path / "out" / "metrics.json").read_text())["error_pct"] <= 100
+
+
 def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatch):
     root = pipeline_dir
     params = root / "params_s52.yaml"
