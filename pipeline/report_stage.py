@@ -40,7 +40,8 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     multi = [r for r in runs if r.image_size == MULTIMNIST_SIZE]
     s52 = [r for r in runs if r.image_size not in (MNIST_SIZE, MULTIMNIST_SIZE)]
     if not table1:
-        raise UserError("ablation.stacked and ablation.separate list no Table 1 (28×28) variant; the report needs at least one")
+        raise UserError("ablation.stacked and ablation.separate list no Table 1 (28×28) variant; "
+                        "the report needs at least one")
     summary, effect_table = rp.summarize(table1, reference), rp.effects(table1, reference)
     shown = table1_figures(table1, s52, multi, summary, results_dir, fig_dir)
     multi_table, multi_lines = None, None

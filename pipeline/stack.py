@@ -131,15 +131,9 @@ class SeedStack(nn.Module):
     def forward(self, batch: Batch, keep: torch.Tensor | None) -> torch.Tensor:
         """batch: x (S, B, 1, H, W), labels (S, B[, T]), targets (S, B, T, 1, H, W) or None; keep
         (S, B, F) or None -> per-seed (total, margin or cross-entropy, reconstruction) (S, 3)."""
-        if self.seeds == 1:
-            weights = {n: w.squeeze(0) for n, w in zip(self.names, self.weights)}
-            parts = self._one(weights, batch.x[0], batch.labels[0],
-                              None if batch.targets is None else batch.targets[0],
-                              None if keep is None else keep[0])  # (3,)
-            return parts.unsqueeze(0)  # (1, 3)
-        if self.layout == "loop":
-            return torch.stack([self._one({n: w[k] for n, w in zip(self.names, self.weights)}, batch.x[k],
-                                          batch.labels[k], None if batch.targets is None else batch.targets[k],
+        if self.seeds == 1 or self.layout == "loop":  # one seed is the loop of one: no vmap
+            return torch.stack([self._one(self.seed_weights(k), batch.x[k], batch.labels[k],
+                                          None if batch.targets is None else batch.targets[k],
                                           None if keep is None else keep[k]) for k in range(self.seeds)])  # (S, 3)
         weights = {n: w for n, w in zip(self.names, self.weights)}
         in_dims = (0, 0, 0, None if batch.targets is None else 0, None if keep is None else 0)

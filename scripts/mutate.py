@@ -88,7 +88,7 @@ MUTATIONS = [
     Mutation("a seed that stopped early keeps its last weights, not its stopping epoch's", "pipeline/train.py",
              "        if seed.weights is not None:\n            model.load_state_dict(seed.weights)\n", "", (STACK,)),
     Mutation("the loop layout gives every seed the first seed's batch", "pipeline/stack.py",
-             "zip(self.names, self.weights)}, batch.x[k],", "zip(self.names, self.weights)}, batch.x[0],",
+             "self._one(self.seed_weights(k), batch.x[k],", "self._one(self.seed_weights(k), batch.x[0],",
              ("tests/test_stack.py::test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient",)),
     Mutation("the stacked DVC stage trains only the first seed", "pipeline/cli.py",
              "return list(params.ablation.seeds)", "return list(params.ablation.seeds[:1])",
