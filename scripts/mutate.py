@@ -66,7 +66,7 @@ MUTATIONS = [
     Mutation("official PrimaryCaps without the 1/types", "pipeline/capsnet.py",
              "out = out / self.types + self.bias", "out = out + self.bias", (RECIPES,)),
     # --- wiring: recipe and generators reaching the code that trains ---
-    Mutation("training loss ignores the recipe", "pipeline/train.py",
+    Mutation("training loss ignores the recipe", "pipeline/stack.py",
              'return cfg.recipe if cfg.model == "capsnet" else None', 'return "paper" if cfg.model == "capsnet" else None',
              (RECIPE_WIRING,)),
     Mutation("params' recipe never reaches the run config", "pipeline/train.py",
