@@ -9,6 +9,7 @@ so that the digit stays inside the frame. Warping uses torch's affine_grid/grid_
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import struct
@@ -211,6 +212,22 @@ def split_metadata(path: str | Path) -> dict[str, str]:
         return f.metadata() or {}
 
 
+def dataset_input(path: str | Path, context: str) -> dict:
+    """A prepared split as a run's dataset input (MLflow's Dataset column; `tracking`): the file's
+    stem as its name, a digest of the tensors it holds (SHA-256 over each tensor's name, shape and
+    bytes, in name order; the first 16 hex digits), its path, its size and source, and what the run
+    used it for (``context``: training, testing, evaluation)."""
+    path = Path(path)
+    tensors, meta = load_split(path), split_metadata(path)
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.view(torch.uint8).numpy())
+    return {"name": path.stem, "digest": digest.hexdigest()[:16], "source": str(path), "context": context,
+            "profile": {"num_rows": int(tensors["labels"].shape[0]), "source": meta.get("source", path.stem)}}
+
+
 def test_sets(image_size: int) -> tuple[str, str]:
     """The (clean, transformed) test sets a model of this input size is evaluated on: MNIST and the
     affine-shifted set at 28×28 (Table 1); expanded MNIST and affNIST(-style) at 40×40 (§5.2);
@@ -236,12 +253,16 @@ def prepare(raw_dir: str | Path, out_dir: str | Path, *, train_subset: int, test
     if test_subset:
         test_images, test_labels = test_images[:test_subset], test_labels[:test_subset]
     affine_images, affine_params = make_affine_set(test_images, affine_seed, ranges)
-    save_split(out_dir / "train.safetensors", train_images, train_labels)
-    save_split(out_dir / "test.safetensors", test_images, test_labels)
+    save_split(out_dir / "train.safetensors", train_images, train_labels, {"source": _mnist_source("train", train_subset)})
+    save_split(out_dir / "test.safetensors", test_images, test_labels, {"source": _mnist_source("test", test_subset)})
     save_split(out_dir / "affine_test.safetensors", affine_images, test_labels, ranges_metadata(
         ranges, f"affine-shifted MNIST test set (generated, seed {affine_seed})"), affine_params=affine_params)
     return {"test_images": test_images, "test_labels": test_labels, "affine_images": affine_images,
             "affine_params": affine_params}
+
+
+def _mnist_source(split: str, subset: int) -> str:
+    return f"MNIST {split} set ({f'first {subset} digits' if subset else 'every digit'}, in file order)"
 
 
 # --- training-time augmentation ----------------------------------------------------------------

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline import figures, tracking
 from pipeline import multimnist as mm
-from pipeline.data import load_split, split_metadata, test_sets
+from pipeline.data import dataset_input, load_split, split_metadata, test_sets
 from pipeline.errors import UserError
 from pipeline.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
 from pipeline.files import atomic_path, writable_dir, write_json
@@ -105,13 +105,17 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
     # eval_*: training logs test_error_pct per epoch, so the evaluation's own keys never collide with it
     log_evaluation(saved, model_dir, out, {f"eval_{clean_set}_error_pct": metrics["error_pct"],
                                            f"eval_{transformed_set}_error_pct": metrics["transformed_error_pct"]},
-                   ["metrics.json", "breakdown.json", *pngs])
+                   ["metrics.json", "breakdown.json", *pngs],
+                   [data_dir / f"{name}.safetensors" for name in (clean_set, transformed_set)])
     return metrics
 
 
-def log_evaluation(saved: dict, model_dir: Path, out: Path, metrics: dict[str, float], artifacts: list[str]) -> None:
-    """Log the evaluation to the model's training run; where the store does not hold that run (the
-    model was trained against another store), say so and leave the written evaluation as it is."""
+def log_evaluation(saved: dict, model_dir: Path, out: Path, metrics: dict[str, float], artifacts: list[str],
+                   datasets: list[Path]) -> None:
+    """Log the evaluation to the model's training run, the test sets as its dataset inputs (a set
+    the run has already, as training's clean test set, stays as it was); where the store does not
+    hold that run (the model was trained against another store), say so and leave the written
+    evaluation as it is."""
     tracker = tracking.open_tracker()
     run_id = saved["run_id"]
     if not tracker.has_run(run_id):
@@ -120,6 +124,7 @@ def log_evaluation(saved: dict, model_dir: Path, out: Path, metrics: dict[str, f
                       "MLFLOW_TRACKING_URI set to the store the model was trained with", stacklevel=2)
         return
     tracker.log_metrics_once(run_id, metrics, step=saved["epochs_trained"])
+    tracker.log_datasets(run_id, [dataset_input(path, "evaluation") for path in datasets])
     for artifact in artifacts:
         tracker.log_artifact(run_id, out / artifact, "evaluation")
 
@@ -167,5 +172,5 @@ def run_multimnist(saved: dict, cfg: RunConfig, model: torch.nn.Module, model_di
         pngs.append("reconstructions.png")
     write_json(out / "metrics.json", metrics)
     log_evaluation(saved, model_dir, out, {"eval_multimnist_test_error_pct": metrics["error_pct"]},
-                   ["metrics.json", "breakdown.json", *pngs])
+                   ["metrics.json", "breakdown.json", *pngs], [path])
     return metrics

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.data import test_sets
 from pipeline.files import file_lock
 
 JOURNAL_ENV = "CAPSNET_TRACKING_JOURNAL"
@@ -148,6 +149,16 @@ class Tracker:
     def log_artifact(self, run_id: str, path: str | Path, folder: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), folder)
 
+    def log_datasets(self, run_id: str, datasets: list[dict]) -> None:
+        """The splits the run used (`data.dataset_input`) as MLflow dataset inputs, each tagged with
+        its context; logging one a run already has adds nothing (MLflow keys them by name and digest)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        self.client.log_inputs(run_id, [
+            DatasetInput(Dataset(d["name"], d["digest"], "local", json.dumps({"uri": shown_path(d["source"])}),
+                                 profile=json.dumps(d["profile"])),
+                         [InputTag("mlflow.data.context", d["context"])]) for d in datasets])
+
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         self.client.set_tag(run_id, key, value)
 
@@ -206,11 +217,38 @@ class Tracker:
                     self.set_tag(run_id, f"missing_artifact.{Path(e['path']).name}", e["path"])
             elif e["event"] == "tag":
                 self.set_tag(run_id, e["key"], e["value"])
+            elif e["event"] == "datasets":
+                self.log_datasets(run_id, e["datasets"])
             elif e["event"] == "end":
                 status, end_ms = e["status"], e["time_ms"]
+        if not any(e["event"] == "datasets" for e in events) and start["params"]:
+            self.log_datasets(run_id, unrecorded_datasets(start["params"]))
         if status != "RUNNING":
             self.end(run_id, failed=status == "FAILED", end_time_ms=end_ms)
         return run_id
+
+
+def unrecorded_datasets(params: dict) -> list[dict]:
+    """The dataset inputs of a run journalled before runs logged them (the published 2026-11-23 GPU
+    runs): its training split, and its clean test split where its params give the image size, with
+    "unrecorded" for the digest (only the machine that trained it could have computed it) and the
+    sizes only where its params recorded them (those runs' params did not)."""
+    note = "the run predates dataset logging: its digest was not recorded"
+    splits = [("train", "n_train", "training")]
+    if str(params.get("image_size")).isdigit():
+        splits.append((test_sets(int(params["image_size"]))[0], "n_test", "testing"))
+    return [{"name": name, "digest": "unrecorded", "source": f"data/prepared/{name}.safetensors", "context": context,
+             "profile": {"source": note, **({"num_rows": int(params[n])} if str(params.get(n)).isdigit() else {})}}
+            for name, n, context in splits]
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` relative to the repository root when inside it (as runs are moved between machines);
+    a relative path is taken as relative to it already (a stage runs in the repository root)."""
+    if not Path(path).is_absolute():
+        return str(path)
+    path = Path(path).resolve()
+    return str(path.relative_to(repo_root()) if path.is_relative_to(repo_root()) else path)
 
 
 def read_journal(path: Path) -> list[dict]:
@@ -270,12 +308,13 @@ class JournalTracker:
         return read_journal(path) if path.is_file() else []
 
     def log_artifact(self, run_id: str, path: str | Path, folder: str | None = None) -> None:
-        path = Path(path).resolve()
-        shown = path.relative_to(repo_root()) if path.is_relative_to(repo_root()) else path
-        self._write(run_id, "artifact", path=str(shown), folder=folder)
+        self._write(run_id, "artifact", path=shown_path(path), folder=folder)
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         self._write(run_id, "tag", key=key, value=value)
+
+    def log_datasets(self, run_id: str, datasets: list[dict]) -> None:
+        self._write(run_id, "datasets", datasets=[{**d, "source": shown_path(d["source"])} for d in datasets])
 
     def end(self, run_id: str, failed: bool = False) -> None:
         self._write(run_id, "end", status="FAILED" if failed else "FINISHED")

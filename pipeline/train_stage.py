@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 from pipeline import figures, tracking
-from pipeline.data import load_split, split_metadata, test_sets
+from pipeline.data import dataset_input, load_split, split_metadata, test_sets
 from pipeline.errors import Terminated, UserError
 from pipeline.files import atomic_path, file_lock, writable_dir, write_json
 from pipeline.params import Params
@@ -116,6 +116,8 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
         env = tracking.environment()
         tracker = tracking.open_tracker()
         params_per_seed = [run_params(c, data, device, env) for c in cfgs]
+        datasets = [dataset_input(data_dir / "train.safetensors", "training"),  # MultiMNIST: its pairs' digits
+                    dataset_input(data_dir / f"{test_sets(cfg.image_size)[0]}.safetensors", "testing")]
         run_ids: list[str] = []
         try:
             for k, (c, seed_params) in enumerate(zip(cfgs, params_per_seed)):
@@ -123,6 +125,7 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
                 saved = state["seeds"][k]["extra"].get("run_id") if state else None
                 run_ids.append(tracker.start(run_name, seed_params, run_id=saved))
                 tracker.close_stale(run_name, keep=run_ids[-1])
+                tracker.log_datasets(run_ids[-1], datasets)
             with sigterm_raises():
                 outcomes = _train_and_write(cfgs, data, checkpoint, out_dirs, tracker, run_ids,
                                             params_per_seed, env, state)

@@ -110,6 +110,12 @@ MUTATIONS = [
     Mutation("an evaluation against another store dies in MLflow's traceback", "pipeline/evaluate_stage.py",
              "    if not tracker.has_run(run_id):", "    if False:",
              ("tests/test_train.py::test_evaluating_against_a_store_without_the_training_run_says_so_and_keeps_the_evaluation",)),
+    Mutation("an evaluation logs no dataset inputs", "pipeline/evaluate_stage.py",
+             '[dataset_input(path, "evaluation") for path in datasets]', "[]",
+             ("tests/test_train.py::test_train_and_evaluate_cli_log_one_run_per_variant",)),
+    Mutation("a dataset digest ignores the labels", "pipeline/data.py",
+             "    for name in sorted(tensors):\n        tensor", '    for name in sorted(set(tensors) - {"labels"}):\n        tensor',
+             ("tests/test_data.py",)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
              "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",

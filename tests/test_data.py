@@ -4,8 +4,8 @@ import torch
 
 from conftest import idx_bytes, synthetic_digits, write_mnist
 from pipeline.data import (
-    AffineRanges, IdxError, _linear_part, apply_affine, load_split, make_affine_set, prepare,
-    random_shift, read_idx, read_split, translation_bounds,
+    AffineRanges, IdxError, _linear_part, apply_affine, dataset_input, load_split, make_affine_set, prepare,
+    random_shift, read_idx, read_split, save_split, translation_bounds,
 )
 
 
@@ -118,3 +118,23 @@ def test_random_shift_zero_pads_at_the_border():
     out = random_shift(images, 1, torch.Generator().manual_seed(1))
     sums = out.flatten(1).sum(1).tolist()
     assert set(sums) <= {9 * 16, 9 * 12, 9 * 9} and len(set(sums)) > 1
+
+
+def test_a_datasets_digest_is_its_tensors_and_nothing_else(tmp_path):
+    """MLflow's Dataset column: the digest follows every pixel and label of the split (and any other
+    tensor in it), not where the file lies or what its header says."""
+    images, labels = synthetic_digits(6)
+    save_split(tmp_path / "train.safetensors", images, labels, {"source": "MNIST train set"})
+    base = dataset_input(tmp_path / "train.safetensors", "training")
+    assert base["name"] == "train" and base["context"] == "training" and len(base["digest"]) == 16
+    assert base["profile"] == {"num_rows": 6, "source": "MNIST train set"}
+    (tmp_path / "moved").mkdir()
+    save_split(tmp_path / "moved" / "train.safetensors", images.clone(), labels.clone(), {"source": "elsewhere"})
+    assert dataset_input(tmp_path / "moved" / "train.safetensors", "testing")["digest"] == base["digest"]
+    pixel, label = images.clone(), labels.clone()
+    pixel[5, 27, 27] ^= 1
+    label[0] = (label[0] + 1) % 10
+    for changed_images, changed_labels, extra in ((pixel, labels, {}), (images, label, {}),
+                                                  (images, labels, {"shifts": torch.zeros(6, 2)})):
+        save_split(tmp_path / "x.safetensors", changed_images, changed_labels, **extra)
+        assert dataset_input(tmp_path / "x.safetensors", "training")["digest"] != base["digest"]

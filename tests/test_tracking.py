@@ -10,6 +10,8 @@ from pipeline import tracking
 from pipeline.cli import main
 
 PARAMS = {k: k.upper() for k in tracking.PARAM_KEYS}
+DATASET = {"name": "train", "digest": "0123456789abcdef", "source": "data/prepared/train.safetensors",
+           "context": "training", "profile": {"num_rows": 60000, "source": "MNIST train set"}}
 
 
 def journal_a_run(folder, root):
@@ -22,6 +24,7 @@ def journal_a_run(folder, root):
     (root / "models" / "config.json").write_text("{}")
     journal.log_artifact(run_id, root / "models" / "config.json")
     journal.log_artifact(run_id, root / "models" / "model.safetensors")  # not brought home: tagged as missing
+    journal.log_datasets(run_id, [DATASET])
     journal.end(run_id)
     assert journal.start("capsnet_r1-seed0", PARAMS, run_id=run_id) == run_id  # a resumed run appends
     journal.log_metrics(run_id, {"test_error_pct": 2.5}, step=3)
@@ -49,6 +52,11 @@ def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
     assert [(m.step, m.value) for m in history] == [(1, 4.0), (2, 3.0), (3, 2.5)]
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.json"]
     assert run.info.start_time == lines[0]["time_ms"]  # the original timestamps, not the sync's
+    (dataset_input,) = run.inputs.dataset_inputs
+    dataset = dataset_input.dataset
+    assert (dataset.name, dataset.digest, json.loads(dataset.profile)) == ("train", DATASET["digest"], DATASET["profile"])
+    assert json.loads(dataset.source) == {"uri": "data/prepared/train.safetensors"}
+    assert [(t.key, t.value) for t in dataset_input.tags] == [("mlflow.data.context", "training")]
 
     again = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "journal")])
     assert again.exit_code == 0 and "0 run(s) added" in again.output and "synced before" in again.output
@@ -165,3 +173,9 @@ def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path):
     assert "0 published run(s) loaded, 2 already" in output  # the second start added nothing
     assert sorted(r["info"]["run_name"] for r in runs) == sorted(
         json.loads(j.read_text().splitlines()[0])["run_name"] for j in journals)
+    # journalled before runs logged their datasets: the training split (and the clean test split where
+    # the params name the image size), digest unrecorded
+    for run in runs:
+        datasets = {i["dataset"]["name"]: i["dataset"] for i in run["inputs"]["dataset_inputs"]}
+        assert "train" in datasets and set(datasets) <= {"train", "test", "expanded_test", "multimnist_test"}
+        assert {d["digest"] for d in datasets.values()} == {"unrecorded"}

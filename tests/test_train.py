@@ -189,6 +189,17 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
     assert {r.data.params["n_params"] for r in runs} == {"35445522", "8215568"}
     assert all({"test_error_pct", "eval_test_error_pct", "eval_affine_test_error_pct", "train_loss", "lr"}
                <= set(r.data.metrics) for r in runs)
+    # the Dataset column: what each run trained on, was tested on each epoch, and was evaluated on
+    expected = {(d["name"], d["digest"], context) for name, context in
+                (("train", "training"), ("test", "testing"), ("affine_test", "evaluation"))
+                for d in [data_module.dataset_input(root / "prepared" / f"{name}.safetensors", context)]}
+    for r in runs:
+        inputs = r.inputs.dataset_inputs
+        assert {(i.dataset.name, i.dataset.digest, {t.key: t.value for t in i.tags}["mlflow.data.context"])
+                for i in inputs} == expected
+        train_input = next(i for i in inputs if i.dataset.name == "train")
+        assert json.loads(train_input.dataset.profile)["num_rows"] == int(r.data.params["n_train"])
+        assert json.loads(train_input.dataset.source) == {"uri": "prepared/train.safetensors"}  # repo-relative
 
 
 def test_train_cli_stacks_several_seeds_with_one_run_and_directory_per_seed(pipeline_dir, monkeypatch):
@@ -217,6 +228,7 @@ def test_train_cli_stacks_several_seeds_with_one_run_and_directory_per_seed(pipe
     assert sorted(r.info.run_name for r in runs) == ["capsnet_r3-seed0", "capsnet_r3-seed1"]
     assert all(r.info.status == "FINISHED" and r.data.params["seed"] == r.info.run_name[-1] for r in runs)
     assert all("eval_test_error_pct" in r.data.metrics for r in runs)  # evaluate found each seed's own run
+    assert all({i.dataset.name for i in r.inputs.dataset_inputs} == {"train", "test", "affine_test"} for r in runs)
 
 
 def test_evaluating_against_a_store_without_the_training_run_says_so_and_keeps_the_evaluation(
