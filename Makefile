@@ -19,8 +19,8 @@ $(BIN)/capsnet: pyproject.toml uv.lock
 	python3 -m uv sync --frozen
 	@touch $@
 
-test: venv  ## the test suite (what CI runs), on every core: a test module's tests stay on one worker (its fixtures are built once)
-	$(BIN)/python -m pytest -n auto --dist loadfile
+test: venv  ## the test suite (what CI runs)
+	$(BIN)/python -m pytest
 
 smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes); params.yaml and dvc.lock stay as they were
 	$(PROFILE) smoke --exec dvc exp run

@@ -106,7 +106,7 @@ def test_check_refuses_a_workspace_that_mixes_profiles(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(smoke_workspace()))
     with pytest.raises(SystemExit, match=r"train.batch_size = 32 \(committed: 128\).*git checkout params.yaml dvc.lock"):
         profiles.check("paper")
-    with pytest.raises(SystemExit, match="prepare.train_subset = 256"):
+    with pytest.raises(SystemExit, match=f"prepare.train_subset = {profiles.PROFILES['smoke']['prepare.train_subset']} "):
         profiles.check("gpu")
 
 
