@@ -155,16 +155,36 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED) -> int:
-    """Run ``command``, then put ``paths`` back byte for byte (also when it fails or is interrupted)."""
+def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED, prefill: tuple[dict, int] | None = None) -> int:
+    """Run ``command``, then put ``paths`` back byte for byte (also when it fails or is interrupted).
+
+    ``prefill`` = (params, slots): first write ``params`` to params.yaml and run every ablation
+    item's stages through scripts/fanout.sh, ``slots`` at a time (DVC records each in dvc.lock and
+    the run-cache, and each logs its MLflow runs), put ``paths`` back, then run ``command``: a `dvc
+    exp run` with the same params restores those stages from the run-cache instead of running them
+    one after another, and runs what is left (the report)."""
     saved = {p: Path(p).read_bytes() for p in paths if Path(p).is_file()}
     try:
+        if prefill is not None:
+            params, slots = prefill
+            Path("params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+            labels = " ".join(f"cpu{k}" for k in range(slots))
+            print(f"prefill: every item's stages, {slots} at a time (scripts/fanout.sh)", flush=True)
+            code = subprocess.run(["bash", "scripts/fanout.sh"],
+                                  env={**os.environ, "GPUS": labels, "FANOUT_FINISH": "0"}).returncode
+            _restore(saved)
+            if code:
+                return code
         return subprocess.run(command).returncode
     finally:
-        for path, content in saved.items():
-            if Path(path).read_bytes() != content:
-                Path(path).write_bytes(content)
-                print(f"restored {path}", file=sys.stderr)
+        _restore(saved)
+
+
+def _restore(saved: dict[str, bytes]) -> None:
+    for path, content in saved.items():
+        if Path(path).read_bytes() != content:
+            Path(path).write_bytes(content)
+            print(f"restored {path}", file=sys.stderr)
 
 
 def dvc_set_args(name: str) -> list[str]:
@@ -185,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
                        help="refuse a workspace params.yaml that would mix profiles; warn before long CPU runs")
     group.add_argument("--exec", nargs=argparse.REMAINDER, metavar="CMD",
                        help="check, then run CMD followed by -S key=value ... (smoke: restoring params.yaml, dvc.lock)")
+    parser.add_argument("--prefill", type=int, metavar="SLOTS",
+                        help="smoke only: first run every item's stages SLOTS at a time (scripts/fanout.sh), so CMD "
+                             "(dvc exp run) restores them from DVC's run-cache")
     args = parser.parse_args(argv)
     if args.check or args.exec is not None:
         for line in check(args.profile, args.params):
@@ -200,8 +223,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--exec needs a command")
     command = args.exec + dvc_set_args(args.profile)
     print(" ".join(command), flush=True)
+    if args.prefill is not None and (args.profile != "smoke" or args.prefill < 1):
+        parser.error("--prefill SLOTS (≥ 1) is for the smoke profile")
     if args.profile == "smoke":
-        sys.exit(run_restoring(command))
+        prefill = None
+        if args.prefill:
+            prefill = (apply(yaml.safe_load(Path(args.params).read_text()), "smoke"), args.prefill)
+        sys.exit(run_restoring(command, prefill=prefill))
     os.execvp(command[0], command)
 
 

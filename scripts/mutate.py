@@ -116,6 +116,10 @@ MUTATIONS = [
     Mutation("a dataset digest ignores the labels", "pipeline/data.py",
              "    for name in sorted(tensors):\n        tensor", '    for name in sorted(set(tensors) - {"labels"}):\n        tensor',
              ("tests/test_data.py",)),
+    Mutation("the smoke prefill trains other params than its experiment runs", "pipeline/profiles.py",
+             'prefill = (apply(yaml.safe_load(Path(args.params).read_text()), "smoke"), args.prefill)',
+             'prefill = (apply(yaml.safe_load(Path(args.params).read_text()), "paper"), args.prefill)',
+             ("tests/test_dvc.py::test_a_smoke_experiment_leaves_params_and_lock_as_committed",)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
              "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",

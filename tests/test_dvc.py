@@ -35,7 +35,7 @@ def ran(tmp_path_factory) -> dict:
     """A git + DVC repo (its DVC cache outside it) at tag `before` without dvc.lock; then `dvc repro`
     and its dvc.lock and metrics committed on top. Returns the repo and what the run wrote."""
     root = tmp_path_factory.mktemp("dvc")
-    repo = dvc_repo(root / "a", [], SEEDS, stacked=["capsnet_r1"])
+    repo = dvc_repo(root / "a", [], SEEDS, stacked=["capsnet_r1"], scripts=True)  # scripts/fanout.sh: smoke's prefill
     sh(repo, "git", "tag", "before")
     sh(repo, "dvc", "repro", "-q")
     sh(repo, "git", "add", "dvc.lock", "results")
@@ -71,11 +71,21 @@ def test_a_second_clone_sharing_the_cache_restores_train_and_evaluate_from_the_r
 
 
 def test_a_smoke_experiment_leaves_params_and_lock_as_committed(ran):
-    """`make smoke`'s command, for real: the experiment is in `dvc exp show` with its metrics, and the
-    workspace's params.yaml and dvc.lock are what git has."""
+    """`make smoke`'s command, for real: its prefill runs every item's stages two at a time
+    (scripts/fanout.sh), each logged to MLflow once; the `dvc exp run` after it restores them from
+    the run-cache (trains and logs nothing again); the experiment is in `dvc exp show` with its
+    metrics, and the workspace's params.yaml and dvc.lock are what git has."""
     a = ran["repo"]
-    out = sh(a, sys.executable, "-m", "pipeline.profiles", "smoke", "--exec", "dvc", "exp", "run")
+    out = sh(a, sys.executable, "-m", "pipeline.profiles", "smoke", "--prefill", "2", "--exec", "dvc", "exp", "run")
+    assert "prefill: every item's stages, 2 at a time" in out and "capsnet_r1: done in slot" in out
+    for stage in STAGES:
+        assert f"Stage '{stage}' is cached - skipping run, checking out outputs" in out
     assert "restored params.yaml" in out and "restored dvc.lock" in out
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{a}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("capsnet-repro").experiment_id], "params.batch_size = '32'")
+    assert sorted(r.info.run_name for r in runs) == [f"capsnet_r1-seed{k}" for k in SEEDS]  # the smoke's, once each
     assert sh(a, "git", "status", "--porcelain", "params.yaml", "dvc.lock") == ""
     [baseline] = [row for row in json.loads(sh(a, "dvc", "exp", "show", "--json")) if row.get("experiments")]
     [experiment] = baseline["experiments"]
