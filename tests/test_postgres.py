@@ -93,7 +93,7 @@ def mlflow_server(backend: str, artifacts: Path):
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend, "--artifacts-destination",
-         artifacts.as_uri(), "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
+         artifacts.as_uri(), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
