@@ -152,12 +152,23 @@ class Tracker:
     def log_datasets(self, run_id: str, datasets: list[dict]) -> None:
         """The splits the run used (`data.dataset_input`) as MLflow dataset inputs, each tagged with
         its context; logging one a run already has adds nothing (MLflow keys them by name and digest)."""
+        import mlflow
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
-        self.client.log_inputs(run_id, [
-            DatasetInput(Dataset(d["name"], d["digest"], "local", json.dumps({"uri": shown_path(d["source"])}),
-                                 profile=json.dumps(d["profile"])),
-                         [InputTag("mlflow.data.context", d["context"])]) for d in datasets])
+        inputs = [DatasetInput(Dataset(d["name"], d["digest"], "local", json.dumps({"uri": shown_path(d["source"])}),
+                                       profile=json.dumps(d["profile"])),
+                               [InputTag("mlflow.data.context", d["context"])]) for d in datasets]
+        for attempt in range(3):
+            try:
+                self.client.log_inputs(run_id, inputs)
+                return
+            except mlflow.exceptions.MlflowException as err:
+                # Two trainers logging one new dataset at once (fanned-out seeds on one server):
+                # MLflow looks the dataset up, then inserts it, and the slower insert breaks the
+                # table's unique key (seen on PostgreSQL, tests/test_scale.py). Logging again finds
+                # the dataset the other one wrote and links it to this run.
+                if attempt == 2 or "unique" not in str(err).lower():
+                    raise
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         self.client.set_tag(run_id, key, value)

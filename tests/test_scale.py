@@ -1,22 +1,24 @@
 """Scale-out for real, on CPU: `make gpus`' fan-out (scripts/fanout.sh) of three items (a stacked
 variant with its two seeds, and a separate variant's two seeds) over three fake GPU slots into one
-DVC workspace, logging to an MLflow server on loopback; the
+DVC workspace, logging to an MLflow server on loopback (on PostgreSQL, started here, where it can run:
+tests/tracking_stack.py); the
 SLURM array script's tasks run as local processes (SLURM variables set) against a DVC remote, with
 deferred tracking, then gathered from the run-cache in another clone; the stage list they share.
 """
 
+import contextlib
 import json
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import BIN, REPO, dvc_repo, sh
 from conftest import tool_env as env
+from tracking_stack import Unavailable, mlflow_server, postgres_cluster
 
 from pipeline import stages
 from pipeline.errors import UserError
@@ -108,33 +110,17 @@ def test_train_and_evaluate_run_where_dvc_is_not_installed():
 # ---- one node: make gpus ------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def tracking_server(tmp_path_factory):
-    """`mlflow server` on loopback with a sqlite store on its own disk, as README's "Scaling out" runs it."""
+    """`mlflow server` on loopback as README's "Scaling out" runs it: on PostgreSQL (Debian's, started
+    in a temporary directory by tracking_stack) where it can run, else on sqlite on its own disk."""
     root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = (root / "server.log").open("w")
-    server = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root}/store.db",
-                               "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
-                               "--port", str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, env=env())
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
+    with contextlib.ExitStack() as stack:
         try:
-            urllib.request.urlopen(f"{uri}/health", timeout=2)
-            break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, (root / "server.log").read_text()
-            time.sleep(0.5)
-    yield uri
-    server.terminate()
-    server.wait(30)
+            backend, why = stack.enter_context(postgres_cluster()), ""
+        except Unavailable as err:
+            backend, why = f"sqlite:///{root}/store.db", str(err)
+        yield {"uri": stack.enter_context(mlflow_server(backend, root / "artifacts")), "backend": backend, "why": why}
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +129,9 @@ def fanned_out(tmp_path_factory, tracking_server):
     repo = scale_repo(tmp_path_factory.mktemp("node") / "repo")
     t0 = time.perf_counter()
     done = subprocess.run(["bash", "scripts/fanout.sh"], cwd=repo, capture_output=True, text=True,
-                          env=env(GPUS=" ".join(FAKE_GPUS), BIN=str(BIN), MLFLOW_TRACKING_URI=tracking_server))
-    return {"repo": repo, "done": done, "seconds": time.perf_counter() - t0, "uri": tracking_server}
+                          env=env(GPUS=" ".join(FAKE_GPUS), BIN=str(BIN), MLFLOW_TRACKING_URI=tracking_server["uri"]))
+    return {"repo": repo, "done": done, "seconds": time.perf_counter() - t0, "uri": tracking_server["uri"],
+            "server": tracking_server}
 
 
 def test_fanned_out_stages_all_succeed_and_dvc_holds_every_one(fanned_out):
@@ -181,11 +168,26 @@ def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_
         assert tags["git_commit"] == head
         assert [m.step for m in client.get_metric_history(run.info.run_id, "test_error_pct")] == [1]
         assert "eval_test_error_pct" in run.data.metrics  # the evaluate stage logged to the same run
+        assert {i.dataset.name for i in run.inputs.dataset_inputs} == {"train", "test", "affine_test"}
+        assert "model.safetensors" in {a.path for a in client.list_artifacts(run.info.run_id)}
         config = json.loads((fanned_out["repo"] / "models" / variant / f"seed{seed}" / "config.json").read_text())
         assert config["environment"]["dvc_stage"] == STAGES[item][0]
         assert config["environment"]["cuda_visible_devices"] == tags["cuda_visible_devices"]
         assert slots.setdefault(item, tags["cuda_visible_devices"]) == tags["cuda_visible_devices"]
     assert sorted(slots.values()) == FAKE_GPUS  # one item per slot, each slot's GPU its own
+
+
+def test_the_tracking_server_keeps_the_fanned_out_runs_in_postgresql(fanned_out):
+    """README's cluster recipe for real: the server the stages above logged to at once ran on
+    PostgreSQL, and the runs are rows of its database (skipped, saying why, where PostgreSQL cannot run)."""
+    server = fanned_out["server"]
+    if not server["backend"].startswith("postgresql"):
+        pytest.skip(server["why"])
+    import psycopg
+
+    with psycopg.connect(server["backend"]) as connection:
+        rows = connection.execute("SELECT name, status FROM runs").fetchall()
+    assert sorted(rows) == sorted((name, "FINISHED") for name in RUNS)
 
 
 # ---- a cluster: the SLURM array script, its tasks as local processes, then the gather step -------

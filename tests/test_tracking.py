@@ -179,3 +179,31 @@ def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path):
         datasets = {i["dataset"]["name"]: i["dataset"] for i in run["inputs"]["dataset_inputs"]}
         assert "train" in datasets and set(datasets) <= {"train", "test", "expanded_test", "multimnist_test"}
         assert {d["digest"] for d in datasets.values()} == {"unrecorded"}
+
+
+def test_two_writers_logging_one_new_dataset_at_once_both_get_it(tmp_path, monkeypatch):
+    """MLflow's log_inputs looks a dataset up and then inserts it: of two trainers logging the same new
+    dataset at once, the second insert breaks the unique key (seen on PostgreSQL in the fan-out
+    test). The loser logs again and finds the dataset; any other error still stops the run."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    tracker = tracking.Tracker()
+    run_id = tracker.start("capsnet_r1-seed0", {k: "0" for k in tracking.PARAM_KEYS})
+    real, calls = tracker.client.log_inputs, []
+
+    def racing(run, inputs, errors):
+        calls.append(run)
+        if errors:
+            raise mlflow.exceptions.MlflowException(errors.pop(0))
+        real(run, inputs)
+
+    lost = ["(psycopg.errors.UniqueViolation) duplicate key value violates unique constraint \"dataset_pk\""]
+    monkeypatch.setattr(tracker.client, "log_inputs", lambda run, inputs: racing(run, inputs, lost))
+    tracker.log_datasets(run_id, [DATASET])
+    assert len(calls) == 2
+    assert [i.dataset.digest for i in tracker.client.get_run(run_id).inputs.dataset_inputs] == [DATASET["digest"]]
+    other = ["RESOURCE_DOES_NOT_EXIST: run not found"]
+    monkeypatch.setattr(tracker.client, "log_inputs", lambda run, inputs: racing(run, inputs, other))
+    with pytest.raises(mlflow.exceptions.MlflowException, match="not found"):
+        tracker.log_datasets(run_id, [DATASET])
