@@ -212,13 +212,15 @@ def split_metadata(path: str | Path) -> dict[str, str]:
         return f.metadata() or {}
 
 
-def dataset_input(path: str | Path, context: str) -> dict:
-    """A prepared split as a run's dataset input (MLflow's Dataset column; `tracking`): the file's
-    stem as its name, a digest of the tensors it holds (SHA-256 over each tensor's name, shape and
-    bytes, in name order; the first 16 hex digits), its path, its size and source, and what the run
-    used it for (``context``: training, testing, evaluation)."""
+def dataset_input(path: str | Path, tensors: dict[str, torch.Tensor], context: str) -> dict:
+    """The prepared split at ``path``, as `load_split` loaded it (``tensors``; a stage hashes what it
+    already holds instead of reading the file again), as a run's dataset input (MLflow's Dataset
+    column; `tracking`): the file's stem as its name, a digest of its tensors (SHA-256 over each
+    tensor's name, shape and bytes, in name order; the first 16 hex digits), its path, its size and
+    source (from the file's header), and what the run used it for (``context``: training, testing,
+    evaluation)."""
     path = Path(path)
-    tensors, meta = load_split(path), split_metadata(path)
+    meta = split_metadata(path)
     digest = hashlib.sha256()
     for name in sorted(tensors):
         tensor = tensors[name].contiguous()

@@ -65,13 +65,14 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
     writable_dir(out, "output")
     if cfg.multimnist:
         return run_multimnist(saved, cfg, model, model_dir, data_dir, out)
-    metrics, arrays, panels = {}, {}, []
+    metrics, arrays, panels, datasets = {}, {}, [], []
     breakdown = {"per_class": {}, "sources": {}, "bins": {}}
     clean_set, transformed_set = test_sets(cfg.image_size)
     for name, (error_key, n_key) in ((clean_set, ("error_pct", "n_test")),
                                      (transformed_set, ("transformed_error_pct", "n_transformed"))):
         path = data_dir / f"{name}.safetensors"
         data, meta = load_split(path), split_metadata(path)
+        datasets.append(dataset_input(path, data, "evaluation"))
         m, a = evaluate_split(model, data["images"], data["labels"], cfg.eval_batch_size, cfg.num_classes)
         metrics[error_key], metrics[n_key] = m["error_pct"], m["n"]
         breakdown["per_class"][name] = m["per_class_accuracy"]
@@ -105,14 +106,14 @@ def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
     # eval_*: training logs test_error_pct per epoch, so the evaluation's own keys never collide with it
     log_evaluation(saved, model_dir, out, {f"eval_{clean_set}_error_pct": metrics["error_pct"],
                                            f"eval_{transformed_set}_error_pct": metrics["transformed_error_pct"]},
-                   ["metrics.json", "breakdown.json", *pngs],
-                   [data_dir / f"{name}.safetensors" for name in (clean_set, transformed_set)])
+                   ["metrics.json", "breakdown.json", *pngs], datasets)
     return metrics
 
 
 def log_evaluation(saved: dict, model_dir: Path, out: Path, metrics: dict[str, float], artifacts: list[str],
-                   datasets: list[Path]) -> None:
-    """Log the evaluation to the model's training run, the test sets as its dataset inputs (a set
+                   datasets: list[dict]) -> None:
+    """Log the evaluation to the model's training run, the test sets (`data.dataset_input`) as its
+    dataset inputs (a set
     the run has already, as training's clean test set, stays as it was); where the store does not
     hold that run (the model was trained against another store), say so and leave the written
     evaluation as it is."""
@@ -124,7 +125,7 @@ def log_evaluation(saved: dict, model_dir: Path, out: Path, metrics: dict[str, f
                       "MLFLOW_TRACKING_URI set to the store the model was trained with", stacklevel=2)
         return
     tracker.log_metrics_once(run_id, metrics, step=saved["epochs_trained"])
-    tracker.log_datasets(run_id, [dataset_input(path, "evaluation") for path in datasets])
+    tracker.log_datasets(run_id, datasets)
     for artifact in artifacts:
         tracker.log_artifact(run_id, out / artifact, "evaluation")
 
@@ -172,5 +173,5 @@ def run_multimnist(saved: dict, cfg: RunConfig, model: torch.nn.Module, model_di
         pngs.append("reconstructions.png")
     write_json(out / "metrics.json", metrics)
     log_evaluation(saved, model_dir, out, {"eval_multimnist_test_error_pct": metrics["error_pct"]},
-                   ["metrics.json", "breakdown.json", *pngs], [path])
+                   ["metrics.json", "breakdown.json", *pngs], [dataset_input(path, split, "evaluation")])
     return metrics

@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="smoke only: first run every item's stages SLOTS at a time (scripts/fanout.sh), so CMD "
                              "(dvc exp run) restores them from DVC's run-cache")
     args = parser.parse_args(argv)
+    if args.prefill is not None and (args.profile != "smoke" or args.exec is None or args.prefill < 1):
+        parser.error("--prefill SLOTS (≥ 1) goes with the smoke profile's --exec")
     if args.check or args.exec is not None:
         for line in check(args.profile, args.params):
             print(line, file=sys.stderr)
@@ -223,12 +225,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--exec needs a command")
     command = args.exec + dvc_set_args(args.profile)
     print(" ".join(command), flush=True)
-    if args.prefill is not None and (args.profile != "smoke" or args.prefill < 1):
-        parser.error("--prefill SLOTS (≥ 1) is for the smoke profile")
     if args.profile == "smoke":
-        prefill = None
-        if args.prefill:
-            prefill = (apply(yaml.safe_load(Path(args.params).read_text()), "smoke"), args.prefill)
+        prefill = None if args.prefill is None else (apply(yaml.safe_load(Path(args.params).read_text()), "smoke"),
+                                                     args.prefill)
         sys.exit(run_restoring(command, prefill=prefill))
     os.execvp(command[0], command)
 

@@ -61,10 +61,11 @@ class TrainOutcome:
     run_id: str
 
 
-def load_data(data_dir: Path, cfg: RunConfig) -> dict[str, torch.Tensor]:
-    """The training split and the clean test set the model is scored on each epoch."""
-    train_split = load_split(data_dir / "train.safetensors")
-    test_split = load_split(data_dir / f"{test_sets(cfg.image_size)[0]}.safetensors")
+def load_data(data_dir: Path, cfg: RunConfig) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """The training split and the clean test set the model is scored on each epoch, and the two as
+    the runs' dataset inputs (MultiMNIST's training input is the digits its pairs are drawn from)."""
+    train_path, test_path = data_dir / "train.safetensors", data_dir / f"{test_sets(cfg.image_size)[0]}.safetensors"
+    train_split, test_split = load_split(train_path), load_split(test_path)
     n = train_split["images"].shape[0]
     if n < cfg.batch_size:
         raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images in {data_dir}; "
@@ -73,7 +74,7 @@ def load_data(data_dir: Path, cfg: RunConfig) -> dict[str, torch.Tensor]:
             "test_images": test_split["images"], "test_labels": test_split["labels"]}
     if cfg.multimnist:  # the recipes index the 28×28 test digits stored beside them
         data.update(test_pairs=test_split["pairs"], test_shifts=test_split["shifts"])
-    return data
+    return data, [dataset_input(train_path, train_split, "training"), dataset_input(test_path, test_split, "testing")]
 
 
 def multimnist_max_shift(data_dir: Path) -> int:
@@ -100,7 +101,7 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
         cfgs = [dataclasses.replace(c, max_shift=multimnist_max_shift(data_dir)) for c in cfgs]
     cfg = cfgs[0]
     device = resolve_device(cfg.device)
-    data = load_data(data_dir, cfg)
+    data, datasets = load_data(data_dir, cfg)
     per_epoch = cpu_epoch_seconds(cfg.model, cfg.image_size)
     if device.type == "cpu" and cfg.profile != "smoke" and per_epoch is not None:
         hours = per_epoch * len(data["train_images"]) / 60_000 * cfg.epochs * len(seeds) / 3600
@@ -116,8 +117,6 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
         env = tracking.environment()
         tracker = tracking.open_tracker()
         params_per_seed = [run_params(c, data, device, env) for c in cfgs]
-        datasets = [dataset_input(data_dir / "train.safetensors", "training"),  # MultiMNIST: its pairs' digits
-                    dataset_input(data_dir / f"{test_sets(cfg.image_size)[0]}.safetensors", "testing")]
         run_ids: list[str] = []
         try:
             for k, (c, seed_params) in enumerate(zip(cfgs, params_per_seed)):

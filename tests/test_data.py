@@ -120,21 +120,25 @@ def test_random_shift_zero_pads_at_the_border():
     assert set(sums) <= {9 * 16, 9 * 12, 9 * 9} and len(set(sums)) > 1
 
 
+def digest_of(path, context):
+    return dataset_input(path, load_split(path), context)
+
+
 def test_a_datasets_digest_is_its_tensors_and_nothing_else(tmp_path):
     """MLflow's Dataset column: the digest follows every pixel and label of the split (and any other
     tensor in it), not where the file lies or what its header says."""
     images, labels = synthetic_digits(6)
     save_split(tmp_path / "train.safetensors", images, labels, {"source": "MNIST train set"})
-    base = dataset_input(tmp_path / "train.safetensors", "training")
+    base = digest_of(tmp_path / "train.safetensors", "training")
     assert base["name"] == "train" and base["context"] == "training" and len(base["digest"]) == 16
     assert base["profile"] == {"num_rows": 6, "source": "MNIST train set"}
     (tmp_path / "moved").mkdir()
     save_split(tmp_path / "moved" / "train.safetensors", images.clone(), labels.clone(), {"source": "elsewhere"})
-    assert dataset_input(tmp_path / "moved" / "train.safetensors", "testing")["digest"] == base["digest"]
+    assert digest_of(tmp_path / "moved" / "train.safetensors", "testing")["digest"] == base["digest"]
     pixel, label = images.clone(), labels.clone()
     pixel[5, 27, 27] ^= 1
     label[0] = (label[0] + 1) % 10
     for changed_images, changed_labels, extra in ((pixel, labels, {}), (images, label, {}),
                                                   (images, labels, {"shifts": torch.zeros(6, 2)})):
         save_split(tmp_path / "x.safetensors", changed_images, changed_labels, **extra)
-        assert dataset_input(tmp_path / "x.safetensors", "training")["digest"] != base["digest"]
+        assert digest_of(tmp_path / "x.safetensors", "training")["digest"] != base["digest"]

@@ -83,8 +83,10 @@ def test_a_smoke_experiment_leaves_params_and_lock_as_committed(ran):
     assert "restored params.yaml" in out and "restored dvc.lock" in out
     from mlflow.tracking import MlflowClient
 
+    from pipeline.tracking import EXPERIMENT
+
     client = MlflowClient(f"sqlite:///{a}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name("capsnet-repro").experiment_id], "params.batch_size = '32'")
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id], "params.batch_size = '32'")
     assert sorted(r.info.run_name for r in runs) == [f"capsnet_r1-seed{k}" for k in SEEDS]  # the smoke's, once each
     assert sh(a, "git", "status", "--porcelain", "params.yaml", "dvc.lock") == ""
     [baseline] = [row for row in json.loads(sh(a, "dvc", "exp", "show", "--json")) if row.get("experiments")]

@@ -192,7 +192,8 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
     # the Dataset column: what each run trained on, was tested on each epoch, and was evaluated on
     expected = {(d["name"], d["digest"], context) for name, context in
                 (("train", "training"), ("test", "testing"), ("affine_test", "evaluation"))
-                for d in [data_module.dataset_input(root / "prepared" / f"{name}.safetensors", context)]}
+                for path in [root / "prepared" / f"{name}.safetensors"]
+                for d in [data_module.dataset_input(path, data_module.load_split(path), context)]}
     for r in runs:
         inputs = r.inputs.dataset_inputs
         assert {(i.dataset.name, i.dataset.digest, {t.key: t.value for t in i.tags}["mlflow.data.context"])
