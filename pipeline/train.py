@@ -192,7 +192,10 @@ def _lr_lambda(cfg: RunConfig):
 
 def configure_backends(cfg: RunConfig, device: torch.device) -> None:
     """Deterministic algorithms, or (deterministic: false) cuDNN autotuning for speed."""
-    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
+    if cfg.compile:  # the public switch also sets inductor's kernels, importing torch._inductor
+        torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
+    else:  # the same switch of eager ops without that import: 2.2 s of every CPU stage process
+        torch._C._set_deterministic_algorithms(cfg.deterministic, warn_only=True)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = not cfg.deterministic
 

@@ -122,6 +122,10 @@ MUTATIONS = [
              ("tests/test_dvc.py::test_a_smoke_experiment_leaves_params_and_lock_as_committed",)),
     Mutation("a trainer that loses the race to log a new dataset fails its run", "pipeline/tracking.py",
              'if attempt == 2 or "unique" not in str(err).lower():', "if True:", ("tests/test_tracking.py",)),
+    Mutation("an eager run ignores train.deterministic", "pipeline/train.py",
+             "torch._C._set_deterministic_algorithms(cfg.deterministic, warn_only=True)",
+             "torch._C._set_deterministic_algorithms(False, warn_only=True)",
+             ("tests/test_wiring.py::test_the_deterministic_flag_reaches_torch",)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
              "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",

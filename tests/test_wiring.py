@@ -55,6 +55,26 @@ def test_a_variant_trains_with_its_recipes_loss_and_model(tmp_path, variant, rec
     assert (0.08 < w_std < 0.095) if official else (0.009 < w_std < 0.0115)
 
 
+@pytest.mark.parametrize("compile_", [False, True])
+def test_the_deterministic_flag_reaches_torch(compile_):
+    """train.deterministic switches torch's deterministic algorithms on and off, compiled or eager
+    (eager sets the switch without importing inductor; compiled also sets inductor's kernels)."""
+    cfg = one_step_config("capsnet_r1")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        for flag in (True, False, True):
+            train_module.configure_backends(dataclasses.replace(cfg, deterministic=flag, compile=compile_),
+                                            torch.device("cpu"))
+            assert torch.are_deterministic_algorithms_enabled() is flag
+            assert torch.is_deterministic_algorithms_warn_only_enabled()  # a missing kernel warns, not fails
+            if compile_:
+                import torch._inductor.config as inductor_config
+
+                assert inductor_config.deterministic is flag
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 class DropoutNet(torch.nn.Module):
     """A tiny classifier with dropout whose masks, as BaselineCNN's, come from the run's generator
     (on the training device: CPU or CUDA) through `dropout_keep`."""
