@@ -22,8 +22,8 @@ $(BIN)/capsnet: pyproject.toml uv.lock
 test: venv  ## the test suite (what CI runs)
 	$(BIN)/python -m pytest
 
-smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes; JOBS stages at a time, default one per core); params.yaml and dvc.lock stay as they were
-	$(PROFILE) smoke --prefill $(or $(JOBS),$(shell nproc 2>/dev/null || echo 2)) --exec dvc exp run
+smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes; JOBS stages at a time, default one per core; stage processes fork from a warm interpreter, WARM=0: each starts cold); params.yaml and dvc.lock stay as they were
+	$(PROFILE) smoke $(if $(filter 0,$(WARM)),,--warm) --prefill $(or $(JOBS),$(shell nproc 2>/dev/null || echo 2)) --exec dvc exp run
 
 gpu: venv  ## the whole DVC pipeline in the GPU profile (needs CUDA); refuses a params.yaml with other profiles' values
 	$(PROFILE) gpu --exec dvc exp run

@@ -17,6 +17,7 @@ experiment stays in `dvc exp show`), so a smoke run never changes what `make rep
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -27,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from pipeline import warm as warm_mod
 from pipeline.params import ablation_variants
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -155,14 +157,24 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED, prefill: tuple[dict, int] | None = None) -> int:
+def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED, prefill: tuple[dict, int] | None = None,
+                  warm: bool = False) -> int:
     """Run ``command``, then put ``paths`` back byte for byte (also when it fails or is interrupted).
 
     ``prefill`` = (params, slots): first write ``params`` to params.yaml and run every ablation
     item's stages through scripts/fanout.sh, ``slots`` at a time (DVC records each in dvc.lock and
     the run-cache, and each logs its MLflow runs), put ``paths`` back, then run ``command``: a `dvc
     exp run` with the same params restores those stages from the run-cache instead of running them
-    one after another, and runs what is left (the report)."""
+    one after another, and runs what is left (the report).
+
+    ``warm``: every `capsnet` stage process forks from one warm interpreter (pipeline/warm.py,
+    its log in logs/warm.log) instead of importing torch and MLflow afresh."""
+    with warm_mod.running(Path("logs/warm.log")) if warm else contextlib.nullcontext() as address:
+        env = {**os.environ, warm_mod.WARM_ENV: address} if address else dict(os.environ)
+        return _run_restoring(command, paths, prefill, env)
+
+
+def _run_restoring(command: list[str], paths: tuple[str, ...], prefill: tuple[dict, int] | None, env: dict) -> int:
     saved = {p: Path(p).read_bytes() for p in paths if Path(p).is_file()}
     try:
         if prefill is not None:
@@ -171,11 +183,11 @@ def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED, prefill
             labels = " ".join(f"cpu{k}" for k in range(slots))
             print(f"prefill: every item's stages, {slots} at a time (scripts/fanout.sh)", flush=True)
             code = subprocess.run(["bash", "scripts/fanout.sh"],
-                                  env={**os.environ, "GPUS": labels, "FANOUT_FINISH": "0"}).returncode
+                                  env={**env, "GPUS": labels, "FANOUT_FINISH": "0"}).returncode
             _restore(saved)
             if code:
                 return code
-        return subprocess.run(command).returncode
+        return subprocess.run(command, env=env).returncode
     finally:
         _restore(saved)
 
@@ -208,7 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefill", type=int, metavar="SLOTS",
                         help="smoke only: first run every item's stages SLOTS at a time (scripts/fanout.sh), so CMD "
                              "(dvc exp run) restores them from DVC's run-cache")
+    parser.add_argument("--warm", action="store_true",
+                        help="smoke only: every `capsnet` stage process forks from one warm interpreter "
+                             "(pipeline/warm.py) instead of importing torch and MLflow afresh")
     args = parser.parse_args(argv)
+    if args.warm and (args.profile != "smoke" or args.exec is None):
+        parser.error("--warm goes with the smoke profile's --exec")
     if args.prefill is not None and (args.profile != "smoke" or args.exec is None or args.prefill < 1):
         parser.error("--prefill SLOTS (≥ 1) goes with the smoke profile's --exec")
     if args.check or args.exec is not None:
@@ -228,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile == "smoke":
         prefill = None if args.prefill is None else (apply(yaml.safe_load(Path(args.params).read_text()), "smoke"),
                                                      args.prefill)
-        sys.exit(run_restoring(command, prefill=prefill))
+        sys.exit(run_restoring(command, prefill=prefill, warm=args.warm))
     os.execvp(command[0], command)
 
 

@@ -41,6 +41,7 @@ STACK = "tests/test_stack.py"
 COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
+WARM = "tests/test_warm.py"
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -126,6 +127,17 @@ MUTATIONS = [
              "torch._C._set_deterministic_algorithms(cfg.deterministic, warn_only=True)",
              "torch._C._set_deterministic_algorithms(False, warn_only=True)",
              ("tests/test_wiring.py::test_the_deterministic_flag_reaches_torch",)),
+    # --- the warm interpreter: a forked stage is the process a cold one would be ---
+    Mutation("a warm stage runs in the server's directory", "pipeline/warm.py",
+             '        os.chdir(request["cwd"])\n', "", (WARM,)),
+    Mutation("a warm stage keeps the server's environment", "pipeline/warm.py",
+             '        os.environ.clear()\n        os.environ.update(request["env"])\n', "", (WARM,)),
+    Mutation("capsnet does not forward SIGTERM to its warm stage", "pipeline/warm.py",
+             "            signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))", "            pass", (WARM,)),
+    Mutation("a killed capsnet leaves its warm stage running", "pipeline/warm.py",
+             "                    _kill(key.data)", "                    pass", (WARM,)),
+    Mutation("the warm server runs code changed since it started", "pipeline/warm.py",
+             "    if changed:\n", "    if False:\n", (WARM,)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
              "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",

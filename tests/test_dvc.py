@@ -72,12 +72,18 @@ def test_a_second_clone_sharing_the_cache_restores_train_and_evaluate_from_the_r
 
 def test_a_smoke_experiment_leaves_params_and_lock_as_committed(ran):
     """`make smoke`'s command, for real: its prefill runs every item's stages two at a time
-    (scripts/fanout.sh), each logged to MLflow once; the `dvc exp run` after it restores them from
-    the run-cache (trains and logs nothing again); the experiment is in `dvc exp show` with its
-    metrics, and the workspace's params.yaml and dvc.lock are what git has."""
+    (scripts/fanout.sh), each forked from the warm interpreter and logged to MLflow once; the `dvc
+    exp run` after it restores them from the run-cache (trains and logs nothing again); the
+    experiment is in `dvc exp show` with its metrics, and the workspace's params.yaml and dvc.lock
+    are what git has."""
     a = ran["repo"]
-    out = sh(a, sys.executable, "-m", "pipeline.profiles", "smoke", "--prefill", "2", "--exec", "dvc", "exp", "run")
+    out = sh(a, sys.executable, "-m", "pipeline.profiles", "smoke", "--warm", "--prefill", "2", "--exec",
+             "dvc", "exp", "run")
     assert "prefill: every item's stages, 2 at a time" in out and "capsnet_r1: done in slot" in out
+    warm_log = (a / "logs" / "warm.log").read_text()
+    for command in ("train capsnet_r1 all", *(f"evaluate models/capsnet_r1/seed{k} " for k in SEEDS)):
+        assert f": {command}" in warm_log, warm_log  # forked warm, none started cold
+    assert "starting cold" not in out
     for stage in STAGES:
         assert f"Stage '{stage}' is cached - skipping run, checking out outputs" in out
     assert "restored params.yaml" in out and "restored dvc.lock" in out

@@ -1,0 +1,110 @@
+"""The warm interpreter (pipeline/warm.py): a stage forked from it is the process a cold `capsnet`
+would be (arguments, working directory, environment, streams, exit status), signals reach it, a
+killed `capsnet` takes it down, and whatever it cannot run as a cold process would, starts cold."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import BIN, REPO, tiny_pipeline, write_mnist
+
+from pipeline import warm
+from pipeline.files import file_lock
+
+CAPSNET = str(BIN / "capsnet")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A warm server for the module; yields (address, its log)."""
+    log = tmp_path_factory.mktemp("warm") / "warm.log"
+    with warm.running(log) as address:
+        assert address is not None, log.read_text()
+        yield address, log
+
+
+def capsnet(cwd, *args, address=None, **env):
+    """`capsnet ARGS` in ``cwd``, warm when ``address`` is given; (status, stdout, stderr)."""
+    environ = {k: v for k, v in os.environ.items() if k != warm.WARM_ENV}
+    environ.update(env, **({warm.WARM_ENV: address} if address else {}))
+    done = subprocess.run([CAPSNET, *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout, done.stderr
+
+
+def forked(log, *args) -> int:
+    """The pid the server forked for the command ``args`` (waits for its log line)."""
+    line = f": {' '.join(args)}"
+    for _ in range(300):
+        for entry in log.read_text().splitlines():
+            if entry.endswith(line):
+                return int(entry.split()[2].rstrip(":"))
+        time.sleep(0.1)
+    raise AssertionError(f"no stage {line!r} in the warm log:\n{log.read_text()}")
+
+
+def test_a_warm_stage_is_the_cold_one(server, tmp_path):
+    """Same stdout, stderr and exit status as a cold `capsnet`, for a command that succeeds and for
+    one that fails; relative paths resolve in the caller's directory and the caller's environment
+    reaches the stage (the mirror it names, the params file it reads)."""
+    address, log = server
+    write_mnist(tmp_path / "mirror", n_train=8, n_test=4)  # not MNIST: its SHA-256 check fails
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    commands = [("stages", "--kind", "stages"), ("download", "raw")]
+    for args in commands:
+        cold = capsnet(tmp_path, *args, CAPSNET_MNIST_MIRROR=str(tmp_path / "mirror"))
+        hot = capsnet(tmp_path, *args, address=address, CAPSNET_MNIST_MIRROR=str(tmp_path / "mirror"))
+        assert hot == cold
+        forked(log, *args)  # it did run warm
+    assert cold[0] == 1 and str(tmp_path / "mirror") in cold[2]  # the download refused the fake files
+    assert capsnet(tmp_path, "stages", "--kind", "stages", address=address)[1].startswith("train_stacked@")
+
+
+def test_signals_reach_the_stage_and_a_killed_capsnet_takes_it_down(server, tmp_path):
+    """SIGTERM to `capsnet` reaches the stage (the trainer's Terminated path: status 143, from the
+    client, not a client killed by the signal); SIGKILL of `capsnet` (nothing to forward) ends the
+    stage too. Each stage is held at the MLflow store's lock, which the test holds."""
+    address, log = server
+    tiny_pipeline(tmp_path)
+    env = {**os.environ, warm.WARM_ENV: address, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+           "DVC_ROOT": str(tmp_path)}
+    with file_lock(tmp_path / "mlflow.db.lock", wait=False):
+        for sig, seed in ((signal.SIGTERM, "0"), (signal.SIGKILL, "1")):
+            args = ("train", "capsnet_r1", seed, "prepared", f"models{seed}", "--checkpoint", f"ckpt/{seed}.pt")
+            client = subprocess.Popen([CAPSNET, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            pid = forked(log, *args)
+            time.sleep(1)  # the client has its forwarding handlers once it has read the pid
+            assert os.path.exists(f"/proc/{pid}")  # held at the lock
+            client.send_signal(sig)
+            _, err = client.communicate(timeout=60)
+            assert client.returncode == (143 if sig == signal.SIGTERM else -signal.SIGKILL), err
+            for _ in range(100):
+                if not os.path.exists(f"/proc/{pid}"):  # ended and reaped by the server
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"the stage {pid} outlived its capsnet ({sig.name})")
+
+
+def test_what_a_cold_process_would_run_differently_starts_cold(server, tmp_path):
+    """An import-time setting that differs from the server's: the stage starts cold, saying so, and
+    still runs. A changed pipeline/*.py or another checkout's package is refused by name."""
+    address, log = server
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    status, out, err = capsnet(tmp_path, "stages", "--count", address=address, OMP_NUM_THREADS="7")
+    assert status == 0 and out.strip().isdigit()
+    assert "capsnet: starting cold (OMP_NUM_THREADS differ" in err
+    code, env = warm.fingerprint(), dict(os.environ)
+    request = {"package": str(warm.PACKAGE), "env": env}
+    assert warm.refusal(request, code, env) is None
+    assert "pipeline/train.py changed" in warm.refusal(request, {**code, "train.py": "0" * 64}, env)
+    assert "pipeline/new.py changed" in warm.refusal(request, {**code, "new.py": "0" * 64}, env)
+    assert "runs" in warm.refusal({**request, "package": "/elsewhere/pipeline"}, code, env)
+
+
+def test_without_a_server_capsnet_starts_cold_silently(tmp_path):
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    status, out, err = capsnet(tmp_path, "stages", "--count", address=str(tmp_path / "no-socket"))
+    assert (status, err) == (0, "") and out.strip().isdigit()
