@@ -304,3 +304,15 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except yaml.YAMLError as err:
         raise ParamsError(f"{path} is not valid YAML: {err}") from err
     return parse_params(raw)
+
+
+# Seconds per full 60k-image epoch on a CPU, for the warning before a long CPU run: capsnet measured
+# on this project's 2-core machine (600 s, reports/benchmarks.md); the others scaled from it by the
+# FLOP per training image that `capsnet bench` counts (1.20 / 11.78 / 4.74 / 4.53 GFLOP).
+CPU_EPOCH_SECONDS = {("capsnet", 28): 600, ("baseline_cnn", 28): 5_900, ("capsnet", 40): 2_370,
+                     ("pooling_cnn", 40): 2_270}
+
+
+def cpu_epoch_seconds(model: str, image_size: int) -> float | None:
+    """CPU seconds per full epoch where measured or scaled from a measurement; None otherwise."""
+    return CPU_EPOCH_SECONDS.get((model, image_size))

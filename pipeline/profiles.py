@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from pipeline import warm as warm_mod
-from pipeline.params import ablation_variants
+from pipeline.params import CPU_EPOCH_SECONDS, ablation_variants, cpu_epoch_seconds
 
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {},  # params.yaml as committed: 640 epochs, 3 seeds, every variant
@@ -79,16 +79,6 @@ def apply(raw: dict, name: str) -> dict:
 
 
 RESTORED = ("params.yaml", "dvc.lock")  # what a smoke run puts back as it was
-# Seconds per full 60k-image epoch on a CPU, for the warning before a long CPU run: capsnet measured
-# on this project's 2-core machine (600 s, reports/benchmarks.md); the others scaled from it by the
-# FLOP per training image that `capsnet bench` counts (1.20 / 11.78 / 4.74 / 4.53 GFLOP).
-CPU_EPOCH_SECONDS = {("capsnet", 28): 600, ("baseline_cnn", 28): 5_900, ("capsnet", 40): 2_370,
-                     ("pooling_cnn", 40): 2_270}
-
-
-def cpu_epoch_seconds(model: str, image_size: int) -> float | None:
-    """CPU seconds per full epoch where measured or scaled from a measurement; None otherwise."""
-    return CPU_EPOCH_SECONDS.get((model, image_size))
 
 
 def flatten(raw: dict, prefix: str = "") -> dict[str, Any]:

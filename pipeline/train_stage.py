@@ -27,8 +27,7 @@ from pipeline import figures, tracking
 from pipeline.data import dataset_input, load_split, split_metadata, test_sets
 from pipeline.errors import Terminated, UserError
 from pipeline.files import atomic_path, file_lock, writable_dir, write_json
-from pipeline.params import Params
-from pipeline.profiles import cpu_epoch_seconds
+from pipeline.params import Params, cpu_epoch_seconds
 from pipeline.train import (ADAM_EPS, RunConfig, assert_finite_weights, count_params, load_checkpoint, resolve_device,
                             run_config, train_group)
 
