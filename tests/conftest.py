@@ -150,3 +150,17 @@ def dvc_repo(root: Path, separate: list[str], seeds: list[int], *, stacked: list
                     ["git", "add", "-A"], ["git", "commit", "-qm", "tiny pipeline"]):
         sh(root, *command)
     return root
+
+
+@pytest.fixture(scope="session")
+def warm_server(tmp_path_factory):
+    """One warm interpreter (pipeline/warm.py) for the session: (its address, its log). Tests whose
+    point is orchestration (fan-out, array tasks) run their many stage processes through it; the
+    cold start stays covered where a stage's own process is the point (tests/test_dvc.py's first
+    `dvc repro`, the CLI tests)."""
+    from pipeline import warm
+
+    log = tmp_path_factory.mktemp("warm") / "warm.log"
+    with warm.running(log) as address:
+        assert address is not None, log.read_text()
+        yield address, log

@@ -124,12 +124,14 @@ def tracking_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fanned_out(tmp_path_factory, tracking_server):
-    """scripts/fanout.sh over three fake GPU slots: three items, each its train and evaluate stages."""
+def fanned_out(tmp_path_factory, tracking_server, warm_server):
+    """scripts/fanout.sh over three fake GPU slots: three items, each its train and evaluate stages
+    (their processes forked warm: conftest.warm_server)."""
     repo = scale_repo(tmp_path_factory.mktemp("node") / "repo")
     t0 = time.perf_counter()
     done = subprocess.run(["bash", "scripts/fanout.sh"], cwd=repo, capture_output=True, text=True,
-                          env=env(GPUS=" ".join(FAKE_GPUS), BIN=str(BIN), MLFLOW_TRACKING_URI=tracking_server["uri"]))
+                          env=env(GPUS=" ".join(FAKE_GPUS), BIN=str(BIN), MLFLOW_TRACKING_URI=tracking_server["uri"],
+                                  CAPSNET_WARM=warm_server[0]))
     return {"repo": repo, "done": done, "seconds": time.perf_counter() - t0, "uri": tracking_server["uri"],
             "server": tracking_server}
 
@@ -219,7 +221,8 @@ def gather(root: Path, origin: Path) -> tuple[Path, subprocess.CompletedProcess]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """The SLURM script's array tasks run at once as local processes with SLURM's variables (one index
-    too many), journalling their runs; then gather.sh in a new clone."""
+    too many), journalling their runs; then gather.sh in a new clone. (Cold stages: each task runs its
+    own clone's pipeline/, which a warm interpreter of this checkout refuses.)"""
     root = tmp_path_factory.mktemp("cluster")
     origin = origin_with_remote(root)
     common = {**task_env(root, origin), "SLURM_SUBMIT_DIR": str(origin), "SLURM_ARRAY_JOB_ID": "77"}

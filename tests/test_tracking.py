@@ -128,7 +128,7 @@ def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses
     assert result.exit_code == 1 and "line 2 is not a journal record" in result.output
 
 
-def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path):
+def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path, monkeypatch):
     """`capsnet ui` (make ui): the published journals go into the store once (a second start adds
     none), then `mlflow ui` on loopback serves the experiment with those runs."""
     import os
@@ -148,7 +148,9 @@ def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path):
         shutil.copy(journal, tmp_path / "journal")
     env = tool_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/ui.db", PYTHONPATH=str(REPO))
     ui = [sys.executable, "-m", "pipeline.cli", "ui", "--journal", str(tmp_path / "journal")]
-    first = subprocess.run([*ui, "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])  # the first start: here
+    first = CliRunner().invoke(main, ["ui", "--journal", str(tmp_path / "journal"), "--dry-run"])
+    assert first.exit_code == 0, first.output
     assert "2 published run(s) loaded, 0 already" in first.stdout and "/#/experiments/" in first.stdout
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,13 +16,9 @@ from pipeline.files import file_lock
 CAPSNET = str(BIN / "capsnet")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A warm server for the module; yields (address, its log)."""
-    log = tmp_path_factory.mktemp("warm") / "warm.log"
-    with warm.running(log) as address:
-        assert address is not None, log.read_text()
-        yield address, log
+@pytest.fixture
+def server(warm_server):
+    return warm_server
 
 
 def capsnet(cwd, *args, address=None, **env):
