@@ -77,7 +77,8 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     inference, on random uint8 data; ``seeds`` seeds stacked (1: a separate run) in ``layout``
     (`pipeline.stack.SeedStack`).
 
-    The first warm-up step includes compilation; its wall time is returned as first_step_s.
+    The first warm-up step includes compilation; its wall time is returned as first_step_s (None
+    without warm-up steps: then the timed steps include it).
     train_images_per_s counts every seed's images (aggregate); per_seed_images_per_s one seed's.
     """
     device = resolve_device(cfg.device)
@@ -102,7 +103,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
+    t0, first_step_s = time.perf_counter(), None
     for k in range(warmup):
         step(k)
         if k == 0:

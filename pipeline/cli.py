@@ -206,13 +206,13 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
 
 @main.command()
 @click.option("--variant", default="capsnet_r3_recon", show_default=True, help="a variant from params.yaml")
-@click.option("--batch", "batch_sizes", type=int, multiple=True, default=[128], show_default=True,
+@click.option("--batch", "batch_sizes", type=click.IntRange(min=1), multiple=True, default=[128], show_default=True,
               help="batch size (repeat for several)")
 @click.option("--mode", "modes", type=click.Choice(BENCH_MODES), multiple=True, default=["fp32"], show_default=True,
               help="eager fp32, bf16 autocast (CUDA), torch.compile of model + loss, both, both + CUDA graphs; "
                    "-cl: convolutions in NHWC, train.channels_last (repeat for several)")
-@click.option("--steps", type=int, default=20, show_default=True, help="timed training steps")
-@click.option("--warmup", type=int, default=3, show_default=True, help="untimed steps first (compilation included)")
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="timed training steps")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="untimed steps first (compilation included)")
 @click.option("--reference/--no-reference", default=True, show_default=True,
               help="also time the popular implementations' DataLoader loop, for the ratio")
 @click.option("--deterministic", type=click.Choice(["params", "on", "off"]), default="params", show_default=True,

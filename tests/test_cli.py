@@ -97,6 +97,19 @@ def test_bench_prints_one_json_line_per_configuration():
     assert 0.39e9 * 2 < ours["flop_per_image_train"] < 0.39e9 * 6
 
 
+def test_bench_without_warmup_times_the_first_step_and_refuses_no_steps():
+    import json
+
+    args = ["bench", "--variant", "capsnet_r1", "--batch", "2", "--device", "cpu", "--no-reference",
+            "--params", str(REPO / "params.yaml")]
+    result = CliRunner().invoke(main, [*args, "--steps", "1", "--warmup", "0"])
+    assert result.exit_code == 0, result.output
+    (row,) = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert row["first_step_s"] is None and row["ms_per_step"] > 0
+    refused = CliRunner().invoke(main, [*args, "--steps", "0"])
+    assert refused.exit_code == 2 and "'--steps': 0 is not in the range x>=1" in refused.output
+
+
 def test_prepare_refuses_a_raw_file_changed_after_download(tmp_path, monkeypatch):
     raw = tmp_path / "raw"
     trust_mnist(monkeypatch, write_mnist(raw))
