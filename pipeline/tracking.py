@@ -374,10 +374,12 @@ def run_tags() -> dict[str, str]:
 
 def placement() -> dict[str, str]:
     """The host, the GPUs this process was given (CUDA_VISIBLE_DEVICES, as a fan-out slot or a
-    scheduler set it) and the name of the one it uses (cuda:0 of those it sees)."""
+    scheduler set it), the name of the one it uses (cuda:0 of those it sees) and torch's CPU threads
+    (a fan-out slot's share of the cores)."""
     return {
         "host": platform.node(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "cpu_threads": str(torch.get_num_threads()),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",
     }
 

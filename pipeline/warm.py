@@ -37,6 +37,9 @@ PACKAGE = Path(__file__).resolve().parent
 # read when a library loads (OpenMP's thread count, Python's own flags, ...): a stage whose value
 # differs from the server's would not get its own, so it starts cold
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "PYTHON", "TORCH", "MPL", "LD_", "CUBLAS_")
+# except torch's CPU thread count, which the stage process sets itself (torch.set_num_threads, as
+# torch does from it at import): the fan-out gives each slot its share of the cores this way
+THREADS_ENV = "OMP_NUM_THREADS"
 # what a stage process imports: torch, MLflow's client and sqlite store, matplotlib, every stage
 PRELOAD = ("torch", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "pipeline.cli",
            "pipeline.prepare_stage", "pipeline.train_stage", "pipeline.evaluate_stage", "pipeline.report_stage")
@@ -136,10 +139,16 @@ def refusal(request: dict, code: dict, env: dict[str, str]) -> str | None:
     if changed:
         return f"pipeline/{changed[0]} changed since the warm interpreter started"
     keys = {k for k in set(env) | set(request["env"]) if k.startswith(IMPORT_TIME_ENV)}
-    differ = sorted(k for k in keys if env.get(k) != request["env"].get(k))
+    differ = sorted(k for k in keys if env.get(k) != request["env"].get(k)
+                    and not (k == THREADS_ENV and thread_count(request["env"].get(k))))
     if differ:
         return f"{', '.join(differ)} differ from the warm interpreter's"
     return None
+
+
+def thread_count(value: str | None) -> int | None:
+    """OMP_NUM_THREADS as a positive thread count, or None (unset, or what torch would not take)."""
+    return int(value) if value and value.isdigit() and int(value) > 0 else None
 
 
 def serve(address: str) -> None:
@@ -232,6 +241,10 @@ def _child(request: dict, fds: list[int], closing: tuple) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        if threads := thread_count(os.environ.get(THREADS_ENV)):
+            import torch
+
+            torch.set_num_threads(threads)
         sys.argv = request["argv"]
         from pipeline.cli import main as cli_main
 

@@ -24,6 +24,11 @@ if [ ${#slots[@]} -eq 0 ]; then
   exit 2
 fi
 export FANOUT_SLOTS="${slots[*]}"
+# each slot's stages get an equal share of the cores (torch's CPU threads: data handling on a GPU,
+# all the work on a CPU slot), unless OMP_NUM_THREADS says otherwise: 2 stages of 2 threads each
+# on 2 cores spend about a third of their time contending (see README, Profiles)
+cores=$(nproc 2>/dev/null || echo 1)
+export FANOUT_THREADS="${OMP_NUM_THREADS:-$(( cores / ${#slots[@]} > 0 ? cores / ${#slots[@]} : 1 ))}"
 mkdir -p logs/fanout
 
 if dvc stage list --name-only | grep -qx prepare; then
@@ -39,7 +44,7 @@ run_item() {  # one item in xargs slot $SLOT: its DVC stages (train, then evalua
   start=$(date +%s)
   : >"logs/fanout/$item.log"
   for stage in $stages; do
-    if ! CUDA_VISIBLE_DEVICES=$gpu dvc --wait-for-lock repro -s "$stage" >>"logs/fanout/$item.log" 2>&1; then
+    if ! CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=$FANOUT_THREADS dvc --wait-for-lock repro -s "$stage" >>"logs/fanout/$item.log" 2>&1; then
       echo "$item: FAILED ($stage) in slot $gpu after $(( $(date +%s) - start )) s; see logs/fanout/$item.log" >&2
       return 1
     fi
@@ -50,7 +55,7 @@ export -f run_item
 
 listed=$(capsnet stages --kind stages)  # an assignment: a failing listing stops the script (set -e)
 mapfile -t items <<<"$listed"
-echo "fanning out ${#items[@]} items (stacked variants, (variant, seed) pairs) over ${#slots[@]} slot(s): ${slots[*]}"
+echo "fanning out ${#items[@]} items (stacked variants, (variant, seed) pairs) over ${#slots[@]} slot(s): ${slots[*]} ($FANOUT_THREADS CPU thread(s) each)"
 status=0
 fanout_start=$(date +%s%N)
 printf '%s\n' "${items[@]}" | xargs -P "${#slots[@]}" --process-slot-var=SLOT -I{} bash -c 'run_item "$1"' _ {} || status=$?

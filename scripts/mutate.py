@@ -138,6 +138,11 @@ MUTATIONS = [
              "                    _kill(key.data)", "                    pass", (WARM,)),
     Mutation("the warm server runs code changed since it started", "pipeline/warm.py",
              "    if changed:\n", "    if False:\n", (WARM,)),
+    Mutation("a warm stage runs on the server's CPU threads", "pipeline/warm.py",
+             "            torch.set_num_threads(threads)", "            pass", (WARM,)),
+    Mutation("the fan-out's slots each use every core", "scripts/fanout.sh",
+             "OMP_NUM_THREADS=$FANOUT_THREADS dvc", "dvc",
+             ("tests/test_scale.py::test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot",)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
              "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",

@@ -8,6 +8,7 @@ deferred tracking, then gathered from the run-cache in another clone; the stage 
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -160,7 +161,7 @@ def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
     assert set(runs) == set(RUNS)  # one run per seed, stacked or not
     head = sh(fanned_out["repo"], "git", "rev-parse", "HEAD").strip()
-    slots = {}
+    slots, cores = {}, len(os.sched_getaffinity(0))
     for name, item in RUNS.items():
         variant, seed = name.rsplit("-seed", 1)
         run = runs[name]
@@ -175,6 +176,8 @@ def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_
         config = json.loads((fanned_out["repo"] / "models" / variant / f"seed{seed}" / "config.json").read_text())
         assert config["environment"]["dvc_stage"] == STAGES[item][0]
         assert config["environment"]["cuda_visible_devices"] == tags["cuda_visible_devices"]
+        # each slot's share of the cores (fanout.sh's OMP_NUM_THREADS), not torch's default of all
+        assert config["environment"]["cpu_threads"] == tags["cpu_threads"] == str(max(1, cores // len(FAKE_GPUS)))
         assert slots.setdefault(item, tags["cuda_visible_devices"]) == tags["cuda_visible_devices"]
     assert sorted(slots.values()) == FAKE_GPUS  # one item per slot, each slot's GPU its own
 
@@ -228,7 +231,8 @@ def cluster(tmp_path_factory):
     common = {**task_env(root, origin), "SLURM_SUBMIT_DIR": str(origin), "SLURM_ARRAY_JOB_ID": "77"}
     tasks = [subprocess.Popen(["bash", str(origin / "scripts/cluster/slurm_array.sbatch")], cwd=root, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=env(**common, SLURM_ARRAY_TASK_ID=str(i), CUDA_VISIBLE_DEVICES=str(i)))
+                              env=env(**common, SLURM_ARRAY_TASK_ID=str(i), CUDA_VISIBLE_DEVICES=str(i),
+                                      OMP_NUM_THREADS="1"))  # a core each, as --cpus-per-task=1 would give
              for i in range(len(ITEMS) + 1)]  # one index too many: its task must refuse
     outputs = [(task.wait(600), task.stdout.read()) for task in tasks]
     login, gathered = gather(root, origin)

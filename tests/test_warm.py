@@ -89,15 +89,34 @@ def test_what_a_cold_process_would_run_differently_starts_cold(server, tmp_path)
     still runs. A changed pipeline/*.py or another checkout's package is refused by name."""
     address, log = server
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
-    status, out, err = capsnet(tmp_path, "stages", "--count", address=address, OMP_NUM_THREADS="7")
+    status, out, err = capsnet(tmp_path, "stages", "--count", address=address, MKL_NUM_THREADS="7")
     assert status == 0 and out.strip().isdigit()
-    assert "capsnet: starting cold (OMP_NUM_THREADS differ" in err
+    assert "capsnet: starting cold (MKL_NUM_THREADS differ" in err
     code, env = warm.fingerprint(), dict(os.environ)
     request = {"package": str(warm.PACKAGE), "env": env}
     assert warm.refusal(request, code, env) is None
     assert "pipeline/train.py changed" in warm.refusal(request, {**code, "train.py": "0" * 64}, env)
     assert "pipeline/new.py changed" in warm.refusal(request, {**code, "new.py": "0" * 64}, env)
     assert "runs" in warm.refusal({**request, "package": "/elsewhere/pipeline"}, code, env)
+
+
+def test_a_warm_stage_runs_on_the_thread_count_it_was_given(server, tmp_path):
+    """OMP_NUM_THREADS, which torch reads once at import (the server's), is the stage's own: the
+    fan-out gives each slot its share of the cores that way. `capsnet bench` names torch's count."""
+    import json
+
+    import torch
+
+    address, log = server
+    threads = str(torch.get_num_threads() + 1)  # not the server's count
+    args = ("bench", "--variant", "capsnet_r1", "--batch", "2", "--steps", "1", "--warmup", "0", "--no-reference",
+            "--device", "cpu", "--params", str(REPO / "params.yaml"))
+    status, out, err = capsnet(tmp_path, *args, address=address, OMP_NUM_THREADS=threads)
+    assert status == 0, err
+    forked(log, *args)  # it did run warm
+    assert json.loads(out.splitlines()[-1])["device"] == f"cpu ({threads} threads)"
+    assert "OMP_NUM_THREADS differ" in warm.refusal(  # unset for the stage, set for the server: cold
+        {"package": str(warm.PACKAGE), "env": {}}, warm.fingerprint(), {"OMP_NUM_THREADS": "1"})
 
 
 def test_without_a_server_capsnet_starts_cold_silently(tmp_path):
