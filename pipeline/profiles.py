@@ -34,14 +34,15 @@ from pipeline.params import CPU_EPOCH_SECONDS, ablation_variants, cpu_epoch_seco
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {},  # params.yaml as committed: 640 epochs, 3 seeds, every variant
     # tiny deterministic subsets, 1 epoch, CPU; one affNIST-style transform per digit, not 32; two
-    # seeds, so the stacked variants train as a real stack (vmap) and the report has a spread. 64
-    # training and 64 test digits (two steps of 32 per seed): the smoke run checks that every stage
-    # of every variant runs and hands the next one what it needs, not what the models learn; 256
-    # digits made its 48 stages take about 24 min on 2 cores, mostly the 40×40 and 36×36 CapsNets
-    "smoke": {"base.profile": "smoke", "prepare.train_subset": 64, "prepare.test_subset": 64,
-              "prepare.affnist_transforms": 1, "train.epochs": 1, "train.batch_size": 32, "train.device": "cpu",
+    # seeds, so the stacked variants train as a real stack (vmap) and the report has a spread. 32
+    # training and 32 test digits (two steps of 16 per seed): the smoke run checks that every stage
+    # of every variant runs and hands the next one what it needs, not what the models learn; its
+    # time is the models' arithmetic on those digits (256 digits: about 24 min on 2 cores, mostly
+    # the 40×40 and 36×36 CapsNets; 64: about 4 min, the 24-35M-parameter CNNs a quarter of it)
+    "smoke": {"base.profile": "smoke", "prepare.train_subset": 32, "prepare.test_subset": 32,
+              "prepare.affnist_transforms": 1, "train.epochs": 1, "train.batch_size": 16, "train.device": "cpu",
               "train.log_every": 1, "ablation.seeds": [0, 1], "prepare.multimnist_pairs_per_digit": 2,
-              "train.multimnist_epoch_size": 64},
+              "train.multimnist_epoch_size": 32},
     # 50 epochs (the length popular re-runs use) with the paper's 640-epoch learning-rate decay
     # compressed into them (so the last epoch ends at the paper's final rate, ≈ 2.2e-6, instead of
     # 62 % of the first: the published 2026-11-23 runs were cut, not compressed), 3 seeds, on CUDA:

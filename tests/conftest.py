@@ -137,6 +137,9 @@ def dvc_repo(root: Path, separate: list[str], seeds: list[int], *, stacked: list
     shutil.rmtree(root / "raw")
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["ablation"] = {"seeds": seeds, "stacked": list(stacked), "separate": separate}
+    # 4 steps of 8, not the smoke profile's 2 of 16: a smoke run here trains anew instead of finding
+    # these runs' checkpoints and MLflow runs (tests/test_dvc.py)
+    params["train"]["batch_size"] = 8
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())  # YAML's anchors and merge keys resolved
     kept = ("train_stacked", "train", "evaluate", "evaluate_stacked")

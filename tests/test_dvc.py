@@ -10,6 +10,7 @@ run this checkout's `capsnet` command.
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import conftest
@@ -77,6 +78,7 @@ def test_a_smoke_experiment_leaves_params_and_lock_as_committed(ran):
     experiment is in `dvc exp show` with its metrics, and the workspace's params.yaml and dvc.lock
     are what git has."""
     a = ran["repo"]
+    started_ms = int(time.time() * 1000)
     out = sh(a, sys.executable, "-m", "pipeline.profiles", "smoke", "--warm", "--prefill", "2", "--exec",
              "dvc", "exp", "run")
     assert "prefill: every item's stages, 2 at a time" in out and "capsnet_r1: done in slot" in out
@@ -89,15 +91,19 @@ def test_a_smoke_experiment_leaves_params_and_lock_as_committed(ran):
     assert "restored params.yaml" in out and "restored dvc.lock" in out
     from mlflow.tracking import MlflowClient
 
+    from pipeline.profiles import PROFILES
     from pipeline.tracking import EXPERIMENT
 
+    batch = PROFILES["smoke"]["train.batch_size"]  # not the committed params.yaml's
     client = MlflowClient(f"sqlite:///{a}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id], "params.batch_size = '32'")
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id],
+                              f"attributes.start_time >= {started_ms}")
     assert sorted(r.info.run_name for r in runs) == [f"capsnet_r1-seed{k}" for k in SEEDS]  # the smoke's, once each
+    assert all(r.data.params["batch_size"] == str(batch) for r in runs)
     assert sh(a, "git", "status", "--porcelain", "params.yaml", "dvc.lock") == ""
     [baseline] = [row for row in json.loads(sh(a, "dvc", "exp", "show", "--json")) if row.get("experiments")]
     [experiment] = baseline["experiments"]
     result = experiment["revs"][0]["data"]
-    assert result["params"]["params.yaml"]["data"]["train"]["batch_size"] == 32  # the smoke value
+    assert result["params"]["params.yaml"]["data"]["train"]["batch_size"] == batch  # the smoke value
     for metrics in METRICS:  # each stacked seed's own metrics file, as a separate run's
         assert 0 <= result["metrics"][str(metrics)]["data"]["error_pct"] <= 100

@@ -90,7 +90,7 @@ def test_leftover_values_of_another_profile_are_named():
     committed = yaml.safe_load((REPO / "params.yaml").read_text())
     foreign = profiles.foreign_keys(smoke_workspace(), committed, "gpu")
     assert "prepare.train_subset" in foreign and "train.batch_size" in foreign and "ablation.seeds" in foreign
-    assert foreign["train.batch_size"] == (32, 128)
+    assert foreign["train.batch_size"] == (16, 128)
     assert "train.epochs" not in foreign and "train.device" not in foreign  # the gpu profile sets these itself
     assert profiles.foreign_keys(committed, committed, "paper") == {}
 
@@ -104,7 +104,7 @@ def test_check_refuses_a_workspace_that_mixes_profiles(tmp_path, monkeypatch):
     subprocess.run([*git, "commit", "-qm", "p"], check=True)
     profiles.check("gpu")  # as committed: fine
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(smoke_workspace()))
-    with pytest.raises(SystemExit, match=r"train.batch_size = 32 \(committed: 128\).*git checkout params.yaml dvc.lock"):
+    with pytest.raises(SystemExit, match=r"train.batch_size = 16 \(committed: 128\).*git checkout params.yaml dvc.lock"):
         profiles.check("paper")
     with pytest.raises(SystemExit, match=f"prepare.train_subset = {profiles.PROFILES['smoke']['prepare.train_subset']} "):
         profiles.check("gpu")
