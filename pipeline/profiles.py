@@ -154,9 +154,11 @@ def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED, prefill
 
     ``prefill`` = (params, slots): first write ``params`` to params.yaml and run every ablation
     item's stages through scripts/fanout.sh, ``slots`` at a time (DVC records each in dvc.lock and
-    the run-cache, and each logs its MLflow runs), put ``paths`` back, then run ``command``: a `dvc
-    exp run` with the same params restores those stages from the run-cache instead of running them
-    one after another, and runs what is left (the report).
+    the run-cache, and each logs its MLflow runs), then run ``command`` on that workspace: a `dvc
+    exp run` setting the same params finds those stages up to date in dvc.lock instead of running
+    them one after another, and runs what is left (the report). Leaving the prefill's dvc.lock in
+    place matters: from the committed one, DVC restores each stage from the run-cache, 45 smoke
+    stages in about 29 s against 7 s for the up-to-date check.
 
     ``warm``: every `capsnet` stage process forks from one warm interpreter (pipeline/warm.py,
     its log in logs/warm.log) instead of importing torch and MLflow afresh."""
@@ -175,9 +177,8 @@ def _run_restoring(command: list[str], paths: tuple[str, ...], prefill: tuple[di
             print(f"prefill: every item's stages, {slots} at a time (scripts/fanout.sh)", flush=True)
             code = subprocess.run(["bash", "scripts/fanout.sh"],
                                   env={**env, "GPUS": labels, "FANOUT_FINISH": "0"}).returncode
-            _restore(saved)
             if code:
-                return code
+                return code  # (restored below)
         return subprocess.run(command, env=env).returncode
     finally:
         _restore(saved)
