@@ -137,9 +137,9 @@ def dvc_repo(root: Path, separate: list[str], seeds: list[int], *, stacked: list
     shutil.rmtree(root / "raw")
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["ablation"] = {"seeds": seeds, "stacked": list(stacked), "separate": separate}
-    # 4 steps of 8, not the smoke profile's 2 of 16: a smoke run here trains anew instead of finding
+    # one step of 32, not the smoke profile's 2 of 16: a smoke run here trains anew instead of finding
     # these runs' checkpoints and MLflow runs (tests/test_dvc.py)
-    params["train"]["batch_size"] = 8
+    params["train"]["batch_size"] = 32
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())  # YAML's anchors and merge keys resolved
     kept = ("train_stacked", "train", "evaluate", "evaluate_stacked")
@@ -158,9 +158,10 @@ def dvc_repo(root: Path, separate: list[str], seeds: list[int], *, stacked: list
 @pytest.fixture(scope="session")
 def warm_server(tmp_path_factory):
     """One warm interpreter (pipeline/warm.py) for the session: (its address, its log). Tests whose
-    point is orchestration (fan-out, array tasks) run their many stage processes through it; the
-    cold start stays covered where a stage's own process is the point (tests/test_dvc.py's first
-    `dvc repro`, the CLI tests)."""
+    point is what DVC does with the stages (a repro, the one-node fan-out) run their stage
+    processes through it; cold stage processes under DVC stay covered by tests/test_scale.py's
+    cluster tasks (each runs its own clone's package, which the server refuses) and
+    tests/test_warm.py compares cold with warm."""
     from pipeline import warm
 
     log = tmp_path_factory.mktemp("warm") / "warm.log"

@@ -3,15 +3,13 @@
 
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, tiny_pipeline
+from conftest import tiny_pipeline
 from pipeline import tracking, train_stage
 from pipeline.files import atomic_path, file_lock
 from pipeline.train import NonFiniteLossError, _save_checkpoint
@@ -47,16 +45,31 @@ def one_line_error(result, *fragments):
         assert fragment in result.output, result.output
 
 
-def test_concurrent_stages_create_a_fresh_store_once(tmp_path):
-    code = ("import sys; from pipeline import tracking; t = tracking.Tracker(sys.argv[1]); "
-            "print(t.experiment_id)")
+def _open_store(uri: str, start, results) -> None:
+    start.wait()
+    try:
+        results.put(tracking.Tracker(uri).experiment_id)
+    except BaseException as err:  # noqa: BLE001 - reported to the test
+        results.put(f"error: {err!r}")
+
+
+def test_concurrent_stages_create_a_fresh_store_once(tmp_path, monkeypatch):
+    """Four stage processes open one fresh sqlite store at the same moment (forked from this one,
+    with MLflow imported, and released together by a barrier): one store, one experiment."""
+    import multiprocessing
+
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     uri = f"sqlite:///{tmp_path}/fresh.db"
-    env = {**os.environ, "DVC_ROOT": str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-c", code, uri], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
-    outputs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0] * 4, [err[-500:] for _, err in outputs]
-    assert len({out.strip() for out, _ in outputs}) == 1  # one experiment, the same id for all
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(4), context.Queue()
+    procs = [context.Process(target=_open_store, args=(uri, start, results)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    ids = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0] * 4 and not [i for i in ids if i.startswith("error")], ids
+    assert len(set(ids)) == 1  # one experiment, the same id for all
     experiment = MlflowClient(uri).get_experiment_by_name(tracking.EXPERIMENT)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's Model training view
 
