@@ -38,7 +38,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     # training and 32 test digits (two steps of 16 per seed): the smoke run checks that every stage
     # of every variant runs and hands the next one what it needs, not what the models learn; its
     # time is the models' arithmetic on those digits (256 digits: about 24 min on 2 cores, mostly
-    # the 40×40 and 36×36 CapsNets; 64: about 4 min, the 24-35M-parameter CNNs a quarter of it)
+    # the 40×40 and 36×36 CapsNets; 64: about 4 min, over a quarter of the fan-out's item time in
+    # the 24-35M-parameter CNNs)
     "smoke": {"base.profile": "smoke", "prepare.train_subset": 32, "prepare.test_subset": 32,
               "prepare.affnist_transforms": 1, "train.epochs": 1, "train.batch_size": 16, "train.device": "cpu",
               "train.log_every": 1, "ablation.seeds": [0, 1], "prepare.multimnist_pairs_per_digit": 2,
@@ -157,8 +158,8 @@ def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED, prefill
     the run-cache, and each logs its MLflow runs), then run ``command`` on that workspace: a `dvc
     exp run` setting the same params finds those stages up to date in dvc.lock instead of running
     them one after another, and runs what is left (the report). Leaving the prefill's dvc.lock in
-    place matters: from the committed one, DVC restores each stage from the run-cache, 45 smoke
-    stages in about 29 s against 7 s for the up-to-date check.
+    place matters: from the committed one, DVC restores each stage from the run-cache, several
+    times slower (README, Profiles).
 
     ``warm``: every `capsnet` stage process forks from one warm interpreter (pipeline/warm.py,
     its log in logs/warm.log) instead of importing torch and MLflow afresh."""
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
                        help="check, then run CMD followed by -S key=value ... (smoke: restoring params.yaml, dvc.lock)")
     parser.add_argument("--prefill", type=int, metavar="SLOTS",
                         help="smoke only: first run every item's stages SLOTS at a time (scripts/fanout.sh), so CMD "
-                             "(dvc exp run) restores them from DVC's run-cache")
+                             "(dvc exp run) finds them up to date in dvc.lock")
     parser.add_argument("--warm", action="store_true",
                         help="smoke only: every `capsnet` stage process forks from one warm interpreter "
                              "(pipeline/warm.py) instead of importing torch and MLflow afresh")
