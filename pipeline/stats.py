@@ -86,6 +86,62 @@ def test_variance(diff: np.ndarray, groups: np.ndarray | None = None) -> tuple[f
     return float(g / (g - 1) * (resid ** 2).sum() / n ** 2), g
 
 
+@dataclass(frozen=True)
+class EffectParts:
+    """The pieces of an effect's seed-aware interval (`effect`): each arm's seed variance (pp²) and
+    seed count, the test-set sampling variance with its number of resampled units, and how much of
+    that test-set variance is seed noise that more seeds would average away (`terms`)."""
+
+    estimate: float
+    var_a: float
+    n_a: int
+    var_b: float
+    n_b: int
+    v_test: float
+    units: int
+    systematic: float = 0.0  # per-image variance of the seeds' mean difference that no seed count removes (pp²)
+    within_a: float = 0.0  # mean over images of the per-image variance across A's seeds (pp²)
+    within_b: float = 0.0
+
+    def terms(self, n_a: int | None = None, n_b: int | None = None) -> list[tuple[float, float]]:
+        """The interval's variance terms with ``n_a``/``n_b`` seeds per arm (default: those that ran).
+
+        The test-set term is the variance of the mean of the per-image difference of the seed
+        averages, whose per-image variance is systematic + within_a/n_a + within_b/n_b: averaging
+        more seeds shrinks its seed-noise part, never the systematic one. At the seeds that ran it
+        is the measured term itself."""
+        n_a, n_b = n_a or self.n_a, n_b or self.n_b
+        ran = self.systematic + self.within_a / self.n_a + self.within_b / self.n_b
+        v_test = self.v_test * ((self.systematic + self.within_a / n_a + self.within_b / n_b) / ran if ran else 1.0)
+        return [(self.var_a / n_a, n_a - 1), (self.var_b / n_b, n_b - 1), (v_test, self.units - 1)]
+
+    def floor(self) -> list[tuple[float, float]]:
+        """The terms with unlimited seeds: the systematic part of the test-set term, all that is left."""
+        ran = self.systematic + self.within_a / self.n_a + self.within_b / self.n_b
+        return [(self.v_test * (self.systematic / ran if ran else 1.0), self.units - 1)]
+
+
+def effect_parts(errors_a: np.ndarray, errors_b: np.ndarray, groups: np.ndarray | None = None) -> EffectParts:
+    """error(A) − error(B) in percentage points and the pieces of its interval (module docstring).
+
+    errors_a (m, N), errors_b (n, N): 0/1 per seed and test image, the same N images in the same
+    order. With one seed on an arm its seed variance is unknown (NaN).
+    """
+    if errors_a.shape[1:] != errors_b.shape[1:]:
+        raise ValueError(f"effect needs the same test images, got {errors_a.shape} and {errors_b.shape}")
+    a, b = 100 * errors_a.astype(float), 100 * errors_b.astype(float)  # (m, N), (n, N) in pp
+    rate_a, rate_b = a.mean(axis=1), b.mean(axis=1)  # (m,), (n,) per-seed error %
+    m, n = len(rate_a), len(rate_b)
+    per_image = a.mean(axis=0) - b.mean(axis=0)  # (N,) seed-averaged paired difference
+    v_test, units = test_variance(per_image, groups)
+    within_a = float(a.var(axis=0, ddof=1).mean()) if m > 1 else 0.0
+    within_b = float(b.var(axis=0, ddof=1).mean()) if n > 1 else 0.0
+    systematic = max(float(per_image.var(ddof=1)) - within_a / m - within_b / n, 0.0) if len(per_image) > 1 else 0.0
+    return EffectParts(float(rate_a.mean() - rate_b.mean()), float(rate_a.var(ddof=1)) if m > 1 else math.nan, m,
+                       float(rate_b.var(ddof=1)) if n > 1 else math.nan, n, v_test, units, systematic, within_a,
+                       within_b)
+
+
 def effect(errors_a: np.ndarray, errors_b: np.ndarray, groups: np.ndarray | None = None,
            level: float = LEVEL) -> Interval:
     """error(A) − error(B) in percentage points with a seed-aware interval (module docstring).
@@ -94,18 +150,10 @@ def effect(errors_a: np.ndarray, errors_b: np.ndarray, groups: np.ndarray | None
     order. With one seed on either side the seed spread is unknown: the estimate comes without
     an interval (lo, hi NaN), never with a test-only one.
     """
-    if errors_a.shape[1:] != errors_b.shape[1:]:
-        raise ValueError(f"effect needs the same test images, got {errors_a.shape} and {errors_b.shape}")
-    a, b = errors_a.astype(float), errors_b.astype(float)
-    rate_a, rate_b = 100 * a.mean(axis=1), 100 * b.mean(axis=1)  # (m,), (n,) per-seed error %
-    d = float(rate_a.mean() - rate_b.mean())
-    m, n = len(rate_a), len(rate_b)
-    if m < 2 or n < 2:
-        return Interval(d, math.nan, math.nan, math.nan, math.nan)
-    per_image = 100 * (a.mean(axis=0) - b.mean(axis=0))  # (N,) seed-averaged paired difference
-    v_test, units = test_variance(per_image, groups)
-    terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]
-    return t_interval(d, terms, level)
+    parts = effect_parts(errors_a, errors_b, groups)
+    if parts.n_a < 2 or parts.n_b < 2:
+        return Interval(parts.estimate, math.nan, math.nan, math.nan, math.nan)
+    return t_interval(parts.estimate, parts.terms(), level)
 
 
 def against_paper(ours: list[float], paper: float, paper_std: float | None,

@@ -1,0 +1,163 @@
+"""What would settle a claim (pipeline.power, report_claims, costs): the power and seeds-needed
+arithmetic against hand computation and against simulated experiments, the claim statuses, and the
+GPU time taken from each variant's own measured speed."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from pipeline import costs, power, report_claims as rc
+from pipeline.stats import EffectParts, satterthwaite
+
+Z95, Z80 = 1.959964, 0.841621  # normal quantiles: two-sided 95 %, 80 % power
+
+
+def test_the_normal_limit_by_hand():
+    """With a known SE (ν = ∞) the detectable effect at 80 % power is (z_0.975 + z_0.80)·SE = 2.80·SE."""
+    terms = [(0.25, math.inf)]  # SE 0.5
+    assert power.detectable(terms) == pytest.approx((Z95 + Z80) * 0.5, rel=1e-4)
+    assert power.power((Z95 + Z80) * 0.5, terms) == pytest.approx(0.80, abs=1e-4)
+    assert power.power(0.0, terms) == pytest.approx(0.05, abs=1e-6)  # the level, both tails
+    # two-sided: the far tail counts (P(Z < −1.96 − 1) is tiny but not zero)
+    one_tail = sps.norm.sf(Z95 - 1.0)
+    assert power.power(0.5, terms) == pytest.approx(one_tail + sps.norm.cdf(-Z95 - 1.0), rel=1e-6)
+
+
+def test_few_seeds_need_the_t_distribution():
+    """4 degrees of freedom: the critical value is t = 2.776, not 1.96, so the same effect has far less power."""
+    terms = [(1.0, 4)]
+    assert power.power(0.0, terms) == pytest.approx(0.05, abs=1e-6)
+    assert power.power(2.8, terms) < 0.6  # the normal shortcut would say 0.80
+    assert power.detectable(terms) > 3.5
+
+
+def _simulated_power(parts: EffectParts, delta: float, n: int, trials: int = 20000, seed: int = 0) -> float:
+    """The share of simulated experiments (n seeds per arm, true difference ``delta``, each arm's seed
+    spread and the test-set term as in ``parts``) whose Welch–Satterthwaite 95 % t-interval excludes 0."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(delta, math.sqrt(parts.var_a), (trials, n))
+    b = rng.normal(0.0, math.sqrt(parts.var_b), (trials, n))
+    v_test = parts.terms(n, n)[2][0]
+    d = a.mean(1) - b.mean(1) + rng.normal(0.0, math.sqrt(v_test), trials)
+    va, vb = a.var(1, ddof=1) / n, b.var(1, ddof=1) / n
+    df = np.array([satterthwaite([(x, n - 1), (y, n - 1), (v_test, parts.units - 1)]) for x, y in zip(va, vb)])
+    half = sps.t.ppf(0.975, df) * np.sqrt(va + vb + v_test)
+    return float(np.mean(np.abs(d) > half))
+
+
+@pytest.mark.parametrize("var_a, var_b, v_test, delta", [
+    (1.0, 1.0, 0.0, 1.0),      # many seeds: n ≈ 17
+    (2.25, 0.25, 0.0, 2.0),    # few seeds, unequal arms: t matters (n ≈ 5)
+    (0.04, 0.01, 0.002, 0.2),  # a test-set term that more seeds do not remove
+])
+def test_seeds_needed_reach_80_percent_power_in_simulation_and_fewer_do_not(var_a, var_b, v_test, delta):
+    parts = EffectParts(delta, var_a, 3, var_b, 3, v_test, 10_000)
+    n = power.effect_seeds_needed(parts, delta)
+    assert n is not None and n >= 3
+    assert _simulated_power(parts, delta, n) == pytest.approx(0.80, abs=0.035)  # MC SE ≈ 0.003; Welch is approximate
+    fewer = n - max(2, n // 4)  # a few seeds fewer per arm: clearly below
+    assert _simulated_power(parts, delta, fewer) < 0.75
+
+
+def test_each_arm_keeps_its_own_seed_variance():
+    wide_a = EffectParts(0.0, 4.0, 3, 0.25, 3, 0.0, 10_000)
+    wide_b = EffectParts(0.0, 0.25, 3, 4.0, 3, 0.0, 10_000)
+    both_wide = EffectParts(0.0, 4.0, 3, 4.0, 3, 0.0, 10_000)
+    assert power.effect_seeds_needed(wide_a, 1.0) == power.effect_seeds_needed(wide_b, 1.0)
+    assert power.effect_seeds_needed(wide_a, 1.0) < power.effect_seeds_needed(both_wide, 1.0)
+
+
+def test_more_seeds_average_away_per_image_noise_but_not_the_systematic_part():
+    parts = EffectParts(0.1, 0.01, 3, 0.01, 3, 0.003, 10_000, systematic=10.0, within_a=30.0, within_b=30.0)
+    assert parts.terms()[2][0] == pytest.approx(0.003)  # at the seeds that ran: the measured term
+    assert parts.terms(30, 30)[2][0] == pytest.approx(0.003 * (10 + 2) / (10 + 20))
+    assert parts.terms(10 ** 6, 10 ** 6)[2][0] == pytest.approx(0.003 * 10 / 30, rel=1e-4)
+    assert parts.floor() == [(pytest.approx(0.003 * 10 / 30), 9_999)]  # unlimited seeds
+
+
+def test_an_effect_below_the_test_sets_noise_needs_more_seeds_than_any_budget():
+    parts = EffectParts(0.0, 0.01, 3, 0.01, 3, 0.04, 10_000)  # test-set SE 0.2 pp, no seed noise in it
+    assert power.effect_seeds_needed(parts, 0.05) is None
+    assert power.seeds_phrase(None, 0.05) == f"more than {power.MAX_SEEDS}"
+    settle = rc.effect_settling(parts, 0.05, [], [], [])
+    assert settle["seeds_needed"].startswith("none suffices") and math.isnan(settle["gpu_hours"])
+
+
+def test_equivalence_margin_is_the_90_percent_interval_two_one_sided_tests():
+    terms = [(0.01, math.inf)]  # SE 0.1
+    assert power.equivalence_margin(0.05, terms) == pytest.approx(0.05 + 1.644854 * 0.1, rel=1e-5)
+
+
+BENCH = """# Benchmarks
+## CPU (2 cores)
+### capsnet_r3_recon
+| configuration | train images/s |
+|---|---|
+| capsnet-repro eager fp32 | 105.2 |
+## GPU: one NVIDIA H100 80GB HBM3 (device tool, 2026-11-22)
+### capsnet_r3_recon (1.20 GFLOP per training image)
+| configuration | train images/s | ms/step |
+|---|---|---|
+| reference (eager fp32, DataLoader) | 6,245 | 20.50 |
+| capsnet-repro eager fp32 | 21,096 | 6.07 |
+| capsnet-repro bf16 + compile (model+loss) | 24,000 | 5.25 |
+### baseline_cnn (11.78 GFLOP per training image)
+| configuration | train images/s | ms/step |
+|---|---|---|
+| capsnet-repro bf16 + compile (model+loss) | 12,000 | 4.62 |
+"""
+
+
+class FakeRun:
+    def __init__(self, variant, images=6_000_000, amp=True, compiled=True, device="NVIDIA H100 80GB HBM3"):
+        self.variant, self.images_trained = variant, images
+        self.cfg = {"amp": amp, "compile": compiled}
+        self.config = {"environment": {"device_name": device}}
+
+
+def test_costs_come_from_each_variants_own_row_on_its_device(tmp_path):
+    (tmp_path / "benchmarks.md").write_text(BENCH)
+    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    assert [(r.variant, r.images_per_s) for r in rows] == [
+        ("capsnet_r3_recon", 21_096.0), ("capsnet_r3_recon", 24_000.0), ("baseline_cnn", 12_000.0)]  # GPU rows only
+    hours, source = rc.run_cost([FakeRun("baseline_cnn")], 10, rows)
+    assert hours == pytest.approx(10 * 6e6 / 12_000 / 3600) and "baseline_cnn" in source and "12,000" in source
+    hours, _ = rc.run_cost([FakeRun("capsnet_r3_recon", amp=False, compiled=False)], 10, rows)
+    assert hours == pytest.approx(10 * 6e6 / 21_096 / 3600)  # the configuration it trained in
+    both, source = rc.pair_cost([FakeRun("capsnet_r3_recon")], [FakeRun("baseline_cnn")], 4, rows)
+    assert both == pytest.approx(4 * 6e6 / 24_000 / 3600 + 4 * 6e6 / 12_000 / 3600)
+    assert "24,000" in source and "12,000" in source
+    hours, why = rc.run_cost([FakeRun("capsnet_r3_recon_official")], 10, rows)  # never another variant's speed
+    assert math.isnan(hours) and "no bench row for capsnet_r3_recon_official" in why
+    hours, why = rc.run_cost([FakeRun("baseline_cnn", device="NVIDIA A100")], 10, rows)
+    assert math.isnan(hours) and "NVIDIA A100" in why
+
+
+def _effect(effect, paper, lo, hi, seeds="12", hours=1.5, **extra):
+    return {"protocol": "p", "effect": effect, "paper_delta": paper, "our_delta": (lo + hi) / 2, "ci_low": lo,
+            "ci_high": hi, "status": "", "n_seeds": 3, "seeds_needed": seeds, "gpu_hours": hours,
+            "cost_source": "GPU: one H100 | capsnet_r3_recon bf16: 24,000 images/s", "equivalence_margin": math.nan,
+            "equivalence_seeds": "–", "equivalence_hours": math.nan} | extra
+
+
+def test_claims_are_supported_contradicted_or_say_what_would_settle_them():
+    table = pd.DataFrame([
+        _effect("routing 3 vs 1, with reconstruction", -0.04, -0.30, -0.05),  # wholly on the paper's side
+        _effect("reconstruction on vs off, routing 3", -0.10, 0.02, 0.30),  # wholly on the other side
+        _effect("CapsNet r3 + recon vs baseline", -0.14, -0.29, 0.06, seeds="10", hours=0.64),
+        _effect("official vs paper recipe, routing 3, with reconstruction", math.nan, -0.03, 0.02,
+                equivalence_margin=0.03)])
+    gap = {"gap": 5.0, "ci_low": 2.0, "ci_high": 8.0, "paper_gap": 13.0, "n_seeds": 3, "seeds_needed": "4",
+           "gpu_hours": 1.0, "cost_source": "", "set": "affNIST-style set", "verdict": "smaller gap"}
+    claims = rc.claims(table, gap, "p").set_index("evidence").status
+    assert claims["routing 3 vs 1, with reconstruction"] == "supported"
+    assert claims["reconstruction on vs off, routing 3"] == "contradicted"
+    assert claims["CapsNet r3 + recon vs baseline"] == ("not resolvable at 3 seeds — needs 10 per arm to detect the "
+                                                         "paper's -0.14 pp at 80 % power, about 0.64 GPU-hours")
+    assert claims["official vs paper recipe, routing 3, with reconstruction"] == "supported: within ±0.03 pp"
+    assert claims["§5.2 gap"] == "supported"
+    lines = rc.render_claims(rc.claims(table, gap, "p"), "p")
+    assert "GPU time from reports/benchmarks.md, GPU: one H100: capsnet_r3_recon bf16: 24,000 images/s." in lines
