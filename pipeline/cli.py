@@ -160,9 +160,12 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
               help="a (variant, seed) without a complete evaluation: stop with an error, or report it as not run")
 @click.option("--readme", type=click.Path(exists=True, dir_okay=False), default=None,
               help="also rewrite this README's generated results block from the written tables")
+@click.option("--benchmarks", type=click.Path(dir_okay=False), default="reports/benchmarks.md", show_default=True,
+              help="measured training speeds: what settling each claim would cost in GPU time (none if missing)")
 @PARAMS_OPTION
 @user_errors
-def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme: str | None, params_path: str) -> None:
+def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme: str | None, benchmarks: str,
+           params_path: str) -> None:
     """Write OUT_DIR/ablation.md, results.csv, effects.csv, affnist.csv, metrics/<variant>.json and
     figures/ from every evaluation.
 
@@ -175,7 +178,7 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme
 
     params = load_params(params_path)
     path = report_stage.run(params, Path(models_dir), Path(results_dir), Path(out_dir), missing,
-                            Path(readme) if readme else None)
+                            Path(readme) if readme else None, Path(benchmarks))
     click.echo(f"report written to {path}")
 
 

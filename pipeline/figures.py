@@ -96,15 +96,24 @@ def image_grid(rows: list[torch.Tensor], row_labels: list[str], title: str, path
     save_figure(fig, path)
 
 
-def error_bars(variants: list[str], means: list[float], stds: list[float], paper: list[float], path: str | Path) -> None:
-    """Our test error per variant (mean ± std over seeds) with the paper's values marked."""
-    fig, ax = plt.subplots(figsize=(7, 3.4))
-    x = range(len(variants))
-    ax.bar(x, means, yerr=[0 if s != s else s for s in stds], capsize=4, color="#4c72b0", label="ours (mean ± std)")
-    ax.scatter(x, paper, color="#dd4444", marker="D", zorder=3, label="paper (Table 1)")
-    ax.set_xticks(list(x), variants, rotation=20, fontsize=8)
+def seed_errors(variants: list[str], per_seed: list[list[float]], intervals: list[tuple[float, float]],
+                paper: list[float], paper_std: list[float], path: str | Path) -> None:
+    """Every seed's test error as a dot per variant, our mean with its 95 % t-interval over seeds
+    (the spread the verdicts come from), and the paper's mean ± its σ over 3 trials."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    for k, (errors, (lo, hi)) in enumerate(zip(per_seed, intervals)):
+        mean = sum(errors) / len(errors)
+        ax.scatter([k - 0.12] * len(errors), errors, color="#4c72b0", s=14, alpha=0.8, zorder=3,
+                   label="ours, each seed" if k == 0 else None)
+        yerr = None if lo != lo else [[mean - lo], [hi - mean]]  # NaN: one seed, no interval
+        ax.errorbar([k - 0.12], [mean], yerr=yerr, fmt="_", color="#1b365d", markersize=14, capsize=4, zorder=4,
+                    label="ours, mean and 95 % interval over seeds" if k == 0 else None)
+    has_std = [s == s for s in paper_std]
+    ax.errorbar([k + 0.12 for k in range(len(paper))], paper, yerr=[s if ok else 0 for s, ok in zip(paper_std, has_std)],
+                fmt="D", color="#dd4444", markersize=5, capsize=4, zorder=4, label="paper (Table 1), mean ± σ")
+    ax.set_xticks(range(len(variants)), variants, rotation=20, fontsize=8)
     ax.set_ylabel("MNIST test error (%)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     save_figure(fig, path)
 
 

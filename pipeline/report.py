@@ -17,6 +17,9 @@ import numpy as np
 import pandas as pd
 
 from pipeline import baseline, capsnet, stats, train
+from pipeline import report_claims as rc
+from pipeline import costs
+from pipeline.costs import BenchRow
 from pipeline.errors import UserError
 from pipeline.files import write_text
 from pipeline.params import Params
@@ -27,6 +30,7 @@ EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error
     ("routing 3 vs 1, no reconstruction", "capsnet_r3", "capsnet_r1"),
     ("reconstruction on vs off, routing 1", "capsnet_r1_recon", "capsnet_r1"),
     ("reconstruction on vs off, routing 3", "capsnet_r3_recon", "capsnet_r3"),
+    ("CapsNet r3 + recon vs baseline", "capsnet_r3_recon", "baseline_cnn"),
     # the paper has no number for these: its text and its code are one method to it
     ("official vs paper recipe, routing 1, no reconstruction", "capsnet_r1_official", "capsnet_r1"),
     ("official vs paper recipe, routing 1, with reconstruction", "capsnet_r1_recon_official", "capsnet_r1_recon"),
@@ -49,9 +53,10 @@ def _recorded(values: list) -> str:
     return "; ".join(dict.fromkeys(f"{v:g}" if isinstance(v, float) else str(v) for v in values))
 
 
-def summarize(runs: list[Run], reference: dict) -> pd.DataFrame:
+def summarize(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.DataFrame:
     """One row per (variant, protocol, commit): our final-epoch error (mean ± std over seeds)
-    beside the paper's, the seed-aware interval of the difference and its verdict, end-of-training
+    beside the paper's, the seed-aware interval of the difference and its verdict, what would
+    settle it (report_claims.verdict_settling, GPU time from ``bench``), end-of-training
     diagnostics and what the runs recorded of how they trained."""
     rows = []
     order = {key: k for k, key in enumerate(protocols(runs))}  # the longest protocol's rows first
@@ -85,15 +90,17 @@ def summarize(runs: list[Run], reference: dict) -> pd.DataFrame:
         row["delta"] = row["test_error_mean"] - row["paper_test_error"]
         row["delta_ci_low"], row["delta_ci_high"] = (diff.lo, diff.hi) if diff else (math.nan, math.nan)
         row["verdict"] = stats.verdict(diff) if diff else "no paper value"
+        row |= rc.verdict_settling(mine, errors, row["paper_test_error"], paper.get("test_error_std"), list(bench))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def effects(runs: list[Run], reference: dict) -> pd.DataFrame:
-    """The paper's ablation effects per protocol, with seed-aware intervals (pipeline.stats.effect).
+def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.DataFrame:
+    """The paper's ablation effects per protocol, with seed-aware intervals (pipeline.stats.effect)
+    and what would settle them (report_claims.effect_settling, GPU time from ``bench``).
 
     Only runs of one protocol and one training commit are compared; where A and B share no commit
-    the row says `confounded` and carries no interval."""
+    the row says `confounded` and carries no interval (its seed variances still plan the re-run)."""
     rows = []
     table1 = reference["table1"]
     for key in protocols(runs):
@@ -108,24 +115,30 @@ def effects(runs: list[Run], reference: dict) -> pd.DataFrame:
             paper = table1[a]["test_error_pct"] - table1[b]["test_error_pct"] if a in table1 and b in table1 else math.nan
             row = {"protocol": label, "effect": what, "a": a, "b": b, "paper_delta": paper}
             common = [c for c in by_variant[a] if c in by_variant[b] and c != NOT_RECORDED]
-            if not common:
-                ra, rb = next(iter(by_variant[a].values())), next(iter(by_variant[b].values()))
-                rows.append(row | {
-                    "commit": "", "our_delta": _mean_error(ra) - _mean_error(rb), "ci_low": math.nan, "ci_high": math.nan,
-                    "per_seed": "", "status": (f"confounded: {a} trained at {', '.join(by_variant[a])} (Adam ε "
-                                               f"{_recorded([r.adam_eps for r in ra])}), {b} at "
-                                               f"{', '.join(by_variant[b])} (Adam ε {_recorded([r.adam_eps for r in rb])})")})
-                continue
-            ra, rb = by_variant[a][common[0]], by_variant[b][common[0]]
+            ra, rb = (by_variant[a][common[0]], by_variant[b][common[0]]) if common else (
+                next(iter(by_variant[a].values())), next(iter(by_variant[b].values())))
             err_a = np.stack([~r.correct["test"] for r in ra])  # (m, N)
             err_b = np.stack([~r.correct["test"] for r in rb])  # (n, N)
+            parts = stats.effect_parts(err_a, err_b)
+            row |= {"n_seeds": min(len(ra), len(rb))} | rc.effect_settling(parts, paper, ra, rb, list(bench))
+            row |= rc.equivalence_settling(parts, ra, rb, list(bench)) if math.isnan(paper) else {}
+            if not common:
+                rows.append(row | {
+                    "commit": "", "our_delta": _mean_error(ra) - _mean_error(rb), "ci_low": math.nan, "ci_high": math.nan,
+                    "per_seed": "", "mde": math.nan, "equivalence_margin": math.nan,
+                    "status": (f"confounded: {a} trained at {', '.join(by_variant[a])} (Adam ε "
+                               f"{_recorded([r.adam_eps for r in ra])}), {b} at "
+                               f"{', '.join(by_variant[b])} (Adam ε {_recorded([r.adam_eps for r in rb])})")})
+                continue
             interval = stats.effect(err_a, err_b)
             seeds_b = {r.seed: r.metrics["error_pct"] for r in rb}
             per_seed = " ".join(f"{r.metrics['error_pct'] - seeds_b[r.seed]:+.2f}" for r in ra if r.seed in seeds_b)
             rows.append(row | {"commit": common[0], "our_delta": interval.estimate, "ci_low": interval.lo,
                                "ci_high": interval.hi, "per_seed": per_seed, "status": stats.effect_words(interval)})
     return pd.DataFrame(rows, columns=["protocol", "effect", "a", "b", "paper_delta", "commit", "our_delta",
-                                       "ci_low", "ci_high", "per_seed", "status"])
+                                       "ci_low", "ci_high", "per_seed", "status", "n_seeds", "mde", "seeds_needed",
+                                       "gpu_hours", "cost_source", "equivalence_margin", "equivalence_seeds",
+                                       "equivalence_hours"])
 
 
 def _mean_error(runs: list[Run]) -> float:
@@ -201,14 +214,71 @@ def render_table1(summary: pd.DataFrame, effect_table: pd.DataFrame, reference: 
                 paper = "– (no number)" if math.isnan(e.paper_delta) else f"{e.paper_delta:+.2f}"
                 lines.append(f"| {e.effect} | {paper} | {e.our_delta:+.2f} | {fmt_ci(e.ci_low, e.ci_high)} | "
                              f"{e.per_seed or '–'} | {e.status} |")
+            lines += ["", *_effect_power_lines(mine)]
+        lines += ["", *_verdict_power_lines(rows)]
     return lines
+
+
+POWER_RULE = ("80 % power for the same two-sided 95 % seed-aware t-interval (pipeline/power.py): the noncentral t "
+              "with Welch–Satterthwaite degrees of freedom recomputed at each seed count, each arm's measured seed "
+              "variance; of the test-set term, the per-image seed noise shrinks with more seeds and the systematic "
+              "per-image difference stays. GPU time: that many seeds of each arm under this protocol at the speed "
+              "reports/benchmarks.md measured for the variant on the runs' device (an estimate; sources below the "
+              "table).")
+
+
+def _hours(hours: float) -> str:
+    return "–" if math.isnan(hours) else f"{hours:.2g}" if hours < 10 else f"{hours:,.0f}"
+
+
+def _sources(table: pd.DataFrame, hours: str) -> list[str]:
+    """The bench rows behind the table's GPU-hours (rows without an estimate say why in cost_source)."""
+    cites = [c for t, h in zip(table.cost_source, table[hours]) if t and not math.isnan(h) for c in t.split("; ")]
+    return ["", "Speeds: " + costs.sources(cites)] if cites else []
+
+
+def _effect_power_lines(effect_table: pd.DataFrame) -> list[str]:
+    """What would settle each effect: the minimum detectable effect with the seeds that ran, and the
+    seeds per arm (and GPU time) that would detect the paper's."""
+    lines = ["#### What would settle each effect", "", POWER_RULE, "",
+             "| effect | paper | seeds run (per arm) | detectable at 80 % power (pp) | seeds per arm for the paper's "
+             "effect | GPU-hours (both arms) |", "|---|---|---|---|---|---|"]
+    for e in effect_table.itertuples():
+        paper = "– (no number)" if math.isnan(e.paper_delta) else f"{e.paper_delta:+.2f}"
+        mde = "– (no interval)" if math.isnan(e.mde) else f"±{e.mde:.2f}"
+        if math.isnan(e.paper_delta):  # "matches": the seeds that would see Table 1's smallest effect
+            seeds = f"{e.equivalence_seeds} (to see ±{rc.EQUIVALENCE_PP:.2f})"
+            hours = _hours(e.equivalence_hours)
+        else:
+            seeds, hours = e.seeds_needed, _hours(e.gpu_hours)
+        lines.append(f"| {e.effect} | {paper} | {e.n_seeds} | {mde} | {seeds} | {hours} |")
+    return lines + _sources(effect_table.assign(hours=[e if math.isnan(p) else g for p, e, g in zip(
+        effect_table.paper_delta, effect_table.equivalence_hours, effect_table.gpu_hours)]), "hours")
+
+
+def _verdict_power_lines(rows: pd.DataFrame) -> list[str]:
+    """What would settle each verdict: how close to the paper the interval puts us, and the seeds that
+    would separate our mean from the paper's at the observed difference."""
+    lines = ["### What would settle each verdict", "",
+             "Equivalence: the 90 % interval of ours − paper (two one-sided tests at 5 %) lies within ±x pp. Seeds to "
+             f"separate: the seeds of ours whose 95 % interval excludes the paper's value with 80 % power if the true "
+             "difference is the one observed (the paper's σ over its 3 trials held; 80 % power, the same t-interval "
+             "with its degrees of freedom recomputed at each seed count). GPU time: that many seeds of the variant "
+             "under this protocol at the speed reports/benchmarks.md measured for it on the runs' device (an estimate).",
+             "", "| variant | commit | n | Δ (pp) | verdict | within ±x pp of the paper | seeds to separate | GPU-hours |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows.itertuples():
+        margin = "–" if math.isnan(r.equivalence_margin) else f"±{r.equivalence_margin:.2f}"
+        lines.append(f"| {r.variant} | {short(r.commit)} | {r.n_seeds} | {r.delta:+.2f} | {r.verdict} | {margin} | "
+                     f"{r.seeds_to_separate} | {_hours(r.gpu_hours_to_separate)} |")
+    return lines + _sources(rows, "gpu_hours_to_separate")
 
 
 def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profile: str,
                     not_run: dict[str, list[int]] | None = None,
                     deviations: list[str], provenance: dict, figures: dict[str, str], reference: dict,
                     affnist: list[str] | None = None, multimnist: list[str] | None = None,
-                    run_table: pd.DataFrame | None = None) -> str:
+                    run_table: pd.DataFrame | None = None, claims: pd.DataFrame | None = None) -> str:
     """reports/ablation.md: banner (smoke), Table 1 per protocol with end of training and effects,
     Table 1 with both columns (report_multimnist's lines, when given), the affine column, §5.2
     (report_affnist's lines, when given), parameters, figures, not run, deviations, provenance and
@@ -216,6 +286,8 @@ def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profil
     lines = ["# Table 1 replica: Dynamic Routing Between Capsules", ""]
     if profile == "smoke":
         lines += [SMOKE_BANNER, ""]
+    if claims is not None and len(claims):
+        lines += [*rc.render_claims(claims, summary.protocol.iloc[0]), ""]
     lines += render_table1(summary, effect_table, reference)
     if multimnist:
         lines += ["", *multimnist]
@@ -347,15 +419,21 @@ def _cell(row) -> str:
     return f"{row.test_error_mean:.2f} ± {fmt_pct(row.test_error_std)}"
 
 
-def readme_block(results: pd.DataFrame, effect_table: pd.DataFrame, affnist: pd.DataFrame | None) -> str:
+def readme_block(results: pd.DataFrame, effect_table: pd.DataFrame, affnist: pd.DataFrame | None,
+                 claims: pd.DataFrame | None = None) -> str:
     """The README's results block, from the report's CSV tables as written (results.csv,
-    effects.csv, affnist.csv): the first protocol's Table 1, its verdicts, every effect and the
-    §5.2 gap, each worded by its interval. tests/test_readme.py compares the README with it."""
+    effects.csv, affnist.csv, claims.csv): the claims, the first protocol's Table 1, its verdicts,
+    every effect and the §5.2 gap, each worded by its interval. tests/test_readme.py compares the
+    README with it."""
     protocol = results.protocol.iloc[0]
     rows = results[results.protocol == protocol]
-    lines = [README_BEGIN, "", f"Protocol: **{protocol}**; MNIST test error (%), final epoch, mean ± std over seeds, "
-             f"with the verdict of its {stats.LEVEL:.0%} seed-aware interval against the paper:", "",
-             "| | " + " | ".join(name for name, _ in README_COLUMNS) + " |", "|---|" + "---|" * len(README_COLUMNS)]
+    lines = [README_BEGIN, ""]
+    if claims is not None and len(claims):
+        lines += [f"Claims of the paper under this protocol ({stats.LEVEL:.0%} seed-aware intervals; reports/ablation.md "
+                  "says what each would take):", "", *rc.readme_lines(claims), ""]
+    lines += [f"Protocol: **{protocol}**; MNIST test error (%), final epoch, mean ± std over seeds, "
+              f"with the verdict of its {stats.LEVEL:.0%} seed-aware interval against the paper:", "",
+              "| | " + " | ".join(name for name, _ in README_COLUMNS) + " |", "|---|" + "---|" * len(README_COLUMNS)]
     for recipe in dict.fromkeys(rows.recipe):
         mine = rows[rows.recipe == recipe]
         for commit in dict.fromkeys(mine.commit):

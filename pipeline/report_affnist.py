@@ -12,7 +12,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from pipeline import stats
+from pipeline import costs, stats
+from pipeline import report_claims as rc
 from pipeline.affnist import REAL_AFFNIST
 from pipeline.report import fmt_pct
 from pipeline.runs import Run, group, short
@@ -68,7 +69,7 @@ def gap_verdict(ci_low: float, ci_high: float, paper_gap: float) -> str:
     return "reproduced" if ci_high >= paper_gap else "smaller gap"
 
 
-def affnist_gap(runs: list[Run], reference: dict) -> dict | None:
+def affnist_gap(runs: list[Run], reference: dict, bench: list[costs.BenchRow] = ()) -> dict | None:
     """CapsNet − CNN accuracy on affNIST(-style) with a seed-aware interval (pipeline.stats.effect),
     test images clustered by source digit; None without both models. Runs of different protocols or
     commits are not compared: the gap is then reported as confounded, without an interval."""
@@ -89,6 +90,12 @@ def affnist_gap(runs: list[Run], reference: dict) -> dict | None:
            "matched": all(r.config["stop_reason"] == "target" for r in caps + cnn)}
     err_cnn = np.stack([~r.correct["affnist_test"] for r in cnn])  # (n, N)
     err_caps = np.stack([~r.correct["affnist_test"] for r in caps])  # (m, N)
+    # what would settle the claim: seeds per model to see the paper's gap (report_claims), GPU time
+    settle = rc.effect_settling(stats.effect_parts(err_cnn, err_caps, groups), paper_gap, cnn, caps, list(bench))
+    out |= {"n_seeds": min(len(caps), len(cnn)), "seeds_needed": settle["seeds_needed"],
+            "gpu_hours": settle["gpu_hours"], "cost_source": settle["cost_source"],
+            "set": "real affNIST" if str(caps[0].breakdown["sources"].get("affnist_test", "")).startswith(REAL_AFFNIST)
+            else "affNIST-style set"}
     if len(origin) > 1:  # different protocols or commits: an estimate, no interval
         gap = float(100 * (err_cnn.mean() - err_caps.mean()))
         return out | {"gap": gap, "ci_low": math.nan, "ci_high": math.nan,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata as md
+import math
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import numpy as np
 import pandas as pd
 from safetensors.torch import load_file
 
-from pipeline import baseline, figures, report as rp, report_affnist as ra, report_multimnist as rm, runs as rr, tracking
+from pipeline import baseline, costs, figures, report as rp, report_affnist as ra, report_claims as rc
+from pipeline import report_multimnist as rm, runs as rr, stats, tracking
 from pipeline.data import MNIST_SIZE, MULTIMNIST_SIZE
 from pipeline.errors import UserError
 from pipeline.evaluate_stage import METRIC_KEYS
@@ -26,10 +28,11 @@ from pipeline.params import Params
 
 
 def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str = "error",
-        readme: Path | None = None) -> Path:
+        readme: Path | None = None, benchmarks: Path | None = None) -> Path:
     """Write the report into ``out``; ``missing``: "error" stops on a run without an evaluation,
     "list" reports it as not run; ``readme``: rewrite that file's generated results block from the
-    same tables. Returns the path of ablation.md."""
+    same tables; ``benchmarks``: the measured speeds (reports/benchmarks.md) that cost what would
+    settle each claim. Returns the path of ablation.md."""
     fig_dir = writable_dir(out / "figures", "report")
     reference = rr.paper_reference()
     variants, seeds = list(p.ablation.variants), list(p.ablation.seeds)
@@ -42,7 +45,8 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     if not table1:
         raise UserError("ablation.stacked and ablation.separate list no Table 1 (28×28) variant; "
                         "the report needs at least one")
-    summary, effect_table = rp.summarize(table1, reference), rp.effects(table1, reference)
+    bench = costs.bench_rows(benchmarks) if benchmarks is not None else []
+    summary, effect_table = rp.summarize(table1, reference, bench), rp.effects(table1, reference, bench)
     shown = table1_figures(table1, s52, multi, summary, results_dir, fig_dir)
     multi_table, multi_lines = None, None
     if multi:
@@ -55,7 +59,7 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
             shown[title] = f"figures/{name}.png"
     s52_table, gap, s52_lines = None, None, None
     if s52:
-        gap = ra.affnist_gap(s52, reference)
+        gap = ra.affnist_gap(s52, reference, bench)
         s52_table = ra.with_gap(ra.affnist_summary(s52, reference), gap)
         s52_lines = ra.render_affnist(s52_table, gap, reference)
         figures.accuracy_by_transform(ra.transform_bins(s52, "affnist_test"),
@@ -64,7 +68,8 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     else:
         figures.placeholder("No §5.2 (40×40) variant in this report", fig_dir / "affnist_bins.png")
 
-    text = rp.render_markdown(summary, effect_table, profile=p.base.profile, not_run=not_run,
+    claims = rc.claims(effect_table, gap, summary.protocol.iloc[0])
+    text = rp.render_markdown(summary, effect_table, profile=p.base.profile, not_run=not_run, claims=claims,
                               deviations=deviations(p, reference) + rp.run_deviations(runs),
                               provenance=provenance(p, runs, not_run), figures=shown,
                               reference=reference, affnist=s52_lines, multimnist=multi_lines,
@@ -72,12 +77,14 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     tables = {"ablation.md": text, "results.csv": summary.to_csv(index=False, float_format="%.4f"),
               "effects.csv": effect_table.to_csv(index=False, float_format="%.4f"),
               "affnist.csv": s52_table.to_csv(index=False, float_format="%.4f") if s52 else "",
-              "multimnist.csv": multi_table.to_csv(index=False, float_format="%.4f") if multi else ""}
+              "multimnist.csv": multi_table.to_csv(index=False, float_format="%.4f") if multi else "",
+              "claims.csv": claims.to_csv(index=False)}
     for name, content in tables.items():
         write_text(out / name, content)
     if readme is not None:  # from the CSVs as written, as tests/test_readme.py reads them
         rp.rewrite_readme(readme, rp.readme_block(pd.read_csv(out / "results.csv"), pd.read_csv(out / "effects.csv"),
-                                                  pd.read_csv(out / "affnist.csv") if s52 else None))
+                                                  pd.read_csv(out / "affnist.csv") if s52 else None,
+                                                  pd.read_csv(out / "claims.csv")))
     headline = write_variant_metrics(runs, writable_dir(out / "metrics", "report"))
     if gap is not None:
         headline["affnist_gap_pp"] = {k: round(gap[k], 4) for k in ("gap", "ci_low", "ci_high")}
@@ -106,9 +113,16 @@ def table1_figures(table1: list[rr.Run], s52: list[rr.Run], multi: list[rr.Run],
     schedule, and the best reconstruction variant's figures."""
     headline = summary[summary.protocol == summary.protocol.iloc[0]]
     repeated = set(headline.variant[headline.variant.duplicated()])
-    bars = [f"{r.variant} ({rr.short(r.commit)})" if r.variant in repeated else r.variant for r in headline.itertuples()]
-    figures.error_bars(bars, list(headline.test_error_mean), list(headline.test_error_std),
-                       list(headline.paper_test_error), fig_dir / "table1_errors.png")
+    labels = [f"{r.variant} ({rr.short(r.commit)})" if r.variant in repeated else r.variant for r in headline.itertuples()]
+    per_seed = [[r.metrics["error_pct"] for r in table1 if (r.variant, r.protocol, r.commit) == (h.variant, h.protocol, h.commit)]
+                for h in headline.itertuples()]
+    intervals = []  # our mean's 95 % t-interval over seeds (NaN with one seed)
+    for errors in per_seed:
+        n = len(errors)
+        i = stats.t_interval(float(np.mean(errors)), [(float(np.var(errors, ddof=1)) / n, n - 1)]) if n > 1 else None
+        intervals.append((i.lo, i.hi) if i else (math.nan, math.nan))
+    figures.seed_errors(labels, per_seed, intervals, list(headline.paper_test_error),
+                        list(headline.paper_test_error_std), fig_dir / "table1_errors.png")
     panels: dict[str, dict] = {}
     lr: dict[str, tuple] = {}
     for title, runs in (("MNIST test set (Table 1)", table1), ("expanded-MNIST test set (§5.2, 40×40)", s52),

@@ -135,6 +135,12 @@ class Run:
         """The commit as compared across runs: its first 7 characters (the journal tags hold only those)."""
         return short(self.commit)
 
+    @property
+    def images_trained(self) -> int | None:
+        """Training images this run drew (steps × batch), as it recorded them; None where it did not."""
+        steps = self.config.get("steps_trained")
+        return None if steps is None else int(steps) * int(self.cfg["batch_size"])
+
     def last_epochs_error(self, k: int = LAST_EPOCHS) -> float:
         """Mean per-epoch test error % of the last k epochs (a stability diagnostic, not a headline)."""
         return float(self.history.test_error_pct.iloc[-k:].mean())

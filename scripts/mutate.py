@@ -41,6 +41,7 @@ STACK = "tests/test_stack.py"
 COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
+POWER = "tests/test_power.py"
 WARM = "tests/test_warm.py"
 
 MUTATIONS = [
@@ -149,11 +150,24 @@ MUTATIONS = [
              ("tests/test_scale.py::test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot",)),
     # --- statistics and report ---
     Mutation("effect interval without the seed terms", "pipeline/stats.py",
-             "terms = [(rate_a.var(ddof=1) / m, m - 1), (rate_b.var(ddof=1) / n, n - 1), (v_test, units - 1)]",
-             "terms = [(v_test, units - 1)]", (STATS,)),
+             "return [(self.var_a / n_a, n_a - 1), (self.var_b / n_b, n_b - 1), (v_test, self.units - 1)]",
+             "return [(v_test, self.units - 1)]", (STATS,)),
     Mutation("90 % intervals called 95 %", "pipeline/stats.py", "LEVEL = 0.95", "LEVEL = 0.90", (STATS,)),
     Mutation("normal instead of t quantile", "pipeline/stats.py",
              "float(stats.t.ppf(0.5 + level / 2, df))", "float(stats.norm.ppf(0.5 + level / 2))", (STATS,)),
+    Mutation("power computed one-sided", "pipeline/power.py",
+             "return float(sps.nct.sf(critical, df, shift) + sps.nct.cdf(-critical, df, shift))",
+             "return float(sps.nct.sf(float(sps.t.ppf(level, df)), df, shift))", (POWER,)),
+    Mutation("power from the normal quantile instead of t", "pipeline/power.py",
+             "critical = float(sps.t.ppf(0.5 + level / 2, df))", "critical = float(sps.norm.ppf(0.5 + level / 2))",
+             (POWER,)),
+    Mutation("seeds needed from one arm's seed variance for both", "pipeline/stats.py",
+             "(self.var_b / n_b, n_b - 1)", "(self.var_a / n_b, n_b - 1)", (POWER,)),
+    Mutation("GPU time from another variant's speed", "pipeline/costs.py",
+             "if row.variant == variant and row.device", "if row.device", (POWER,)),
+    Mutation("an effect's GPU time counts one arm twice", "pipeline/report_claims.py",
+             "run_cost(runs_a, seeds, bench), run_cost(runs_b, seeds, bench)",
+             "run_cost(runs_a, seeds, bench), run_cost(runs_a, seeds, bench)", (POWER,)),
     Mutation("rows pool commits", "pipeline/runs.py",
              "out.setdefault((r.variant, r.protocol_key, r.commit_key), []).append(r)",
              'out.setdefault((r.variant, r.protocol_key, ""), []).append(r)', (REPORT,)),

@@ -12,7 +12,7 @@ def published_block() -> str:
     reports = REPO / "reports"
     affnist = reports / "affnist.csv"
     return rp.readme_block(pd.read_csv(reports / "results.csv"), pd.read_csv(reports / "effects.csv"),
-                           pd.read_csv(affnist) if affnist.stat().st_size else None)
+                           pd.read_csv(affnist) if affnist.stat().st_size else None, pd.read_csv(reports / "claims.csv"))
 
 
 def test_readme_results_block_is_the_one_the_published_tables_give():
@@ -31,6 +31,8 @@ def test_the_block_states_every_row_and_effect_of_the_first_protocol():
         assert f"{r.test_error_mean:.2f} ± {r.test_error_std:.2f}: {r.verdict}" in block, r.variant
     for e in pd.read_csv(REPO / "reports" / "effects.csv").itertuples():
         assert f"- {e.effect}: {e.our_delta:+.2f}" in block and e.status in block
+    for c in pd.read_csv(REPO / "reports" / "claims.csv").itertuples():  # every claim with its status
+        assert f"- {c.claim}: **{c.status}**" in block
 
 
 def test_rewrite_replaces_only_the_block(tmp_path):

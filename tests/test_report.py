@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from pipeline import report as rp
 from pipeline import report_affnist as ra
+from pipeline import report_claims as rc
 from pipeline import runs as rr
 
 REFERENCE = rr.paper_reference()
@@ -436,6 +437,7 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
     figs = tmp_path / "reports" / "figures"
     for name in ("table1_errors", "learning_curves", "reconstructions", "fig4", "affnist_bins"):
         assert (figs / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert list(pd.read_csv(tmp_path / "reports" / "claims.csv").columns[:4]) == ["claim", "paper", "ours", "status"]
     curves = pd.read_csv(tmp_path / "reports" / "plots" / "learning_curves.csv")
     assert curves.to_dict("list") == {"variant": ["capsnet_r1"] * 2, "epoch": [1, 2], "test_error_pct": [3.0, 1.5]}
     confusion = pd.read_csv(tmp_path / "reports" / "plots" / "confusion.csv")
@@ -458,3 +460,34 @@ def test_runs_evaluated_before_uniform_metric_keys_still_load(tmp_path, image_si
     [run] = load(tmp_path, ["capsnet_r1"], [0])
     assert run.metrics == {"error_pct": 1.0, "transformed_error_pct": 50.0, "n_test": 200, "n_transformed": 200,
                            "n_params": 5, "epochs_trained": 1, "reached_target": False}
+
+
+def test_effects_and_verdicts_say_what_would_settle_them(tmp_path):
+    """The report's power columns come from each row's own runs: the effect's interval parts and each
+    arm's seeds, our spread against the paper's σ; the Claims section leads the report."""
+    import numpy as np
+
+    from pipeline import power, stats
+
+    for seed, (a, b) in enumerate([(0.5, 1.0), (1.0, 1.5), (1.5, 1.0)]):
+        fabricate(tmp_path, "capsnet_r3_recon", seed, a, n=1000)
+        fabricate(tmp_path, "capsnet_r3", seed, b, n=1000, recon=False)
+    runs = load(tmp_path, ["capsnet_r3_recon", "capsnet_r3"], [0, 1, 2])
+    row = rp.effects(runs, REFERENCE).set_index("effect").loc["reconstruction on vs off, routing 3"]
+    parts = stats.effect_parts(np.stack([~r.correct["test"] for r in runs[:3]]),
+                               np.stack([~r.correct["test"] for r in runs[3:]]))
+    assert row.mde == pytest.approx(power.detectable(parts.terms()))
+    # nested wrong images (seed 2's include seed 1's): per-image seed noise, which more seeds average away
+    assert parts.systematic == 0 and power.power(-0.10, parts.floor()) == pytest.approx(1.0)
+    assert row.seeds_needed == power.seeds_phrase(power.effect_seeds_needed(parts, -0.10), -0.10) == "more than 100"
+    assert math.isnan(row.gpu_hours)  # no benchmarks given: no estimate, never a guess
+    verdict = rp.summarize(runs, REFERENCE).set_index("variant").loc["capsnet_r3_recon"]
+    terms = power.paper_terms(0.25, 3, 0.005)  # our seed variance of 0.5, 1.0, 1.5; the paper's σ
+    assert verdict.equivalence_margin == pytest.approx(power.equivalence_margin(1.0 - 0.25, terms))
+    assert verdict.seeds_to_separate == str(power.seeds_needed(0.75, lambda k: power.paper_terms(0.25, k, 0.005)))
+    effect_table = rp.effects(runs, REFERENCE)
+    claims = rc.claims(effect_table, None, effect_table.protocol.iloc[0])
+    text = rp.render_markdown(rp.summarize(runs, REFERENCE), effect_table, profile="gpu", deviations=[],
+                              provenance={}, figures={}, reference=REFERENCE, claims=claims)
+    assert text.index("## Claims") < text.index("## Table 1") < text.index("#### What would settle each effect")
+    assert "| Reconstruction helps (routing 3) | -0.10 pp |" in text and "### What would settle each verdict" in text

@@ -1,0 +1,82 @@
+"""What more seeds would cost in GPU time, from the training speeds measured in reports/benchmarks.md.
+
+The benchmarks file holds `capsnet bench`'s rows as tables, one section per device (`## GPU: one
+NVIDIA H100 80GB HBM3 (…)`) and one table per variant (`### capsnet_r3_recon (…)`), a row per
+configuration (`capsnet-repro bf16 + compile (model+loss) | 24,374 | …`). A run's cost is its
+training images (steps × batch, as it recorded them) over the images/s of *its own variant* in the
+configuration it trained with (bf16 autocast and compile as recorded) on its recorded device: an
+estimate (a bench step times training only, a run also scores the test set each epoch; runs side
+by side share a GPU), always stated with the row it comes from. No row for a variant, device or
+configuration means no estimate: never another variant's speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIGURATIONS = {  # (bf16 autocast, compile) -> how benchmarks.md names the training step's row
+    (True, True): "bf16 + compile", (True, False): "bf16 autocast", (False, False): "eager fp32",
+    (False, True): "compile"}
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One measured training speed: a variant's one-seed step in one configuration on one device."""
+
+    variant: str
+    device: str  # the section heading's device, e.g. "NVIDIA H100 80GB HBM3"
+    configuration: str  # the table's first column, e.g. "capsnet-repro bf16 + compile (model+loss)"
+    images_per_s: float
+    section: str  # the section heading, with its date
+
+    def cite(self) -> str:
+        """'<section> | <variant> <configuration>: N images/s' (`sources` groups them by section)."""
+        return (f"{self.section} | {self.variant} {self.configuration.removeprefix('capsnet-repro ')}: "
+                f"{self.images_per_s:,.0f} images/s")
+
+
+def sources(cites: list[str]) -> str:
+    """Cited rows (`BenchRow.cite`) as one sentence per benchmarks.md section."""
+    by_section: dict[str, list[str]] = {}
+    for cite in dict.fromkeys(cites):
+        section, _, row = cite.partition(" | ")
+        by_section.setdefault(section, []).append(row)
+    return " ".join(f"reports/benchmarks.md, {section}: {', '.join(rows)}." for section, rows in by_section.items())
+
+
+def bench_rows(path: Path) -> list[BenchRow]:
+    """The one-seed GPU training rows of a benchmarks file ([] when it does not exist)."""
+    if not path.is_file():
+        return []
+    rows, section, device, variant = [], "", "", ""
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+            device = section.split("one ", 1)[1].split(" (")[0] if section.startswith("GPU: one ") else ""
+            variant = ""
+        elif line.startswith("### "):
+            variant = line[4:].split()[0]
+        elif device and variant and line.startswith("| capsnet-repro "):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            try:
+                rows.append(BenchRow(variant, device, cells[0], float(cells[1].replace(",", "")), section))
+            except (IndexError, ValueError):
+                continue  # not a speed row
+    return rows
+
+
+def speed(rows: list[BenchRow], variant: str, device: str, amp: bool, compiled: bool) -> BenchRow | None:
+    """``variant``'s row on ``device`` (a run's recorded device name) in the configuration it trained
+    with, or None when none was measured."""
+    wanted = CONFIGURATIONS[bool(amp), bool(compiled)]
+    for row in rows:
+        name = row.configuration.removeprefix("capsnet-repro ")
+        if row.variant == variant and row.device and row.device in device and name.startswith(wanted):
+            return row
+    return None
+
+
+def gpu_hours(seeds: int, images_per_seed: float, row: BenchRow) -> float:
+    """GPU-hours for ``seeds`` runs of ``images_per_seed`` training images each at ``row``'s speed."""
+    return seeds * images_per_seed / row.images_per_s / 3600
