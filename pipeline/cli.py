@@ -81,6 +81,14 @@ def prepare(raw_dir: str, out_dir: str, montage: str, affnist_montage: str, para
     click.echo(prepare_stage.run(params, Path(raw_dir), Path(out_dir), Path(montage), Path(affnist_montage)))
 
 
+def _params_for_hints(path: str) -> Params | None:
+    """params.yaml where it loads (to name stages in hints), else None: evaluation itself needs none."""
+    try:
+        return load_params(path)
+    except UserError:
+        return None
+
+
 def parse_seeds(text: str, params: Params) -> list[int]:
     """"2" -> [2]; "0,1,2" -> [0, 1, 2] (stacked in one process); "all" -> params.yaml's ablation.seeds
     (what dvc.yaml's train_stacked stage passes: DVC cannot put a list into a command)."""
@@ -134,8 +142,9 @@ def train(variant: str, seeds: str, data_dir: str, out_dir: str, checkpoint_path
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
+@PARAMS_OPTION
 @user_errors
-def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
+def evaluate(model_dir: str, data_dir: str, out_dir: str, params_path: str) -> None:
     """Evaluate MODEL_DIR on its clean and transformed test sets in DATA_DIR; write OUT_DIR.
 
     28×28 models: MNIST test and the affine-shifted set; 40×40 (§5.2): expanded MNIST and
@@ -146,7 +155,7 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str) -> None:
     """
     from pipeline import evaluate_stage
 
-    metrics = evaluate_stage.run(Path(model_dir), Path(data_dir), Path(out_dir))
+    metrics = evaluate_stage.run(Path(model_dir), Path(data_dir), Path(out_dir), _params_for_hints(params_path))
     transformed = (f", transformed test error {metrics['transformed_error_pct']:.2f}%"
                    if "transformed_error_pct" in metrics else "")
     click.echo(f"{model_dir}: test error {metrics['error_pct']:.2f}%{transformed} -> {out_dir}")
@@ -315,9 +324,10 @@ def _replay(tracker, journals: list[Path], quiet: bool = False) -> int:
 @click.option("--dry-run", is_flag=True, help="load the journals and print the URL, without starting the UI")
 @user_errors
 def ui(journal_dir: str, port: int, dry_run: bool) -> None:
-    """Open the project's runs in the MLflow UI: load the published run journals into the store
-    ($MLFLOW_TRACKING_URI or mlflow.db) if they are not there yet, then serve `mlflow ui` on
-    127.0.0.1 and print the experiment's URL. Ctrl-C stops it."""
+    """Open the published runs in the MLflow UI: load the published run journals into the store
+    ($MLFLOW_TRACKING_URI or mlflow.db) if they are not there yet, tag them published, then serve
+    `mlflow ui` on 127.0.0.1 and print the URL of their runs table (each profile's runs, the smoke
+    run's too, are in an experiment of their own). Ctrl-C stops it."""
     import subprocess
 
     from pipeline import tracking
@@ -325,9 +335,16 @@ def ui(journal_dir: str, port: int, dry_run: bool) -> None:
     tracker = tracking.Tracker()
     journals = sorted(Path(journal_dir).glob("*.jsonl")) if Path(journal_dir).is_dir() else []
     added = _replay(tracker, journals, quiet=True)
+    experiments = tracker.mark_published({j.stem for j in journals})
     click.echo(f"{added} published run(s) loaded, {len(journals) - added} already in {tracker.uri}")
-    url = f"http://127.0.0.1:{port}/#/experiments/{tracker.experiment_id}"
-    click.echo(f"experiment {tracking.EXPERIMENT}: {url}  (Group by: Params > variant; Ctrl-C stops the UI)")
+    if experiments:
+        name = tracker.client.get_experiment(experiments[0]).name
+        url = tracking.runs_url(port, experiments[0], f"tags.{tracking.PUBLISHED_TAG} = 'true'")
+        click.echo(f"the published runs (experiment {name}): {url}")
+    else:
+        url = tracking.runs_url(port, tracker.experiment_id)
+        click.echo(f"no published runs in {journal_dir}; experiment {tracking.EXPERIMENT}: {url}")
+    click.echo("(rows sorted by variant; Group by: Params > variant; Ctrl-C stops the UI)")
     if dry_run:
         return
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracker.uri, "--host", "127.0.0.1",

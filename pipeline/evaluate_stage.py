@@ -23,6 +23,8 @@ from pipeline.data import dataset_input, load_split, split_metadata, test_sets
 from pipeline.errors import UserError
 from pipeline.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
 from pipeline.files import atomic_path, writable_dir, write_json
+from pipeline.params import Params
+from pipeline.stages import rerun_hint
 from pipeline.train import RunConfig, build_model, place_model, resolve_device
 
 
@@ -41,9 +43,11 @@ def uniform_metrics(metrics: dict, clean: str, transformed: str) -> dict:
     return {legacy.get(k, k): v for k, v in metrics.items()}
 
 
-def load_model(model_dir: Path) -> tuple[dict, RunConfig, torch.nn.Module]:
-    """(config.json, its RunConfig, the model with its trained weights) of a train stage's output."""
-    retrain = "retrain it with `dvc repro -f train@<variant>-<seed>`"
+def load_model(model_dir: Path, params: Params | None = None) -> tuple[dict, RunConfig, torch.nn.Module]:
+    """(config.json, its RunConfig, the model with its trained weights) of a train stage's output
+    (models/<variant>/seed<k>); what is missing or corrupt names the stage that retrains it, as
+    ``params``' ablation names it."""
+    retrain = f"retrain it with {rerun_hint(params, model_dir.parent.name, model_dir.name.removeprefix('seed'), 'train')}"
     try:
         saved = json.loads((model_dir / "config.json").read_text())
         cfg = RunConfig(**saved["config"])
@@ -59,9 +63,10 @@ def load_model(model_dir: Path) -> tuple[dict, RunConfig, torch.nn.Module]:
     return saved, cfg, place_model(model, cfg, resolve_device(cfg.device)).eval()
 
 
-def run(model_dir: Path, data_dir: Path, out: Path) -> dict[str, float]:
-    """Evaluate ``model_dir`` and write ``out``; returns metrics.json's content."""
-    saved, cfg, model = load_model(model_dir)
+def run(model_dir: Path, data_dir: Path, out: Path, params: Params | None = None) -> dict[str, float]:
+    """Evaluate ``model_dir`` and write ``out``; returns metrics.json's content. ``params``: for the
+    stage names a hint gives."""
+    saved, cfg, model = load_model(model_dir, params)
     writable_dir(out, "output")
     if cfg.multimnist:
         return run_multimnist(saved, cfg, model, model_dir, data_dir, out)
@@ -117,7 +122,7 @@ def log_evaluation(saved: dict, model_dir: Path, out: Path, metrics: dict[str, f
     the run has already, as training's clean test set, stays as it was); where the store does not
     hold that run (the model was trained against another store), say so and leave the written
     evaluation as it is."""
-    tracker = tracking.open_tracker()
+    tracker = tracking.open_tracker(saved["config"].get("profile", "paper"))
     run_id = saved["run_id"]
     if not tracker.has_run(run_id):
         warnings.warn(f"{model_dir} was trained as MLflow run {run_id}, which the tracking store {tracker.uri} does "

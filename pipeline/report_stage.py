@@ -38,7 +38,7 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     variants, seeds = list(p.ablation.variants), list(p.ablation.seeds)
     skip = rr.missing_runs(models_dir, results_dir, variants, seeds) if missing == "list" else []
     not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
-    runs = rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip)
+    runs = rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p)
     table1 = [r for r in runs if r.image_size == MNIST_SIZE]
     multi = [r for r in runs if r.image_size == MULTIMNIST_SIZE]
     s52 = [r for r in runs if r.image_size not in (MNIST_SIZE, MULTIMNIST_SIZE)]
@@ -89,7 +89,7 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     if gap is not None:
         headline["affnist_gap_pp"] = {k: round(gap[k], 4) for k in ("gap", "ci_low", "ci_high")}
     files = [out / name for name in tables] + [*(out / v for v in shown.values())]
-    tracking.open_tracker().log_report(files, p.base.profile, metrics=flatten(headline))
+    tracking.open_tracker(p.base.profile).log_report(files, p.base.profile, metrics=flatten(headline))
     return out / "ablation.md"
 
 

@@ -30,12 +30,28 @@ from pipeline.files import file_lock
 
 JOURNAL_ENV = "CAPSNET_TRACKING_JOURNAL"
 
-EXPERIMENT = "capsnet-repro"
+EXPERIMENT = "capsnet-repro"  # the paper protocol's experiment; each other profile has its own (`experiment_name`)
+PUBLISHED_TAG = "published"  # runs loaded from reports/runs/journal by `capsnet ui`: the published results
 # MLflow 3's UI opens experiments in GenAI mode unless they say they are model training
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 PARAM_KEYS = ("variant", "model", "routing_iterations", "reconstruction", "seed", "batch_size", "lr",
               "lr_decay_rate", "lr_decay_steps", "lr_schedule_epochs", "epochs", "steps", "amp", "compile", "n_params",
               "device", "torch_version", "profile", "recipe", "image_size", "n_train", "n_test")
+
+
+def experiment_name(profile: str) -> str:
+    """The MLflow experiment of a profile's runs: profiles never share one, so the published GPU runs
+    (capsnet-repro-gpu) are never mixed with two-step smoke runs (capsnet-repro-smoke)."""
+    return EXPERIMENT if profile in ("paper", "") else f"{EXPERIMENT}-{profile}"
+
+
+def runs_url(port: int, experiment_id: str, search: str = "") -> str:
+    """The MLflow UI's runs table of an experiment (its own route: the bare experiment URL opens MLflow
+    3's GenAI overview), sorted by variant so each variant's seeds sit together, filtered by ``search``."""
+    from urllib.parse import urlencode
+
+    query = {"orderByKey": "params.`variant`", "orderByAsc": "true"} | ({"searchFilter": search} if search else {})
+    return f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
 
 
 def repo_root() -> Path:
@@ -71,29 +87,34 @@ def _store_lock(uri: str) -> Path | None:
 
 
 class Tracker:
-    """A thin client bound to the experiment; every call names its run id explicitly."""
+    """A thin client bound to one profile's experiment (`experiment_name`); every call names its run
+    id explicitly."""
 
-    def __init__(self, uri: str | None = None):
+    def __init__(self, uri: str | None = None, profile: str = "paper"):
         from mlflow.tracking import MlflowClient
 
-        self.uri = uri or tracking_uri()
+        self.uri, self.profile = uri or tracking_uri(), profile
         lock = _store_lock(self.uri)
         with file_lock(lock, wait=True) if lock else contextlib.nullcontext():
             self.client = MlflowClient(self.uri)
-            self.experiment_id = self._experiment_id()
+            self.experiment_id = self._experiment_id(experiment_name(profile))
 
-    def _experiment_id(self) -> str:
-        """The experiment's id, created on first use (a concurrent creator elsewhere is tolerated)."""
+    def _experiment_id(self, name: str) -> str:
+        """The id of experiment ``name``, created on first use as a training-runs experiment (a
+        concurrent creator elsewhere is tolerated; an older one without the kind tag gets it)."""
         import mlflow
 
-        experiment = self.client.get_experiment_by_name(EXPERIMENT)
+        experiment = self.client.get_experiment_by_name(name)
         if experiment is not None:
+            for key, value in EXPERIMENT_TAGS.items():
+                if experiment.tags.get(key) != value:
+                    self.client.set_experiment_tag(experiment.experiment_id, key, value)
             return experiment.experiment_id
         try:
-            return self.client.create_experiment(EXPERIMENT, artifact_location=(repo_root() / "mlruns").as_uri(),
+            return self.client.create_experiment(name, artifact_location=(repo_root() / "mlruns").as_uri(),
                                                  tags=EXPERIMENT_TAGS)
         except mlflow.exceptions.MlflowException:
-            return self.client.get_experiment_by_name(EXPERIMENT).experiment_id  # created meanwhile
+            return self.client.get_experiment_by_name(name).experiment_id  # created meanwhile
 
     def start(self, run_name: str, params: dict, run_id: str | None = None) -> str:
         """Reopen ``run_id`` (a resumed run) or create a run with the common param keys and tags."""
@@ -195,13 +216,31 @@ class Tracker:
     def epoch_logger(self, run_id: str) -> "EpochLogger":
         return EpochLogger(self, run_id)
 
+    def synced_journals(self) -> dict[str, str]:
+        """{journal run id: MLflow run id} of every run replayed into this store's capsnet experiments."""
+        experiments = [e.experiment_id for e in self.client.search_experiments(filter_string=f"name LIKE '{EXPERIMENT}%'")]
+        runs = self.client.search_runs(experiments, max_results=50000) if experiments else []
+        return {r.data.tags["journal_run_id"]: r.info.run_id for r in runs if "journal_run_id" in r.data.tags}
+
     def synced_journal_ids(self) -> set[str]:
-        runs = self.client.search_runs([self.experiment_id], max_results=50000)
-        return {r.data.tags["journal_run_id"] for r in runs if "journal_run_id" in r.data.tags}
+        return set(self.synced_journals())
+
+    def mark_published(self, journal_ids: set[str]) -> list[str]:
+        """Tag the runs replayed from ``journal_ids`` `published = true` (the filter `make ui` opens on);
+        returns their experiments' ids, the most runs first."""
+        synced = self.synced_journals()
+        experiments: dict[str, int] = {}
+        for journal_id in journal_ids & synced.keys():
+            run = self.client.get_run(synced[journal_id])
+            if run.data.tags.get(PUBLISHED_TAG) != "true":
+                self.set_tag(run.info.run_id, PUBLISHED_TAG, "true")
+            experiments[run.info.experiment_id] = experiments.get(run.info.experiment_id, 0) + 1
+        return sorted(experiments, key=lambda e: -experiments[e])
 
     def replay(self, journal: Path) -> str | None:
-        """Replay one journal file into this store as a new run; None if it was synced before.
-        A torn last line (a trainer killed mid-write) is left out with a warning (`read_journal`)."""
+        """Replay one journal file into this store as a new run, in its profile's experiment; None if
+        it was synced before. A torn last line (a trainer killed mid-write) is left out with a
+        warning (`read_journal`)."""
         from mlflow.entities import Param
 
         events = read_journal(journal)
@@ -212,8 +251,9 @@ class Tracker:
             return None
         start = events[0]
         tags = {**start["tags"], "journal_run_id": journal_id}
-        run_id = self.client.create_run(self.experiment_id, run_name=start["run_name"], tags=tags,
-                                        start_time=start["time_ms"]).info.run_id
+        profile = start["params"].get("profile") or start["tags"].get("profile") or "paper"
+        run_id = self.client.create_run(self._experiment_id(experiment_name(profile)), run_name=start["run_name"],
+                                        tags=tags, start_time=start["time_ms"]).info.run_id
         if start["params"]:
             self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in start["params"].items()])
         status, end_ms = "RUNNING", None
@@ -348,10 +388,11 @@ class JournalTracker:
         return EpochLogger(self, run_id)
 
 
-def open_tracker() -> Tracker | JournalTracker:
-    """A journal when $CAPSNET_TRACKING_JOURNAL names a folder, else the MLflow store."""
+def open_tracker(profile: str) -> Tracker | JournalTracker:
+    """A journal when $CAPSNET_TRACKING_JOURNAL names a folder, else the MLflow store's experiment of
+    ``profile`` (a journal's runs go to theirs when replayed)."""
     folder = os.environ.get(JOURNAL_ENV)
-    return JournalTracker(folder) if folder else Tracker()
+    return JournalTracker(folder) if folder else Tracker(profile=profile)
 
 
 def common_params(params: dict) -> dict:

@@ -114,7 +114,7 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
     with file_lock(checkpoint.with_name(checkpoint.name + ".lock"), wait=False, what=f"{what}'s checkpoint {checkpoint}"):
         state = load_checkpoint(checkpoint, cfgs)
         env = tracking.environment()
-        tracker = tracking.open_tracker()
+        tracker = tracking.open_tracker(cfg.profile)
         params_per_seed = [run_params(c, data, device, env) for c in cfgs]
         run_ids: list[str] = []
         try:

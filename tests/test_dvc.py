@@ -95,11 +95,11 @@ def test_a_smoke_experiment_leaves_params_and_lock_as_committed(ran):
     from mlflow.tracking import MlflowClient
 
     from pipeline.profiles import PROFILES
-    from pipeline.tracking import EXPERIMENT
+    from pipeline.tracking import experiment_name
 
     batch = PROFILES["smoke"]["train.batch_size"]  # not the committed params.yaml's
     client = MlflowClient(f"sqlite:///{a}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id],
+    runs = client.search_runs([client.get_experiment_by_name(experiment_name("smoke")).experiment_id],
                               f"attributes.start_time >= {started_ms}")
     assert sorted(r.info.run_name for r in runs) == [f"capsnet_r1-seed{k}" for k in SEEDS]  # the smoke's, once each
     assert all(r.data.params["batch_size"] == str(batch) for r in runs)

@@ -34,7 +34,7 @@ def stage(tmp_path, monkeypatch):
 
 def runs(root):
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
-    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    experiment = client.get_experiment_by_name(tracking.experiment_name("smoke"))
     return [] if experiment is None else client.search_runs([experiment.experiment_id])
 
 
@@ -106,7 +106,7 @@ def test_sigterm_marks_the_run_failed(stage, monkeypatch):
 
 def test_a_stale_running_run_is_closed_when_the_stage_runs_again(stage):
     root, train = stage
-    tracker = tracking.Tracker()
+    tracker = tracking.Tracker(profile="smoke")  # the stage's params are the smoke profile's
     params = {k: "x" for k in tracking.PARAM_KEYS}
     stale = tracker.start("capsnet_r1-seed0", params)  # a trainer killed by SIGKILL: never said it ended
     other = tracker.start("capsnet_r3-seed0", params)

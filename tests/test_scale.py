@@ -157,7 +157,7 @@ def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_
     from pipeline import tracking
 
     client = MlflowClient(fanned_out["uri"])
-    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    experiment = client.get_experiment_by_name(tracking.experiment_name("smoke"))
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
     assert set(runs) == set(RUNS)  # one run per seed, stacked or not
     head = sh(fanned_out["repo"], "git", "rev-parse", "HEAD").strip()
@@ -274,7 +274,7 @@ def test_deferred_runs_synced_later_equal_the_directly_logged_ones(cluster, fann
     synced, live = MlflowClient(store), MlflowClient(fanned_out["uri"])
 
     def by_name(client):
-        experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+        experiment = client.get_experiment_by_name(tracking.experiment_name("smoke"))
         return {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
 
     def artifacts(client, run_id, path=None):

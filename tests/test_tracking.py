@@ -44,7 +44,9 @@ def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "1 run(s) added" in result.output
     client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
-    (run,) = client.search_runs([client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id])
+    experiment = client.get_experiment_by_name(tracking.experiment_name(PARAMS["profile"]))  # its profile's own
+    assert experiment.name == "capsnet-repro-PROFILE" and tracking.experiment_name("paper") == "capsnet-repro"
+    (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "capsnet_r1-seed0" and run.info.status == "FINISHED"
     assert run.data.params == PARAMS and run.data.tags["journal_run_id"] == journal_id
     assert run.data.tags["missing_artifact.model.safetensors"] == "models/model.safetensors"
@@ -64,10 +66,10 @@ def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
 
 def test_open_tracker_defers_when_a_journal_folder_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv(tracking.JOURNAL_ENV, str(tmp_path / "j"))
-    assert isinstance(tracking.open_tracker(), tracking.JournalTracker)
+    assert isinstance(tracking.open_tracker("smoke"), tracking.JournalTracker)
     monkeypatch.delenv(tracking.JOURNAL_ENV)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
-    assert isinstance(tracking.open_tracker(), tracking.Tracker)
+    assert isinstance(tracking.open_tracker("smoke"), tracking.Tracker)
 
 
 def test_sync_rejects_an_empty_folder_and_a_foreign_file(tmp_path, monkeypatch):
@@ -117,7 +119,8 @@ def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses
     assert result.exit_code == 0, result.output
     assert f"warning: {path}: line {len(lines)} is torn" in result.output
     client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
-    (run,) = client.search_runs([client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id])
+    experiment = client.get_experiment_by_name(tracking.experiment_name(PARAMS["profile"]))  # its profile's own
+    (run,) = client.search_runs([experiment.experiment_id])
     history = client.get_metric_history(run.info.run_id, "test_error_pct")
     assert [(m.step, m.value) for m in history] == [(1, 4.0), (2, 3.0), (3, 2.5)]  # every complete epoch
 
@@ -130,7 +133,8 @@ def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses
 
 def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path, monkeypatch):
     """`capsnet ui` (make ui): the published journals go into the store once (a second start adds
-    none), then `mlflow ui` on loopback serves the experiment with those runs."""
+    none), into their profile's own experiment, tagged published; the URL it prints is the runs
+    table (not MLflow 3's GenAI overview) filtered on that tag; `mlflow ui` on loopback serves them."""
     import os
     import shutil
     import signal
@@ -152,6 +156,13 @@ def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path, monkeypa
     first = CliRunner().invoke(main, ["ui", "--journal", str(tmp_path / "journal"), "--dry-run"])
     assert first.exit_code == 0, first.output
     assert "2 published run(s) loaded, 0 already" in first.stdout and "/#/experiments/" in first.stdout
+    url = first.stdout.split("the published runs (experiment capsnet-repro-gpu): ")[1].split()[0]
+    experiment_id = url.split("/#/experiments/")[1].split("/")[0]
+    assert url == tracking.runs_url(5000, experiment_id, "tags.published = 'true'")
+    assert "/runs?" in url and "searchFilter=tags.published+%3D+%27true%27" in url and "orderByKey=params." in url
+    store = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    assert store.get_experiment(experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert all(r.data.tags["published"] == "true" for r in store.search_runs([experiment_id]))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -161,7 +172,7 @@ def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path, monkeypa
         deadline = time.time() + 180
         while True:
             try:
-                body = json.dumps({"experiment_ids": [first.stdout.split("/#/experiments/")[1].split()[0]]}).encode()
+                body = json.dumps({"experiment_ids": [experiment_id]}).encode()
                 request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search", data=body,
                                                  headers={"Content-Type": "application/json"})
                 runs = json.loads(urllib.request.urlopen(request, timeout=5).read())["runs"]

@@ -94,6 +94,29 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tmp_path, 
     assert torch.load(checkpoint, weights_only=False)["epoch"] == 0  # epoch 1 is kept
 
 
+@pytest.mark.parametrize("damage", ["cut short", "a pickled object"])
+def test_an_unreadable_checkpoint_is_moved_aside_and_training_starts_afresh(tmp_path, damage):
+    """A checkpoint cut short (a full disk) or holding anything but tensors, numbers, strings, lists
+    and dicts (read with weights_only=True: nothing in it runs) is moved aside with one warning,
+    never deleted, and the run trains from the start."""
+    import datetime
+
+    checkpoint = tmp_path / "c.pt"
+    train(tiny_config(epochs=1), tiny_data(), checkpoint)
+    good = checkpoint.read_bytes()
+    assert torch.load(checkpoint, weights_only=True)["epoch"] == 0  # what training writes loads safely
+    if damage == "cut short":
+        checkpoint.write_bytes(good[: len(good) // 2])
+    else:  # an object unpickling would build (and could run code for): not a tensor, number, string, list or dict
+        torch.save({"digest": datetime.datetime(2026, 1, 1)}, checkpoint)
+    bad = checkpoint.read_bytes()
+    with pytest.warns(UserWarning, match=r"checkpoint .*c\.pt is unreadable .*moved aside to .*training starts afresh"):
+        result = train(tiny_config(epochs=1), tiny_data(), checkpoint)
+    [aside] = tmp_path.glob("c.pt.unreadable-*")
+    assert aside.read_bytes() == bad and result.resumed_from_epoch == 0 and len(result.history) == 1
+    assert torch.load(checkpoint, weights_only=True)["epoch"] == 0  # a fresh one in its place
+
+
 def test_early_stopping_stops_at_the_first_epoch_reaching_the_target(tmp_path, monkeypatch):
     """A constructed sequence of per-epoch test errors: accuracy 95 %, 99.22 %, 99.23 %, 99.5 %, ..."""
     data = tiny_data()
@@ -181,7 +204,7 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
         assert 0 <= metrics["error_pct"] <= 100 and 0 <= metrics["transformed_error_pct"] <= 100
     assert (root / "results" / "capsnet_r1_recon" / "fig4.png").is_file()
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
-    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    experiment = client.get_experiment_by_name(tracking.experiment_name("smoke"))
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["baseline_cnn-seed0", "capsnet_r1_recon-seed0"]
     assert all(r.info.status == "FINISHED" for r in runs)
@@ -224,7 +247,7 @@ def test_train_cli_stacks_several_seeds_with_one_run_and_directory_per_seed(pipe
                        root, monkeypatch)
         assert done.exit_code == 0, done.output
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id],
+    runs = client.search_runs([client.get_experiment_by_name(tracking.experiment_name("smoke")).experiment_id],
                               "attributes.run_name LIKE 'capsnet_r3-seed%'")  # the module's other tests log too
     assert sorted(r.info.run_name for r in runs) == ["capsnet_r3-seed0", "capsnet_r3-seed1"]
     assert all(r.info.status == "FINISHED" and r.data.params["seed"] == r.info.run_name[-1] for r in runs)
@@ -297,6 +320,20 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
         json.loads((results / "cnn_affnist" / "seed0" / "metrics.json").read_text())["error_pct"], abs=1e-4)
 
 
+@pytest.mark.parametrize("variant, stage", [("capsnet_r1", "train_stacked@capsnet_r1"),
+                                            ("baseline_cnn", "train@baseline_cnn-0")])
+def test_a_missing_model_names_the_train_stage_that_exists(pipeline_dir, monkeypatch, variant, stage):
+    """models/<variant>/seed0 without its config.json: the hint is the train stage params.yaml's
+    ablation makes for the variant (stacked: train_stacked@<variant>; separate: train@<variant>-<seed>)."""
+    from conftest import REPO
+
+    model_dir = pipeline_dir / "hints" / variant / "seed0"
+    model_dir.mkdir(parents=True)
+    result = run_cli(["evaluate", str(model_dir), str(pipeline_dir / "prepared"), str(pipeline_dir / "hints" / "out"),
+                      "--params", str(REPO / "params.yaml")], pipeline_dir, monkeypatch)
+    assert result.exit_code == 1 and f"retrain it with `dvc repro -f {stage}`" in result.output, result.output
+
+
 def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
     root = pipeline_dir
     real = stack_module.compute_loss
@@ -307,7 +344,7 @@ def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
                       "--checkpoint", str(root / "ckpt" / "nan.pt"), "--params", str(root / "params.yaml")], root, monkeypatch)
     assert result.exit_code == 1 and "non-finite loss at step" in result.output
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
-    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    experiment = client.get_experiment_by_name(tracking.experiment_name("smoke"))
     [run] = client.search_runs([experiment.experiment_id], "attributes.run_name = 'capsnet_r1-seed0'")
     assert run.info.status == "FAILED"
 
