@@ -23,6 +23,8 @@ from safetensors.torch import load_file, save_file
 from pipeline.data import test_sets
 from pipeline.errors import UserError
 from pipeline.evaluate_stage import uniform_metrics
+from pipeline.params import Params
+from pipeline.stages import rerun_hint
 
 NOT_RECORDED = "not recorded"
 LAST_EPOCHS = 5  # the end-of-training stability diagnostic: mean test error of the last epochs
@@ -194,10 +196,12 @@ def recorded_commit(config: dict, journal_dir: Path | None) -> tuple[str, str]:
 
 
 def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: list[int],
-              skip: list[tuple[str, int]] = (), journal_dir: Path | None = None) -> list[Run]:
-    """Every (variant, seed)'s evaluation but those in ``skip``; a missing one is an error naming it
-    and its path. ``journal_dir`` (default: beside models_dir) holds tracking journals that name the
-    commit of runs whose config.json does not."""
+              skip: list[tuple[str, int]] = (), journal_dir: Path | None = None,
+              params: Params | None = None) -> list[Run]:
+    """Every (variant, seed)'s evaluation but those in ``skip``; a missing one is an error naming it,
+    its path and the DVC stage that writes it (as ``params``' ablation names it). ``journal_dir``
+    (default: beside models_dir) holds tracking journals that name the commit of runs whose
+    config.json does not."""
     journal_dir = models_dir.parent / "journal" if journal_dir is None else journal_dir
     runs = []
     for variant in variants:
@@ -208,7 +212,7 @@ def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: l
             missing = [str(p) for p in _needed(models_dir, results_dir, variant, seed) if not p.is_file()]
             if missing:
                 raise ReportError(f"variant {variant} seed {seed} has no evaluation: missing {', '.join(missing)}; "
-                                  f"run `dvc repro evaluate@{variant}-{seed}`")
+                                  f"run {rerun_hint(params, variant, seed, 'evaluate')}")
             pred = load_file(str(result_dir / "predictions.safetensors"))
             sets = [k.removesuffix("_labels") for k in pred if k.endswith("_labels")]
             config = json.loads((model_dir / "config.json").read_text())

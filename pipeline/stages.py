@@ -23,14 +23,35 @@ def items(params: Params) -> list[str]:
     return [*ablation.stacked, *(f"{variant}-{seed}" for variant in ablation.separate for seed in ablation.seeds)]
 
 
+def train_stage(params: Params, variant: str, seed: int) -> str:
+    """The DVC stage that trains (``variant``, ``seed``): its stacked group's, or its own."""
+    return f"train_stacked@{variant}" if variant in params.ablation.stacked else f"train@{variant}-{seed}"
+
+
+def evaluate_stage(params: Params, variant: str, seed: int) -> str:
+    """The DVC stage that evaluates (``variant``, ``seed``)."""
+    return f"evaluate_stacked@{variant}-{seed}" if variant in params.ablation.stacked else f"evaluate@{variant}-{seed}"
+
+
 def stage_names(params: Params, item: str) -> list[str]:
     """The DVC stages of ``item``, in the order they run."""
     ablation = params.ablation
     if item in ablation.stacked:
-        return [f"train_stacked@{item}", *(f"evaluate_stacked@{item}-{seed}" for seed in ablation.seeds)]
+        return [train_stage(params, item, ablation.seeds[0]),
+                *(evaluate_stage(params, item, seed) for seed in ablation.seeds)]
     if item in items(params):
-        return [f"train@{item}", f"evaluate@{item}"]
+        variant, seed = item.rsplit("-", 1)
+        return [train_stage(params, variant, int(seed)), evaluate_stage(params, variant, int(seed))]
     raise UserError(f"{item!r} is not an item of params.yaml's ablation; `capsnet stages` lists them")
+
+
+def rerun_hint(params: Params | None, variant: str, seed: int | str, stage: str) -> str:
+    """`dvc repro -f <stage>` for (``variant``, ``seed``)'s train or evaluate ``stage`` as params.yaml's
+    ablation names it; where params do not list the pair, the command that lists every stage."""
+    if params is not None and variant in params.ablation.variants and str(seed).isdigit():
+        name = (train_stage if stage == "train" else evaluate_stage)(params, variant, int(seed))
+        return f"`dvc repro -f {name}`"
+    return f"the {stage} stage of {variant} seed {seed} (`capsnet stages --kind stages` lists every stage)"
 
 
 def item_at(all_items: list[str], index: int) -> str:

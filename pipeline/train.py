@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -268,7 +269,15 @@ def load_checkpoint(path: str | Path, cfgs: RunConfig | list[RunConfig]) -> dict
     path, cfgs = Path(path), group_config(cfgs)
     if not path.is_file():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    try:  # tensors, numbers, strings, lists and dicts only: nothing in a checkpoint runs code when read
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # cut short (a full disk), overwritten, or not a checkpoint at all
+        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(path, aside)
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        warnings.warn(f"checkpoint {path} is unreadable ({reason}); moved aside to {aside} (delete it once "
+                      "you have looked) and training starts afresh", stacklevel=2)
+        return None
     if state.get("digest") != group_digest(cfgs):
         warnings.warn(f"{path} belongs to another configuration; starting afresh", stacklevel=2)
         return None

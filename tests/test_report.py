@@ -180,6 +180,22 @@ def test_missing_seed_is_named(tmp_path):
         load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0])
 
 
+def test_a_missing_evaluation_names_the_stage_that_exists(tmp_path):
+    """The hint is the evaluate stage dvc.yaml's matrices make of params.yaml's ablation: stacked
+    variants (the CapsNets) are evaluate_stacked@…, separate ones (the CNNs) evaluate@…."""
+    from conftest import REPO
+
+    from pipeline import stages
+    from pipeline.params import load_params
+
+    params = load_params(REPO / "params.yaml")
+    assert "capsnet_r1" in params.ablation.stacked and "baseline_cnn" in params.ablation.separate
+    for variant, stage in (("capsnet_r1", "evaluate_stacked@capsnet_r1-0"), ("baseline_cnn", "evaluate@baseline_cnn-0")):
+        with pytest.raises(rr.ReportError, match=f"run `dvc repro -f {stage}`"):
+            load(tmp_path, [variant], [0], params=params)
+        assert stage in stages.stage_names(params, variant if variant in params.ablation.stacked else f"{variant}-0")
+
+
 @pytest.mark.parametrize("profile", ["smoke", "paper"])
 def test_smoke_banner_only_in_smoke_reports(tmp_path, profile):
     fabricate(tmp_path, "capsnet_r1", 0, 1.0)
