@@ -38,7 +38,10 @@ def power(delta: float, terms: Terms, level: float = LEVEL) -> float:
     df = min(satterthwaite(terms), 1e7)  # ν = ∞ (no finite term): the noncentral t is the normal
     critical = float(sps.t.ppf(0.5 + level / 2, df))
     shift = abs(delta) / se
-    return float(sps.nct.sf(critical, df, shift) + sps.nct.cdf(-critical, df, shift))
+    value = float(sps.nct.sf(critical, df, shift) + sps.nct.cdf(-critical, df, shift))
+    if math.isnan(value):  # scipy's noncentral t fails far out in its tails: there the answer is 0 or 1
+        return 1.0 if shift > critical else 0.0
+    return value
 
 
 def detectable(terms: Terms, level: float = LEVEL, target: float = POWER) -> float:
