@@ -130,7 +130,7 @@ def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.
                                f"{_recorded([r.adam_eps for r in ra])}), {b} at "
                                f"{', '.join(by_variant[b])} (Adam ε {_recorded([r.adam_eps for r in rb])})")})
                 continue
-            interval = stats.effect(err_a, err_b)
+            interval = stats.interval_of(parts)  # the parts above: per-image arrays read once
             seeds_b = {r.seed: r.metrics["error_pct"] for r in rb}
             per_seed = " ".join(f"{r.metrics['error_pct'] - seeds_b[r.seed]:+.2f}" for r in ra if r.seed in seeds_b)
             rows.append(row | {"commit": common[0], "our_delta": interval.estimate, "ci_low": interval.lo,

@@ -91,7 +91,8 @@ def affnist_gap(runs: list[Run], reference: dict, bench: list[costs.BenchRow] = 
     err_cnn = np.stack([~r.correct["affnist_test"] for r in cnn])  # (n, N)
     err_caps = np.stack([~r.correct["affnist_test"] for r in caps])  # (m, N)
     # what would settle the claim: seeds per model to see the paper's gap (report_claims), GPU time
-    settle = rc.effect_settling(stats.effect_parts(err_cnn, err_caps, groups), paper_gap, cnn, caps, list(bench))
+    parts = stats.effect_parts(err_cnn, err_caps, groups)  # error(CNN) − error(CapsNet) = accuracy gap
+    settle = rc.effect_settling(parts, paper_gap, cnn, caps, list(bench))
     out |= {"n_seeds": min(len(caps), len(cnn)), "seeds_needed": settle["seeds_needed"],
             "gpu_hours": settle["gpu_hours"], "cost_source": settle["cost_source"],
             "set": "real affNIST" if str(caps[0].breakdown["sources"].get("affnist_test", "")).startswith(REAL_AFFNIST)
@@ -100,7 +101,7 @@ def affnist_gap(runs: list[Run], reference: dict, bench: list[costs.BenchRow] = 
         gap = float(100 * (err_cnn.mean() - err_caps.mean()))
         return out | {"gap": gap, "ci_low": math.nan, "ci_high": math.nan,
                       "verdict": f"confounded (protocols or commits differ: {out['commits']})"}
-    interval = stats.effect(err_cnn, err_caps, groups)  # error(CNN) − error(CapsNet) = accuracy gap
+    interval = stats.interval_of(parts)
     return out | {"gap": interval.estimate, "ci_low": interval.lo, "ci_high": interval.hi,
                   "verdict": gap_verdict(interval.lo, interval.hi, paper_gap)}
 

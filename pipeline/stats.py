@@ -150,7 +150,11 @@ def effect(errors_a: np.ndarray, errors_b: np.ndarray, groups: np.ndarray | None
     order. With one seed on either side the seed spread is unknown: the estimate comes without
     an interval (lo, hi NaN), never with a test-only one.
     """
-    parts = effect_parts(errors_a, errors_b, groups)
+    return interval_of(effect_parts(errors_a, errors_b, groups), level)
+
+
+def interval_of(parts: EffectParts, level: float = LEVEL) -> Interval:
+    """The seed-aware interval of an effect already split into its parts (`effect_parts`)."""
     if parts.n_a < 2 or parts.n_b < 2:
         return Interval(parts.estimate, math.nan, math.nan, math.nan, math.nan)
     return t_interval(parts.estimate, parts.terms(), level)
