@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from pipeline import figures, tracking
 from pipeline.data import dataset_input, load_split, split_metadata, test_sets
 from pipeline.errors import Terminated, UserError
+from pipeline.fingerprint import fingerprint_environment, training_fingerprint
 from pipeline.files import atomic_path, file_lock, writable_dir, write_json
 from pipeline.params import Params, cpu_epoch_seconds
 from pipeline.train import (ADAM_EPS, RunConfig, assert_finite_weights, count_params, load_checkpoint, resolve_device,
@@ -114,6 +115,12 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
     with file_lock(checkpoint.with_name(checkpoint.name + ".lock"), wait=False, what=f"{what}'s checkpoint {checkpoint}"):
         state = load_checkpoint(checkpoint, cfgs)
         env = tracking.environment()
+        fingerprint = training_fingerprint(cfg)
+        env["fingerprint_environment"] = fingerprint_environment()
+        earlier = {s["extra"].get("fingerprint") for s in state["seeds"]} - {None, fingerprint} if state else set()
+        if earlier:
+            warnings.warn(f"{what} resumes a checkpoint trained by other training code (fingerprint "
+                          f"{', '.join(sorted(earlier))}, now {fingerprint}): its config.json records both", stacklevel=2)
         tracker = tracking.open_tracker(cfg.profile)
         params_per_seed = [run_params(c, data, device, env) for c in cfgs]
         run_ids: list[str] = []
@@ -122,11 +129,12 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
                 run_name = f"{variant}-seed{c.seed}"
                 saved = state["seeds"][k]["extra"].get("run_id") if state else None
                 run_ids.append(tracker.start(run_name, seed_params, run_id=saved))
+                tracker.set_tag(run_ids[-1], "training_fingerprint", fingerprint)
                 tracker.close_stale(run_name, keep=run_ids[-1])
                 tracker.log_datasets(run_ids[-1], datasets)
             with sigterm_raises():
                 outcomes = _train_and_write(cfgs, data, checkpoint, out_dirs, tracker, run_ids,
-                                            params_per_seed, env, state)
+                                            params_per_seed, env, state, fingerprint, sorted(earlier))
         except BaseException:
             for run_id in run_ids:
                 tracker.end(run_id, failed=True)
@@ -152,10 +160,11 @@ def run_params(cfg: RunConfig, data: dict, device: torch.device, env: dict) -> d
 
 
 def _train_and_write(cfgs: list[RunConfig], data: dict, checkpoint: Path, outs: list[Path], tracker,
-                     run_ids: list[str], params: list[dict], env: dict, state: dict | None) -> list[TrainOutcome]:
+                     run_ids: list[str], params: list[dict], env: dict, state: dict | None, fingerprint: str,
+                     earlier: list[str]) -> list[TrainOutcome]:
     t0 = time.perf_counter()
     results = train_group(cfgs, data, checkpoint, [tracker.epoch_logger(r) for r in run_ids],
-                          extras=[{"run_id": r} for r in run_ids], state=state)
+                          extras=[{"run_id": r, "fingerprint": fingerprint} for r in run_ids], state=state)
     seconds = time.perf_counter() - t0
     eval_set = test_sets(cfgs[0].image_size)[0]
     outcomes = []
@@ -175,7 +184,8 @@ def _train_and_write(cfgs: list[RunConfig], data: dict, checkpoint: Path, outs: 
             "train_seconds": seconds, "stacked_seeds": [c.seed for c in cfgs],
             "resumed_from_epoch": result.resumed_from_epoch, "resumed_at_epochs": result.resumed_at,
             "stop_reason": result.stop_reason, "epochs_trained": len(result.history), "steps_trained": result.steps,
-            "eval_set": eval_set})
+            "eval_set": eval_set, "training_fingerprint": fingerprint,
+            **({"earlier_training_fingerprints": earlier} if earlier else {})})
         if result.resumed_from_epoch < len(result.history):  # something was trained (else these are logged already)
             tracker.log_metrics(run_id, {"epochs_trained": len(result.history),
                                          "reached_target": float(result.stop_reason == "target")},

@@ -38,6 +38,7 @@ RECIPES = "tests/test_recipes.py"
 RECIPE_WIRING = "tests/test_wiring.py::test_a_variant_trains_with_its_recipes_loss_and_model"
 RESUME = "tests/test_wiring.py::test_resume_restores_the_generator_that_dropout_draws_from"
 STACK = "tests/test_stack.py"
+FINGERPRINT = "tests/test_fingerprint.py"
 COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
@@ -198,6 +199,18 @@ MUTATIONS = [
     Mutation("old runs' Adam ε filled from a default", "pipeline/runs.py",
              'return self.config.get("optimizer", {}).get("adam_eps", NOT_RECORDED)',
              'return self.config.get("optimizer", {}).get("adam_eps", 1e-7)', (REPORT,)),
+    Mutation("Table 1's shifts one pixel short (training computes something else)", "pipeline/data.py",
+             "torch.randint(-max_shift, max_shift + 1, (b, 2)", "torch.randint(-max_shift, max_shift, (b, 2)",
+             (FINGERPRINT,)),
+    Mutation("the fingerprint hashes the first seed only", "pipeline/fingerprint.py",
+             "for k, model in enumerate(models):", "for k, model in enumerate(models[:1]):", (FINGERPRINT,)),
+    Mutation("the fingerprint leaves the process on one thread", "pipeline/fingerprint.py",
+             "        torch.set_num_threads(threads)\n", "        pass\n", (FINGERPRINT,)),
+    Mutation("the fingerprint draws from the caller's random stream", "pipeline/fingerprint.py",
+             "with torch.random.fork_rng(devices=[]), one_thread()", "with one_thread()", (FINGERPRINT,)),
+    Mutation("the train stage records a fingerprint of a fixed family", "pipeline/train_stage.py",
+             "fingerprint = training_fingerprint(cfg)",
+             "fingerprint = training_fingerprint(dataclasses.replace(cfg, max_shift=0))", (FINGERPRINT,)),
 ]
 
 
