@@ -1,0 +1,37 @@
+"""The published report is what today's code makes of the published runs: regenerated from
+reports/runs (nothing retrained), every file the report stage writes is byte for byte the one in
+git, but for the two provenance lines that name the report's own commit and date. A refactor that
+changes a number, a sentence, a figure or a CSV of the published report fails here; a deliberate
+change is published by regenerating (README's "Reproducing the published report" says how)."""
+
+import filecmp
+import re
+
+from click.testing import CliRunner
+
+from conftest import REPO
+from pipeline.cli import main
+from pipeline.report import readme_block_of
+
+PUBLISHED = REPO / "reports"
+OWN_LINES = re.compile(r"^- \*\*(report commit|date)\*\*: .*$", re.M)  # the regeneration's own, not the runs'
+
+
+def test_the_published_report_regenerates_byte_for_byte(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    readme = tmp_path / "README.md"
+    readme.write_text((REPO / "README.md").read_text())
+    out = tmp_path / "reports"
+    runs = PUBLISHED / "runs"
+    result = CliRunner().invoke(main, ["report", str(runs / "models"), str(runs / "results"), str(out),
+                                       "--params", str(runs / "params.yaml"), "--missing", "list",
+                                       "--readme", str(readme), "--benchmarks", str(PUBLISHED / "benchmarks.md")])
+    assert result.exit_code == 0, result.output
+    written = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert len(written) > 15
+    for name in written:
+        if name.name == "ablation.md":
+            assert OWN_LINES.sub("", (out / name).read_text()) == OWN_LINES.sub("", (PUBLISHED / name).read_text())
+        else:
+            assert filecmp.cmp(out / name, PUBLISHED / name, shallow=False), f"reports/{name} differs"
+    assert readme_block_of(readme.read_text()) == readme_block_of((REPO / "README.md").read_text())
