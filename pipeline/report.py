@@ -279,18 +279,16 @@ def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profil
                     deviations: list[str], provenance: dict, figures: dict[str, str], reference: dict,
                     affnist: list[str] | None = None, multimnist: list[str] | None = None,
                     run_table: pd.DataFrame | None = None, claims: pd.DataFrame | None = None) -> str:
-    """reports/ablation.md: banner (smoke), Table 1 per protocol with end of training and effects,
-    Table 1 with both columns (report_multimnist's lines, when given), the affine column, §5.2
-    (report_affnist's lines, when given), parameters, figures, not run, deviations, provenance and
-    each run's own record."""
+    """reports/ablation.md: banner (smoke), claims; Table 1's section (per protocol with end of
+    training and effects, the affine column, parameters); §5.2 (report_affnist's lines, when given);
+    MultiMNIST (Table 1 with both columns, report_multimnist's lines, when given); figures, not run,
+    deviations, provenance and each run's own record."""
     lines = ["# Table 1 replica: Dynamic Routing Between Capsules", ""]
     if profile == "smoke":
         lines += [SMOKE_BANNER, ""]
     if claims is not None and len(claims):
         lines += [*rc.render_claims(claims, summary.protocol.iloc[0]), ""]
     lines += render_table1(summary, effect_table, reference)
-    if multimnist:
-        lines += ["", *multimnist]
     lines += ["", "## Affine-shifted test set", "",
               "Every variant evaluated, without retraining, on the MNIST test digits, each under one random affine "
               "transform from affNIST's ranges (see README). **The paper reports no number on this set**; its §5.2 "
@@ -299,11 +297,13 @@ def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profil
     for _, r in summary.iterrows():
         lines.append(f"| {r.variant} | {r.protocol.split(':')[0]} | {short(r.commit)} | {fmt_pct(r.test_error_mean)} ± "
                      f"{fmt_pct(r.test_error_std)} | {fmt_pct(r.affine_test_error_mean)} ± {fmt_pct(r.affine_test_error_std)} |")
-    if affnist:
-        lines += ["", *affnist]
     lines += ["", "## Parameters", "", "| variant | ours | paper |", "|---|---|---|"]
     for _, r in summary.drop_duplicates("variant").iterrows():
         lines.append(f"| {r.variant} | {int(r.n_params):,} | {r.paper_n_params / 1e6:.1f}M |")
+    if affnist:
+        lines += ["", *affnist]
+    if multimnist:
+        lines += ["", *multimnist]
     lines += ["", "## Figures", ""]
     lines += [f"![{title}]({path})" for title, path in figures.items()]
     if not_run:

@@ -52,21 +52,22 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     if multi:
         multi_table = rm.multimnist_summary(multi, reference)
         multi_lines = rm.render_both_columns(summary, multi_table, reference)
-    shown.update(multimnist_figure(multi, multi_table, results_dir, fig_dir))
     dvc_plot_data(table1, summary, results_dir, writable_dir(out / "plots", "report"))
-    for name, title in (("affine_montage", "Affine-shifted test set"), ("affnist_montage", "§5.2 test sets")):
-        if (fig_dir / f"{name}.png").is_file():
-            shown[title] = f"figures/{name}.png"
+    if (fig_dir / "affine_montage.png").is_file():
+        shown["Affine-shifted test set"] = "figures/affine_montage.png"
     s52_table, gap, s52_lines = None, None, None
     if s52:
         gap = ra.affnist_gap(s52, reference, bench)
         s52_table = ra.with_gap(ra.affnist_summary(s52, reference), gap)
         s52_lines = ra.render_affnist(s52_table, gap, reference)
+        if (fig_dir / "affnist_montage.png").is_file():
+            shown["§5.2 test sets"] = "figures/affnist_montage.png"
         figures.accuracy_by_transform(ra.transform_bins(s52, "affnist_test"),
                                       "§5.2: affNIST(-style) accuracy by transform parameter", fig_dir / "affnist_bins.png")
         shown["§5.2: accuracy by transform parameter"] = "figures/affnist_bins.png"
     else:
         figures.placeholder("No §5.2 (40×40) variant in this report", fig_dir / "affnist_bins.png")
+    shown.update(multimnist_figure(multi, multi_table, results_dir, fig_dir))
 
     claims = rc.claims(effect_table, gap, summary.protocol.iloc[0])
     text = rp.render_markdown(summary, effect_table, profile=p.base.profile, not_run=not_run, claims=claims,
@@ -135,8 +136,8 @@ def table1_figures(table1: list[rr.Run], s52: list[rr.Run], multi: list[rr.Run],
             if "lr" in r.history and (r.schedule not in lr or len(r.history) > len(lr[r.schedule][0])):
                 lr[r.schedule] = (list(r.history.epoch), list(r.history.lr))  # the longest run of each schedule
     figures.learning_curve_panels(panels, lr, fig_dir / "learning_curves.png")
-    shown = {f"Test error per variant ({headline.protocol.iloc[0]})": "figures/table1_errors.png",
-             "Learning curves": "figures/learning_curves.png"}
+    shown = {"Learning curves": "figures/learning_curves.png",
+             f"Test error per variant ({headline.protocol.iloc[0]})": "figures/table1_errors.png"}
     recon = headline[headline.reconstruction]
     if not len(recon):
         for name in ("reconstructions", "fig4"):
