@@ -2,7 +2,7 @@
 
 Each command parses its arguments, calls its stage's plain function (pipeline/*_stage.py,
 bench.run, runs.publish_runs, tracking) and prints the outcome; every error that is the user's
-to fix (a :class:`pipeline.errors.UserError`) becomes one line, not a traceback.
+to fix (a :class:`pipeline.core.errors.UserError`) becomes one line, not a traceback.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import click
 
-from pipeline.errors import Terminated, UserError
-from pipeline.params import Params, load_params
+from pipeline.core.errors import Terminated, UserError
+from pipeline.core.params import Params, load_params
 
-# `capsnet bench --mode`: the keys of pipeline.bench.MODES (listed here so the CLI starts without torch)
+# `capsnet bench --mode`: the keys of pipeline.training.bench.MODES (listed here so the CLI starts without torch)
 BENCH_MODES = ["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs", "bf16-cl", "bf16-compile-cl"]
 PARAMS_OPTION = click.option("--params", "params_path", default="params.yaml", show_default=True,
                              type=click.Path(dir_okay=False), help="params.yaml to read")
@@ -52,7 +52,7 @@ def download(dest: str) -> None:
     Sources: $CAPSNET_MNIST_MIRROR (a directory or URL base, files gz or raw), then torchvision's
     public mirrors.
     """
-    from pipeline.download import download_mnist
+    from pipeline.data.download import download_mnist
 
     for name, digest in download_mnist(dest).items():
         click.echo(f"{name}  sha256 {digest}  ok")
@@ -75,7 +75,7 @@ def prepare(raw_dir: str, out_dir: str, montage: str, affnist_montage: str, para
     (40×40). affnist_test is the real affNIST test set when $CAPSNET_AFFNIST_MIRROR names its
     .mat file (or a folder of its batches), else an affNIST-style set generated here.
     """
-    from pipeline import prepare_stage
+    from pipeline.stages import prepare as prepare_stage
 
     params = load_params(params_path)
     click.echo(prepare_stage.run(params, Path(raw_dir), Path(out_dir), Path(montage), Path(affnist_montage)))
@@ -123,7 +123,7 @@ def train(variant: str, seeds: str, data_dir: str, out_dir: str, checkpoint_path
     configuration and seeds; a finished run is not retrained. Logs to MLflow (run <variant>-seed<k>
     per seed); a failure or SIGTERM marks the runs FAILED.
     """
-    from pipeline import train_stage
+    from pipeline.stages import train as train_stage
 
     params = load_params(params_path)
     seed_list = parse_seeds(seeds, params)
@@ -153,7 +153,7 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str, params_path: str) -> N
     prediction, scores), confusion.png and, for reconstruction variants, reconstructions.png and
     fig4.png. Everything is also logged to the training run in MLflow.
     """
-    from pipeline import evaluate_stage
+    from pipeline.stages import evaluate as evaluate_stage
 
     metrics = evaluate_stage.run(Path(model_dir), Path(data_dir), Path(out_dir), _params_for_hints(params_path))
     transformed = (f", transformed test error {metrics['transformed_error_pct']:.2f}%"
@@ -183,7 +183,7 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme
     CNN on affNIST(-style), gap interval, accuracy by transform), deviations and each run's recorded
     provenance; also logged to MLflow as a `report` run with the headline numbers.
     """
-    from pipeline import report_stage
+    from pipeline.stages import report as report_stage
 
     params = load_params(params_path)
     path = report_stage.run(params, Path(models_dir), Path(results_dir), Path(out_dir), missing,
@@ -203,7 +203,7 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
     """The items of params.yaml's ablation, one per line: a stacked variant (<variant>, all its
     seeds in one process) or a separate variant's seed (<variant>-<seed>). What `make gpus`, the
     SLURM array and the Kubernetes Indexed Job fan out, one item per GPU."""
-    from pipeline import stages as stage_list
+    from pipeline.core import stage_names as stage_list
 
     params = load_params(params_path)
     names = stage_list.items(params)
@@ -233,7 +233,7 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
 @click.option("--seeds", "seeds", type=click.IntRange(1, 64), multiple=True, default=(1,), show_default=True,
               help="seeds stacked in one step (repeatable: --seeds 1 --seeds 3 compares stacked with separate)")
 @click.option("--stack", "layouts", type=click.Choice(["fused", "loop"]), multiple=True, default=["fused"],
-              show_default=True, help="how stacked seeds run (pipeline.stack.STACK_LAYOUTS): fused, one grouped "
+              show_default=True, help="how stacked seeds run (pipeline.training.stack.STACK_LAYOUTS): fused, one grouped "
                                       "kernel per layer (vmap), or loop, each seed's kernels in turn (repeatable)")
 @PARAMS_OPTION
 @user_errors
@@ -250,7 +250,7 @@ def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], st
     """
     import json
 
-    from pipeline import bench as bn
+    from pipeline.training import bench as bn
 
     params = load_params(params_path)
     for row in bn.run(params, variant, batch_sizes, modes, steps, warmup, reference, deterministic, device, seeds,
@@ -269,7 +269,7 @@ def publish(models_dir: str, results_dir: str, dest: str) -> None:
 
     `capsnet report DEST/models DEST/results reports` then rewrites the report from DEST alone.
     """
-    from pipeline.runs import publish_runs
+    from pipeline.report.runs import publish_runs
 
     copied = publish_runs(Path(models_dir), Path(results_dir), Path(dest))
     if not copied:
@@ -288,7 +288,7 @@ def track() -> None:
 def sync(journal_dir: str) -> None:
     """Replay every run journalled in JOURNAL_DIR into the MLflow store ($MLFLOW_TRACKING_URI or
     mlflow.db), with the original steps and timestamps. Runs synced before are skipped."""
-    from pipeline import tracking
+    from pipeline.core import tracking
 
     tracker = tracking.Tracker()
     journals = sorted(Path(journal_dir).glob("*.jsonl"))
@@ -330,7 +330,7 @@ def ui(journal_dir: str, port: int, dry_run: bool) -> None:
     run's too, are in an experiment of their own). Ctrl-C stops it."""
     import subprocess
 
-    from pipeline import tracking
+    from pipeline.core import tracking
 
     tracker = tracking.Tracker()
     journals = sorted(Path(journal_dir).glob("*.jsonl")) if Path(journal_dir).is_dir() else []

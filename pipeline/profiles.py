@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from pipeline import warm as warm_mod
-from pipeline.params import CPU_EPOCH_SECONDS, ablation_variants, cpu_epoch_seconds
+from pipeline.core.params import CPU_EPOCH_SECONDS, ablation_variants, cpu_epoch_seconds
 
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {},  # params.yaml as committed: 640 epochs, 3 seeds, every variant

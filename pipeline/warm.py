@@ -42,7 +42,7 @@ IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "PYTHON", "TORC
 THREADS_ENV = "OMP_NUM_THREADS"
 # what a stage process imports: torch, MLflow's client and sqlite store, matplotlib, every stage
 PRELOAD = ("torch", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "pipeline.cli",
-           "pipeline.prepare_stage", "pipeline.train_stage", "pipeline.evaluate_stage", "pipeline.report_stage")
+           "pipeline.stages.prepare", "pipeline.stages.train", "pipeline.stages.evaluate", "pipeline.stages.report")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -125,9 +125,9 @@ def _is_open(fd: int) -> bool:
 
 
 def fingerprint() -> dict[str, str]:
-    """The package's code as the server imported it: every pipeline/*.py's SHA-256 (contents, not
+    """The package's code as the server imported it: every pipeline/**/*.py's SHA-256 (contents, not
     times: `dvc exp run` rewrites the workspace's files as they were)."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(PACKAGE.glob("*.py"))}
+    return {str(p.relative_to(PACKAGE)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def refusal(request: dict, code: dict, env: dict[str, str]) -> str | None:

@@ -85,17 +85,17 @@ def write_mnist(directory: Path, n_train: int = 40, n_test: int = 20, gz: bool =
 
 
 def trust_mnist(monkeypatch, files: dict[str, bytes]) -> None:
-    """Point pipeline.download.SHA256 (what download and prepare verify) at synthetic files' hashes."""
+    """Point pipeline.data.download.SHA256 (what download and prepare verify) at synthetic files' hashes."""
     import hashlib
 
-    from pipeline import download
+    from pipeline.data import download
 
     monkeypatch.setattr(download, "SHA256", {k: hashlib.sha256(v).hexdigest() for k, v in files.items()})
 
 
 @pytest.fixture
 def synthetic_mnist(tmp_path, monkeypatch):
-    """A mirror of synthetic IDX files, with pipeline.download.SHA256 pointed at their hashes."""
+    """A mirror of synthetic IDX files, with pipeline.data.download.SHA256 pointed at their hashes."""
     mirror = tmp_path / "mirror"
     files = write_mnist(mirror, gz=True)
     trust_mnist(monkeypatch, files)
@@ -105,8 +105,8 @@ def synthetic_mnist(tmp_path, monkeypatch):
 def tiny_pipeline(root: Path, transforms_per_digit: int = 2) -> Path:
     """Prepared synthetic data (32 train, 12 test digits) in root/prepared and a params.yaml for a
     one-epoch CPU smoke run in root; returns root."""
-    from pipeline.affnist import prepare_affnist
-    from pipeline.data import AffineRanges, prepare
+    from pipeline.experiments.affnist import prepare_affnist
+    from pipeline.data.mnist import AffineRanges, prepare
 
     write_mnist(root / "raw", n_train=32, n_test=12)
     out = prepare(root / "raw", root / "prepared", train_subset=0, test_subset=0, affine_seed=0, ranges=AffineRanges())

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from pipeline.baseline import BaselineCNN, PoolingCNN
-from pipeline.capsnet import (
+from pipeline.models.baseline import BaselineCNN, PoolingCNN
+from pipeline.models.capsnet import (
     CapsNet, PrimaryCaps, dynamic_routing, margin_loss, reconstruction_loss, squash,
 )
 

@@ -56,7 +56,7 @@ def test_a_broken_affnist_mirror_stops_prepare_with_its_name(tmp_path, monkeypat
 
 
 def test_download_failure_is_a_clean_error(tmp_path, monkeypatch):
-    from pipeline import download
+    from pipeline.data import download
 
     monkeypatch.setattr(download, "default_sources", lambda: [str(tmp_path / "missing")])
     result = CliRunner().invoke(main, ["download", str(tmp_path / "raw")])
@@ -75,7 +75,8 @@ def test_bad_params_stop_prepare_before_work(tmp_path):
 
 
 def test_bench_modes_of_the_cli_are_the_benchs():
-    from pipeline import bench, cli
+    from pipeline.training import bench
+    from pipeline import cli
 
     assert cli.BENCH_MODES == list(bench.MODES)
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conftest import idx_bytes, synthetic_digits, write_mnist
-from pipeline.data import (
+from pipeline.data.mnist import (
     AffineRanges, IdxError, _linear_part, apply_affine, dataset_input, load_split, make_affine_set, prepare,
     random_shift, read_idx, read_split, save_split, translation_bounds,
 )

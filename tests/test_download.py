@@ -3,8 +3,8 @@ import hashlib
 
 import pytest
 
-from pipeline import download
-from pipeline.download import DownloadError, download_mnist
+from pipeline.data import download
+from pipeline.data.download import DownloadError, download_mnist
 
 
 def test_mirror_directory_gz(synthetic_mnist, tmp_path):
@@ -98,7 +98,7 @@ def test_real_mnist_mirror_hashes(tmp_path):
         pytest.skip("../shared/data/mnist not present")
     hashes = download_mnist(tmp_path / "raw", sources=[str(SHARED_MNIST)])
     assert hashes == download.SHA256
-    from pipeline.data import read_split
+    from pipeline.data.mnist import read_split
 
     images, labels = read_split(tmp_path / "raw", "test")
     assert images.shape == (10_000, 28, 28) and labels.shape == (10_000,)

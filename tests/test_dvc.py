@@ -95,7 +95,7 @@ def test_a_smoke_experiment_leaves_params_and_lock_as_committed(ran):
     from mlflow.tracking import MlflowClient
 
     from pipeline.profiles import PROFILES
-    from pipeline.tracking import experiment_name
+    from pipeline.core.tracking import experiment_name
 
     batch = PROFILES["smoke"]["train.batch_size"]  # not the committed params.yaml's
     client = MlflowClient(f"sqlite:///{a}/mlflow.db")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipeline.evaluate import accuracy_by_bins, confusion_matrix
+from pipeline.training.evaluate import accuracy_by_bins, confusion_matrix
 
 RANGES = {"max_rotation_deg": 20.0, "max_shear": 0.2, "min_scale": 0.8, "max_scale": 1.2}
 

@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.files import atomic_path, write_text
+from pipeline.core.files import atomic_path, write_text
 
 
 def test_atomic_path_renames_on_success(tmp_path):

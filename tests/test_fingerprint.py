@@ -7,9 +7,11 @@ import json
 import pytest
 import torch
 
-from pipeline import fingerprint as fp, train_stage
-from pipeline.params import load_params
-from pipeline.train import run_config
+from pipeline.training import fingerprint as fp
+
+from pipeline.stages import train as train_stage
+from pipeline.core.params import load_params
+from pipeline.training.train import run_config
 
 from conftest import REPO, tiny_pipeline
 from mlflow.tracking import MlflowClient

@@ -33,11 +33,11 @@ import pytest
 import torch
 
 from conftest import REPO, synthetic_digits
-from pipeline import multimnist as mm
-from pipeline.params import load_params
-from pipeline.families import experiment
-from pipeline.stack import SeedStack, loss_recipe
-from pipeline.train import (
+from pipeline.experiments import multimnist as mm
+from pipeline.core.params import load_params
+from pipeline.training.families import experiment
+from pipeline.training.stack import SeedStack, loss_recipe
+from pipeline.training.train import (
     build_model, draw_step, loss_function, make_optimizer, place_model, run_config, to_float, training_step,
 )
 

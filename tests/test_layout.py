@@ -1,24 +1,44 @@
-"""The package's import graph has no cycle: experiment report modules build on the shared ones,
-never the reverse (imports inside functions count too: they hide a cycle, they do not remove it)."""
+"""pipeline/ is a few packages by concern, layered: a package imports only from packages below it
+(or from itself), so nothing low knows anything high — no model knows an experiment, no experiment
+knows a stage, the stages know no experiment by name — and the module graph has no cycle (imports
+inside functions count too: they hide a cycle, they do not remove it)."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
+# lowest first; a package may import from its own rank's package only if it is itself
+LAYERS = [("core",), ("data", "models"), ("report",), ("training",), ("experiments",), ("stages",)]
+TOP = ("pipeline", "pipeline.cli", "pipeline.warm", "pipeline.profiles")  # the command line, above every package
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 def imports_of(path: Path) -> set[str]:
-    """The pipeline modules a file imports anywhere in it."""
+    """The pipeline modules a file imports anywhere in it (``from pipeline.x import y`` counts as
+    pipeline.x.y when that is a module, else pipeline.x)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline"):
-            if node.module == "pipeline":
-                names |= {a.name for a in node.names}
-            else:
-                names.add(node.module.split(".")[1])
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "pipeline":
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                names.add(full if full in MODULES else node.module)
         elif isinstance(node, ast.Import):
-            names |= {a.name.split(".")[1] for a in node.names if a.name.startswith("pipeline.")}
-    return names & {p.stem for p in PACKAGE.glob("*.py")}
+            names |= {a.name for a in node.names if a.name.split(".")[0] == "pipeline"}
+    return names & set(MODULES)
+
+
+def package_of(module: str) -> str | None:
+    """The package a module lives in; None for the command line's top-level modules."""
+    return None if module in TOP else module.split(".")[1]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -40,13 +60,43 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle_in_the_package():
-    graph = {p.stem: imports_of(p) - {p.stem} for p in PACKAGE.glob("*.py")}
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for source, targets in graph.items():
+        mine = package_of(source)
+        for target in targets:
+            theirs = package_of(target)
+            if mine is None or theirs == mine:  # the command line may import anything
+                continue
+            if theirs is None or RANK[theirs] >= RANK[mine]:
+                bad.append(f"{source} imports {target}")
+    return sorted(bad)
+
+
+def test_every_module_lives_in_a_layered_package():
+    loose = [m for m in MODULES if package_of(m) not in RANK and m not in TOP]
+    assert not loose, f"modules outside the layered packages: {loose}"
+    assert {package_of(m) for m in MODULES} - {None} <= set(RANK)
+
+
+def test_no_package_imports_one_above_it_and_no_cycle():
+    graph = {name: imports_of(path) - {name} for name, path in MODULES.items()}
+    graph = {k: {t for t in v if t != "pipeline"} for k, v in graph.items()}
+    assert layering_violations(graph) == []
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
-    assert find_cycle({"report": {"report_multimnist"}, "report_multimnist": {"report"}}) == [
-        "report", "report_multimnist", "report"]  # the cycle this test exists for is found
+    # the checks find what they exist for
+    assert layering_violations({"pipeline.models.capsnet": {"pipeline.experiments.table1"}}) == [
+        "pipeline.models.capsnet imports pipeline.experiments.table1"]
+    assert layering_violations({"pipeline.data.idx": {"pipeline.models.capsnet"}})  # siblings stay apart
+    assert layering_violations({"pipeline.core.params": {"pipeline.cli"}})
+    assert find_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
 
 
-def test_shared_report_modules_know_no_experiment():
-    for shared in ("runs", "stats", "report"):
-        assert not imports_of(PACKAGE / f"{shared}.py") & {"report_affnist", "report_multimnist", "report_stage"}, shared
+def test_no_stage_names_an_experiment_or_branches_on_image_size():
+    experiments = [p.stem for p in (PACKAGE / "experiments").glob("*.py") if p.stem not in ("__init__", "base")]
+    pattern = re.compile(rf"\b({'|'.join(experiments)})\b|image_size|MNIST_SIZE|CANVAS|multimnist|affnist|table1",
+                         re.I)
+    for path in (PACKAGE / "stages").glob("*.py"):
+        hits = [f"{path.name}:{n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
+                if pattern.search(line)]
+        assert not hits, "\n".join(hits)

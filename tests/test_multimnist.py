@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from pipeline import multimnist as mm
-from pipeline.baseline import MultiMNISTCNN
-from pipeline.capsnet import CapsNet, capsnet_loss, margin_loss, reconstruction_loss
-from pipeline.train import RunConfig, train
+from pipeline.experiments import multimnist as mm
+from pipeline.models.baseline import MultiMNISTCNN
+from pipeline.models.capsnet import CapsNet, capsnet_loss, margin_loss, reconstruction_loss
+from pipeline.training.train import RunConfig, train
 
 LABELS = torch.arange(60) % 10  # (60,) six digits per class
 
@@ -132,7 +132,11 @@ def test_multimnist_variants_train_on_cpu_with_finite_loss(tmp_path, model, rout
 def test_report_renders_the_multimnist_column_from_fabricated_runs(tmp_path):
     from test_report import REFERENCE, fabricate
 
-    from pipeline import report as rp, report_multimnist as rm, runs as rr
+    from pipeline.report import document as rp
+
+    from pipeline.experiments import multimnist_report as rm
+
+    from pipeline.report import runs as rr
 
     for seed, err in enumerate([0.3, 0.4]):
         fabricate(tmp_path, "capsnet_r3_recon", seed, err)

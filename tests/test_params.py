@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from pipeline.params import ParamsError, load_params, parse_params
+from pipeline.core.params import ParamsError, load_params, parse_params
 
 RAW = yaml.safe_load((REPO / "params.yaml").read_text())
 

@@ -1,4 +1,4 @@
-"""What would settle a claim (pipeline.power, report_claims, costs): the power and seeds-needed
+"""What would settle a claim (pipeline.report.power, report_claims, costs): the power and seeds-needed
 arithmetic against hand computation and against simulated experiments, the claim statuses, and the
 GPU time taken from each variant's own measured speed."""
 
@@ -9,8 +9,12 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from pipeline import costs, power, report_claims as rc
-from pipeline.stats import EffectParts, satterthwaite
+from pipeline.report import costs
+
+from pipeline.report import power
+
+from pipeline.report import claims as rc
+from pipeline.report.stats import EffectParts, satterthwaite
 
 Z95, Z80 = 1.959964, 0.841621  # normal quantiles: two-sided 95 %, 80 % power
 

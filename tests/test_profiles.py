@@ -9,7 +9,7 @@ import yaml
 
 from conftest import REPO
 from pipeline import profiles
-from pipeline.params import parse_params
+from pipeline.core.params import parse_params
 
 
 @pytest.mark.parametrize("name", sorted(profiles.PROFILES))
@@ -32,7 +32,7 @@ def test_gpu_profile_settings():
 def test_gpu_profile_compresses_the_papers_schedule_and_paper_gpu_keeps_it():
     """The gpu profile's 50 epochs end at the learning rate the paper's 640 end at (its runs before
     this were cut at 62 % of the start); paper-gpu trains the paper protocol on the fast path."""
-    from pipeline.train import _lr_lambda, run_config
+    from pipeline.training.train import _lr_lambda, run_config
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     gpu, paper, fast = (parse_params(profiles.apply(raw, name)) for name in ("gpu", "paper", "paper-gpu"))
@@ -49,7 +49,7 @@ def test_gpu_profile_compresses_the_papers_schedule_and_paper_gpu_keeps_it():
 
 
 def test_gpu_profile_compiles_capsnets_and_runs_cnns_eager():
-    from pipeline.train import run_config
+    from pipeline.training.train import run_config
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     gpu, paper = parse_params(profiles.apply(raw, "gpu")), parse_params(raw)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from conftest import REPO
 from pipeline.cli import main
-from pipeline.report import readme_block_of
+from pipeline.report.document import readme_block_of
 
 PUBLISHED = REPO / "reports"
 OWN_LINES = re.compile(r"^- \*\*(report commit|date)\*\*: .*$", re.M)  # the regeneration's own, not the runs'

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from pipeline import report as rp
-from pipeline.errors import UserError
+from pipeline.report import document as rp
+from pipeline.core.errors import UserError
 
 
 def published_block() -> str:

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from pipeline.capsnet import CapsNet, CapsNetOutput, PrimaryCaps, capsnet_loss, dynamic_routing, squash
-from pipeline.train import ADAM_EPS, make_optimizer
+from pipeline.models.capsnet import CapsNet, CapsNetOutput, PrimaryCaps, capsnet_loss, dynamic_routing, squash
+from pipeline.training.train import ADAM_EPS, make_optimizer
 
 
 def n_params(module: torch.nn.Module) -> int:

@@ -10,9 +10,10 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from conftest import tiny_pipeline
-from pipeline import tracking, train_stage
-from pipeline.files import atomic_path, file_lock
-from pipeline.train import NonFiniteLossError, _save_checkpoint
+from pipeline.core import tracking
+from pipeline.stages import train as train_stage
+from pipeline.core.files import atomic_path, file_lock
+from pipeline.training.train import NonFiniteLossError, _save_checkpoint
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pipeline import report as rp
-from pipeline import report_affnist as ra
-from pipeline import report_claims as rc
-from pipeline import runs as rr
+from pipeline.report import document as rp
+from pipeline.experiments import affnist_report as ra
+from pipeline.report import claims as rc
+from pipeline.report import runs as rr
 
 REFERENCE = rr.paper_reference()
 COMMIT = "c0ffee0123456789abcdef0123456789abcdef01"
@@ -185,8 +185,8 @@ def test_a_missing_evaluation_names_the_stage_that_exists(tmp_path):
     variants (the CapsNets) are evaluate_stacked@…, separate ones (the CNNs) evaluate@…."""
     from conftest import REPO
 
-    from pipeline import stages
-    from pipeline.params import load_params
+    from pipeline.core import stage_names as stages
+    from pipeline.core.params import load_params
 
     params = load_params(REPO / "params.yaml")
     assert "capsnet_r1" in params.ablation.stacked and "baseline_cnn" in params.ablation.separate
@@ -280,7 +280,7 @@ def test_transform_bins_average_over_seeds(tmp_path):
 
 def test_deviations_name_profile_changes_including_the_affnist_set():
     from conftest import REPO
-    from pipeline.params import load_params
+    from pipeline.core.params import load_params
 
     committed = load_params(REPO / "params.yaml")
     assert not any("affNIST-style set" in d or "Data subsets" in d for d in rp.deviations(committed, REFERENCE))
@@ -291,8 +291,8 @@ def test_deviations_name_profile_changes_including_the_affnist_set():
 
 def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
     from conftest import REPO
-    from pipeline import report_stage
-    from pipeline.params import load_params
+    from pipeline.stages import report as report_stage
+    from pipeline.core.params import load_params
 
     committed = load_params(REPO / "params.yaml")  # 1,000 partners per digit: the paper's 10M pairs
     assert not any("MultiMNIST test set" in d for d in report_stage.deviations(committed, REFERENCE))
@@ -398,8 +398,8 @@ def test_both_recipes_side_by_side_with_best_epoch_column(tmp_path):
 
 def test_deviations_list_each_recipe_present():
     from conftest import REPO
-    from pipeline import capsnet
-    from pipeline.params import load_params
+    from pipeline.models import capsnet
+    from pipeline.core.params import load_params
 
     committed = load_params(REPO / "params.yaml")
     listed = rp.deviations(committed, REFERENCE)
@@ -429,8 +429,8 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
     """dvc.yaml declares the same report outputs for every variant list: figures with nothing to
     show say so, and the DVC plot data exist."""
     from conftest import REPO
-    from pipeline import report_stage
-    from pipeline.params import load_params
+    from pipeline.stages import report as report_stage
+    from pipeline.core.params import load_params
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
@@ -483,7 +483,9 @@ def test_effects_and_verdicts_say_what_would_settle_them(tmp_path):
     arm's seeds, our spread against the paper's σ; the Claims section leads the report."""
     import numpy as np
 
-    from pipeline import power, stats
+    from pipeline.report import power
+
+    from pipeline.report import stats
 
     for seed, (a, b) in enumerate([(0.5, 1.0), (1.0, 1.5), (1.5, 1.0)]):
         fabricate(tmp_path, "capsnet_r3_recon", seed, a, n=1000)

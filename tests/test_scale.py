@@ -21,9 +21,9 @@ from conftest import BIN, REPO, dvc_repo, sh
 from conftest import tool_env as env
 from tracking_stack import Unavailable, mlflow_server, postgres_cluster
 
-from pipeline import stages
-from pipeline.errors import UserError
-from pipeline.params import load_params
+from pipeline.core import stage_names as stages
+from pipeline.core.errors import UserError
+from pipeline.core.params import load_params
 
 pytest.importorskip("dvc")
 
@@ -102,8 +102,8 @@ def test_train_and_evaluate_run_where_dvc_is_not_installed():
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             assert not any(n == "dvc" or n.startswith("dvc.") for n in names), f"{path.name} imports dvc"
-    block = ("import sys; sys.modules['dvc'] = None; import pipeline.train_stage, pipeline.evaluate_stage, "
-             "pipeline.prepare_stage; from pipeline.cli import main; main()")
+    block = ("import sys; sys.modules['dvc'] = None; import pipeline.stages.train, pipeline.stages.evaluate, "
+             "pipeline.stages.prepare; from pipeline.cli import main; main()")
     out = sh(REPO, sys.executable, "-c", block, "train", "--help", PYTHONPATH=str(REPO))
     assert "VARIANT" in out
 
@@ -154,7 +154,7 @@ def test_fanned_out_stages_all_succeed_and_dvc_holds_every_one(fanned_out):
 def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_out):
     from mlflow.tracking import MlflowClient
 
-    from pipeline import tracking
+    from pipeline.core import tracking
 
     client = MlflowClient(fanned_out["uri"])
     experiment = client.get_experiment_by_name(tracking.experiment_name("smoke"))
@@ -266,7 +266,7 @@ def test_deferred_runs_synced_later_equal_the_directly_logged_ones(cluster, fann
     restored outputs) against logged live to the tracking server by the fan-out."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline import tracking
+    from pipeline.core import tracking
 
     store = f"sqlite:///{tmp_path}/synced.db"
     out = sh(cluster["login"], "capsnet", "track", "sync", str(cluster["root"] / "journal"), MLFLOW_TRACKING_URI=store)

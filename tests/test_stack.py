@@ -1,4 +1,4 @@
-"""Stacked seeds (pipeline.stack, train.train_group): S seeds trained as one computation give each
+"""Stacked seeds (pipeline.training.stack, train.train_group): S seeds trained as one computation give each
 seed what a separate run of it gives, for every experiment family and a CNN with dropout."""
 
 import dataclasses
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from conftest import REPO, Recorder, synthetic_digits, tiny_data
-from pipeline import baseline
-from pipeline import multimnist as mm
-from pipeline import train as train_module
-from pipeline.affnist import expanded_mnist
-from pipeline.params import load_params
-from pipeline.train import predict, run_config, train, train_group
+from pipeline.models import baseline
+from pipeline.experiments import multimnist as mm
+from pipeline.training import train as train_module
+from pipeline.experiments.affnist import expanded_mnist
+from pipeline.core.params import load_params
+from pipeline.training.train import predict, run_config, train, train_group
 
 SEEDS = (0, 1, 2)
 # issue #23: each seed's weights within 1e-5 relative of its separate run, as the norm of the
@@ -97,7 +97,7 @@ def test_a_seed_that_stops_early_freezes_while_the_others_train_on(tmp_path, mon
         errors["calls"] = errors.get("calls", 0) + 1
         return 5.0 if (errors["calls"] == 2 and errors.get("stack")) else 50.0
 
-    monkeypatch.setattr("pipeline.data.ShiftedMnist.test_error", lambda self, *a: constructed(*a))
+    monkeypatch.setattr("pipeline.data.mnist.ShiftedMnist.test_error", lambda self, *a: constructed(*a))
     errors["stack"] = True
     cfgs = [dataclasses.replace(cfg, seed=s) for s in SEEDS]
     stacked = train_group(cfgs, tiny_data(), tmp_path / "stack.pt")
@@ -158,9 +158,9 @@ def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient(layout):
     """Adam sees each seed's own gradient only if the loop backpropagates the sum: the stack's
     per-seed losses, differentiated, give each slice its separate model's gradient on that seed's
     own batch, in either layout (`bench --stack`)."""
-    from pipeline.capsnet import CapsNet
-    from pipeline.experiment import Batch
-    from pipeline.stack import SeedStack, compute_loss, stack_batches
+    from pipeline.models.capsnet import CapsNet
+    from pipeline.training.experiment import Batch
+    from pipeline.training.stack import SeedStack, compute_loss, stack_batches
 
     models = []
     for s in SEEDS:

@@ -1,4 +1,4 @@
-"""Seed-aware intervals and verdicts (pipeline.stats) on hand-computable and simulated data."""
+"""Seed-aware intervals and verdicts (pipeline.report.stats) on hand-computable and simulated data."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sp
 
-from pipeline import stats
+from pipeline.report import stats
 
 
 def nested_errors(rates_pct, n):

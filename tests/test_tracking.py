@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-from pipeline import tracking
+from pipeline.core import tracking
 from pipeline.cli import main
 
 PARAMS = {k: k.upper() for k in tracking.PARAM_KEYS}

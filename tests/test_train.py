@@ -13,12 +13,14 @@ from click.testing import CliRunner
 from conftest import REPO, Recorder, synthetic_digits, tiny_data, tiny_pipeline
 from mlflow.tracking import MlflowClient
 
-from pipeline import evaluate_stage, tracking
-from pipeline import data as data_module
-from pipeline import stack as stack_module
-from pipeline import train as train_module
-from pipeline.families import experiment
-from pipeline.train import NonFiniteLossError, RunConfig, train
+from pipeline.stages import evaluate as evaluate_stage
+
+from pipeline.core import tracking
+from pipeline.data import mnist as data_module
+from pipeline.training import stack as stack_module
+from pipeline.training import train as train_module
+from pipeline.training.families import experiment
+from pipeline.training.train import NonFiniteLossError, RunConfig, train
 
 
 def tiny_config(**changes) -> RunConfig:
@@ -391,8 +393,8 @@ def test_channels_last_step_computes_the_same_step(variant):
     everywhere, but oneDNN's NHWC weight-gradient kernels accumulate less exactly: multimnist_baseline's
     conv1.weight gradient is 3.4e-3 off (conv2 9e-4), the other models' under 1e-4. Hence the looser
     NHWC_CPU_BOUND for NHWC; on CUDA tests/test_gpu.py compares cuDNN's NHWC step with eager fp32."""
-    from pipeline import multimnist as mm
-    from pipeline.params import load_params
+    from pipeline.experiments import multimnist as mm
+    from pipeline.core.params import load_params
 
     cfg = train_module.run_config(load_params(REPO / "params.yaml"), variant, 0, device="cpu", batch_size=8)
     images, labels = synthetic_digits(8, seed=4)

@@ -11,7 +11,7 @@ import pytest
 from conftest import BIN, REPO, tiny_pipeline, write_mnist
 
 from pipeline import warm
-from pipeline.files import file_lock
+from pipeline.core.files import file_lock
 
 CAPSNET = str(BIN / "capsnet")
 
@@ -86,7 +86,7 @@ def test_signals_reach_the_stage_and_a_killed_capsnet_takes_it_down(server, tmp_
 
 def test_what_a_cold_process_would_run_differently_starts_cold(server, tmp_path):
     """An import-time setting that differs from the server's: the stage starts cold, saying so, and
-    still runs. A changed pipeline/*.py or another checkout's package is refused by name."""
+    still runs. A changed pipeline/**/*.py or another checkout's package is refused by name."""
     address, log = server
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
     status, out, err = capsnet(tmp_path, "stages", "--count", address=address, MKL_NUM_THREADS="7")
@@ -95,8 +95,8 @@ def test_what_a_cold_process_would_run_differently_starts_cold(server, tmp_path)
     code, env = warm.fingerprint(), dict(os.environ)
     request = {"package": str(warm.PACKAGE), "env": env}
     assert warm.refusal(request, code, env) is None
-    assert "pipeline/train.py changed" in warm.refusal(request, {**code, "train.py": "0" * 64}, env)
-    assert "pipeline/new.py changed" in warm.refusal(request, {**code, "new.py": "0" * 64}, env)
+    assert "pipeline/training/train.py changed" in warm.refusal(request, {**code, "training/train.py": "0" * 64}, env)
+    assert "pipeline/experiments/new.py changed" in warm.refusal(request, {**code, "experiments/new.py": "0" * 64}, env)
     assert "runs" in warm.refusal({**request, "package": "/elsewhere/pipeline"}, code, env)
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import REPO, Recorder, tiny_data
 
-from pipeline import train as train_module
-from pipeline.capsnet import capsnet_loss
-from pipeline.params import load_params
-from pipeline.train import build_model, run_config, to_float, train
+from pipeline.training import train as train_module
+from pipeline.models.capsnet import capsnet_loss
+from pipeline.core.params import load_params
+from pipeline.training.train import build_model, run_config, to_float, train
 
 
 def one_step_config(variant: str, batch: int = 8):

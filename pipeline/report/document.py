@@ -1,0 +1,483 @@
+"""The report's Table 1 (MNIST) section: our error per (variant, protocol, commit) against the
+paper's, seed-aware verdicts and ablation effects, end-of-training diagnostics, the affine column.
+
+Pure functions over loaded runs (pipeline.report.runs); pipeline.stages.report writes the files. Runs of
+different protocols or commits are never pooled: each protocol gets its own Table 1, and an effect
+between rows trained at different commits is marked confounded, with no interval. The paper's
+numbers come from paper_reference.yaml (cited), never from code or templates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.models import baseline
+
+from pipeline.models import capsnet
+
+from pipeline.report import stats
+
+from pipeline.training import train
+from pipeline.report import claims as rc
+from pipeline.report import costs
+from pipeline.report.costs import BenchRow
+from pipeline.core.errors import UserError
+from pipeline.core.files import write_text
+from pipeline.core.params import Params
+from pipeline.report.runs import LAST_EPOCHS, NOT_RECORDED, Run, best_epoch, group, protocols, short
+
+EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error(B)
+    ("routing 3 vs 1, with reconstruction", "capsnet_r3_recon", "capsnet_r1_recon"),
+    ("routing 3 vs 1, no reconstruction", "capsnet_r3", "capsnet_r1"),
+    ("reconstruction on vs off, routing 1", "capsnet_r1_recon", "capsnet_r1"),
+    ("reconstruction on vs off, routing 3", "capsnet_r3_recon", "capsnet_r3"),
+    ("CapsNet r3 + recon vs baseline", "capsnet_r3_recon", "baseline_cnn"),
+    # the paper has no number for these: its text and its code are one method to it
+    ("official vs paper recipe, routing 1, no reconstruction", "capsnet_r1_official", "capsnet_r1"),
+    ("official vs paper recipe, routing 1, with reconstruction", "capsnet_r1_recon_official", "capsnet_r1_recon"),
+    ("official vs paper recipe, routing 3, no reconstruction", "capsnet_r3_official", "capsnet_r3"),
+    ("official vs paper recipe, routing 3, with reconstruction", "capsnet_r3_recon_official", "capsnet_r3_recon"),
+]
+
+
+def table1_row(variant: str, recipe: str) -> str:
+    """The paper's Table 1 row a variant replicates: an official-recipe twin shares its paper twin's row."""
+    return variant.removesuffix("_official") if recipe == "official" else variant
+
+
+def _std(values: list[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+
+def _recorded(values: list) -> str:
+    """The distinct recorded values, in order ('1e-08', or '1e-08; not recorded')."""
+    return "; ".join(dict.fromkeys(f"{v:g}" if isinstance(v, float) else str(v) for v in values))
+
+
+def summarize(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.DataFrame:
+    """One row per (variant, protocol, commit): our final-epoch error (mean ± std over seeds)
+    beside the paper's, the seed-aware interval of the difference and its verdict, what would
+    settle it (report_claims.verdict_settling, GPU time from ``bench``), end-of-training
+    diagnostics and what the runs recorded of how they trained."""
+    rows = []
+    order = {key: k for k, key in enumerate(protocols(runs))}  # the longest protocol's rows first
+    for (variant, _, _), mine in sorted(group(runs).items(), key=lambda item: order[item[0][1]]):
+        errors = [r.metrics["error_pct"] for r in mine]
+        affine = [r.metrics["transformed_error_pct"] for r in mine]
+        paper = reference["table1"].get(table1_row(variant, mine[0].recipe), {})
+        best = [best_epoch(r.history) for r in mine]
+        row = {
+            "variant": variant, "protocol": mine[0].protocol, "commit": mine[0].commit,
+            "model": mine[0].cfg["model"], "recipe": mine[0].recipe,
+            "routing_iterations": mine[0].cfg["routing_iterations"], "reconstruction": mine[0].cfg["reconstruction"],
+            "n_seeds": len(mine), "seeds": " ".join(str(r.seed) for r in mine),
+            "test_error_mean": float(np.mean(errors)), "test_error_std": _std(errors),
+            "test_errors": " ".join(f"{e:.2f}" for e in errors),
+            "last5_error_mean": float(np.mean([r.last_epochs_error() for r in mine])),
+            "last5_errors": " ".join(f"{r.last_epochs_error():.2f}" for r in mine),
+            "final_lr": float(np.mean([r.final_lr for r in mine])),
+            "final_epochs": " ".join(str(len(r.history)) for r in mine),
+            "best_error_mean": float(np.mean([b[0] for b in best])),
+            "best_errors": " ".join(f"{e:.2f}@{k}" for e, k in best),
+            "paper_test_error": paper.get("test_error_pct", math.nan),
+            "paper_test_error_std": paper.get("test_error_std") if paper.get("test_error_std") is not None else math.nan,
+            "affine_test_error_mean": float(np.mean(affine)), "affine_test_error_std": _std(affine),
+            "n_params": mine[0].metrics["n_params"], "paper_n_params": paper.get("n_params", math.nan),
+            "adam_eps": _recorded([r.adam_eps for r in mine]),
+            "resumed_runs": sum(bool(r.resume_epochs) for r in mine),
+            "reruns": reference.get("reruns", {}).get(variant, "") if mine[0].recipe == "paper" else "",
+        }
+        diff = stats.against_paper(errors, row["paper_test_error"], paper.get("test_error_std")) if paper else None
+        row["delta"] = row["test_error_mean"] - row["paper_test_error"]
+        row["delta_ci_low"], row["delta_ci_high"] = (diff.lo, diff.hi) if diff else (math.nan, math.nan)
+        row["verdict"] = stats.verdict(diff) if diff else "no paper value"
+        row |= rc.verdict_settling(mine, errors, row["paper_test_error"], paper.get("test_error_std"), list(bench))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.DataFrame:
+    """The paper's ablation effects per protocol, with seed-aware intervals (pipeline.report.stats.effect)
+    and what would settle them (report_claims.effect_settling, GPU time from ``bench``).
+
+    Only runs of one protocol and one training commit are compared; where A and B share no commit
+    the row says `confounded` and carries no interval (its seed variances still plan the re-run)."""
+    rows = []
+    table1 = reference["table1"]
+    for key in protocols(runs):
+        by_variant: dict[str, dict[str, list[Run]]] = {}
+        for r in runs:
+            if r.protocol_key == key:
+                by_variant.setdefault(r.variant, {}).setdefault(r.commit_key, []).append(r)
+        label = next(r.protocol for r in runs if r.protocol_key == key)
+        for what, a, b in EFFECTS:
+            if a not in by_variant or b not in by_variant:
+                continue
+            paper = table1[a]["test_error_pct"] - table1[b]["test_error_pct"] if a in table1 and b in table1 else math.nan
+            row = {"protocol": label, "effect": what, "a": a, "b": b, "paper_delta": paper}
+            common = [c for c in by_variant[a] if c in by_variant[b] and c != NOT_RECORDED]
+            ra, rb = (by_variant[a][common[0]], by_variant[b][common[0]]) if common else (
+                next(iter(by_variant[a].values())), next(iter(by_variant[b].values())))
+            err_a = np.stack([~r.correct["test"] for r in ra])  # (m, N)
+            err_b = np.stack([~r.correct["test"] for r in rb])  # (n, N)
+            parts = stats.effect_parts(err_a, err_b)
+            row |= {"n_seeds": min(len(ra), len(rb))} | rc.effect_settling(parts, paper, ra, rb, list(bench))
+            row |= rc.equivalence_settling(parts, ra, rb, list(bench)) if math.isnan(paper) else {}
+            if not common:
+                rows.append(row | {
+                    "commit": "", "our_delta": _mean_error(ra) - _mean_error(rb), "ci_low": math.nan, "ci_high": math.nan,
+                    "per_seed": "", "mde": math.nan, "equivalence_margin": math.nan,
+                    "status": (f"confounded: {a} trained at {', '.join(by_variant[a])} (Adam ε "
+                               f"{_recorded([r.adam_eps for r in ra])}), {b} at "
+                               f"{', '.join(by_variant[b])} (Adam ε {_recorded([r.adam_eps for r in rb])})")})
+                continue
+            interval = stats.interval_of(parts)  # the parts above: per-image arrays read once
+            seeds_b = {r.seed: r.metrics["error_pct"] for r in rb}
+            per_seed = " ".join(f"{r.metrics['error_pct'] - seeds_b[r.seed]:+.2f}" for r in ra if r.seed in seeds_b)
+            rows.append(row | {"commit": common[0], "our_delta": interval.estimate, "ci_low": interval.lo,
+                               "ci_high": interval.hi, "per_seed": per_seed, "status": stats.effect_words(interval)})
+    return pd.DataFrame(rows, columns=["protocol", "effect", "a", "b", "paper_delta", "commit", "our_delta",
+                                       "ci_low", "ci_high", "per_seed", "status", "n_seeds", "mde", "seeds_needed",
+                                       "gpu_hours", "cost_source", "equivalence_margin", "equivalence_seeds",
+                                       "equivalence_hours"])
+
+
+def _mean_error(runs: list[Run]) -> float:
+    return float(np.mean([r.metrics["error_pct"] for r in runs]))
+
+
+def fmt_pct(x: float, digits: int = 2) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def fmt_ci(lo: float, hi: float) -> str:
+    return "–" if math.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}]"
+
+
+SMOKE_BANNER = ("> **⚠ SMOKE RUN — these numbers come from the smoke profile (tiny data subsets, 1 epoch) "
+                "and mean nothing about the paper.** Run `make repro` (paper protocol) on a GPU for real results.")
+
+EFFECT_RULE = ("Effect = error(A) − error(B) in percentage points; negative means A errs less. Interval: "
+               f"{stats.LEVEL:.0%}, **seed-aware**: SE² = s_A²/n_A + s_B²/n_B (seed-to-seed variance of each variant) "
+               "+ the test-set sampling variance of the seed-averaged paired per-image difference; Student's t with "
+               "Welch–Satterthwaite degrees of freedom (≈ 4 for 3 seeds a side, so t ≈ 2.8). This is the closed form "
+               "of a two-level bootstrap (seeds, then test images) without its small-sample narrowing; the seed terms "
+               "already hold each model's own image noise, so it errs on the wide side. Only runs of one protocol and "
+               "one commit are compared: otherwise the row says `confounded` and gives no interval. Per seed: "
+               "error(A) − error(B) for each seed both have, context for the spread.")
+
+
+def _table1_lines(rows: pd.DataFrame, reference: dict) -> list[str]:
+    lines = ["| variant | recipe | routing | recon | commit | n | ours (%) | per seed | paper (%) | Δ (pp) | "
+             f"{stats.LEVEL:.0%} interval of Δ | verdict | re-runs (context) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in rows.iterrows():
+        capsnet_row = r.model == "capsnet"
+        routing = r.routing_iterations if capsnet_row else "–"
+        recon = ("yes" if r.reconstruction else "no") if capsnet_row else "–"
+        paper = fmt_pct(r.paper_test_error) + ("" if math.isnan(r.paper_test_error_std) else f" ± {r.paper_test_error_std:.3f}")
+        lines.append(f"| {r.variant} | {r.recipe if capsnet_row else '–'} | {routing} | {recon} | {short(r.commit)} | "
+                     f"{r.n_seeds} | {fmt_pct(r.test_error_mean)} ± {fmt_pct(r.test_error_std)} | {r.test_errors} | "
+                     f"{paper} | {r.delta:+.2f} | {fmt_ci(r.delta_ci_low, r.delta_ci_high)} | {r.verdict} | {r.reruns} |")
+    return lines
+
+
+def render_table1(summary: pd.DataFrame, effect_table: pd.DataFrame, reference: dict) -> list[str]:
+    """Per protocol present: Table 1, end of training and checkpoint selection, ablation effects."""
+    lines = [f"MNIST test error in percent, the **final epoch's**: ours as mean ± sample std over n seeds (per-seed "
+             f"values beside), the paper's from {reference['source']} (Table 1). {stats.VERDICT_RULE}", "",
+             "Recipe `paper` trains what the paper's text says; `official` what the authors' code computes "
+             "(loss scale, PrimaryCaps scaling, DigitCaps bias, initialisation: see Deviations); both are "
+             "compared with the same Table 1 value. A row is one variant under one protocol at one training commit: "
+             "runs that differ in either are never pooled."]
+    for protocol in dict.fromkeys(summary.protocol):
+        rows = summary[summary.protocol == protocol]
+        lines += ["", f"## Table 1 — {protocol}", "", *_table1_lines(rows, reference)]
+        lines += ["", "### End of training and checkpoint selection", "",
+                  f"A **stability diagnostic**, not a headline: the learning rate at the last epoch, and the mean "
+                  f"test error of the last {LAST_EPOCHS} epochs beside the final epoch's (a final epoch is one noisy "
+                  "point while the learning rate is still high). The best epoch is **selected on the test set, so it "
+                  "is optimistic**: shown because several public re-runs report it and the paper does not say which "
+                  "checkpoint it used.", "",
+                  f"| variant | commit | final epoch (%) | mean of last {LAST_EPOCHS} (%) | per seed | lr at last epoch | "
+                  "epochs | best epoch (%, selected on test) | per seed (error@epoch) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for _, r in rows.iterrows():
+            lines.append(f"| {r.variant} | {short(r.commit)} | {fmt_pct(r.test_error_mean)} | {fmt_pct(r.last5_error_mean)} | "
+                         f"{r.last5_errors} | {r.final_lr:.2g} | {r.final_epochs} | {fmt_pct(r.best_error_mean)} | "
+                         f"{r.best_errors} |")
+        mine = effect_table[effect_table.protocol == protocol]
+        if len(mine):
+            lines += ["", "### Ablation effects", "", EFFECT_RULE, "",
+                      f"| effect | paper | ours | {stats.LEVEL:.0%} interval | per seed | what the interval supports |",
+                      "|---|---|---|---|---|---|"]
+            for _, e in mine.iterrows():
+                paper = "– (no number)" if math.isnan(e.paper_delta) else f"{e.paper_delta:+.2f}"
+                lines.append(f"| {e.effect} | {paper} | {e.our_delta:+.2f} | {fmt_ci(e.ci_low, e.ci_high)} | "
+                             f"{e.per_seed or '–'} | {e.status} |")
+            lines += ["", *_effect_power_lines(mine)]
+        lines += ["", *_verdict_power_lines(rows)]
+    return lines
+
+
+POWER_RULE = ("80 % power for the same two-sided 95 % seed-aware t-interval (pipeline/report/power.py): the noncentral t "
+              "with Welch–Satterthwaite degrees of freedom recomputed at each seed count, each arm's measured seed "
+              "variance; of the test-set term, the per-image seed noise shrinks with more seeds and the systematic "
+              "per-image difference stays. GPU time: that many seeds of each arm under this protocol at the speed "
+              "reports/benchmarks.md measured for the variant on the runs' device (an estimate; sources below the "
+              "table).")
+
+
+def _hours(hours: float) -> str:
+    return "–" if math.isnan(hours) else f"{hours:.2g}" if hours < 10 else f"{hours:,.0f}"
+
+
+def _sources(table: pd.DataFrame, hours: str) -> list[str]:
+    """The bench rows behind the table's GPU-hours (rows without an estimate say why in cost_source)."""
+    cites = [c for t, h in zip(table.cost_source, table[hours]) if t and not math.isnan(h) for c in t.split("; ")]
+    return ["", "Speeds: " + costs.sources(cites)] if cites else []
+
+
+def _effect_power_lines(effect_table: pd.DataFrame) -> list[str]:
+    """What would settle each effect: the minimum detectable effect with the seeds that ran, and the
+    seeds per arm (and GPU time) that would detect the paper's."""
+    lines = ["#### What would settle each effect", "", POWER_RULE, "",
+             "| effect | paper | seeds run (per arm) | detectable at 80 % power (pp) | seeds per arm for the paper's "
+             "effect | GPU-hours (both arms) |", "|---|---|---|---|---|---|"]
+    for e in effect_table.itertuples():
+        paper = "– (no number)" if math.isnan(e.paper_delta) else f"{e.paper_delta:+.2f}"
+        mde = "– (no interval)" if math.isnan(e.mde) else f"±{e.mde:.2f}"
+        if math.isnan(e.paper_delta):  # "matches": the seeds that would see Table 1's smallest effect
+            seeds = f"{e.equivalence_seeds} (to see ±{rc.EQUIVALENCE_PP:.2f})"
+            hours = _hours(e.equivalence_hours)
+        else:
+            seeds, hours = e.seeds_needed, _hours(e.gpu_hours)
+        lines.append(f"| {e.effect} | {paper} | {e.n_seeds} | {mde} | {seeds} | {hours} |")
+    return lines + _sources(effect_table.assign(hours=[e if math.isnan(p) else g for p, e, g in zip(
+        effect_table.paper_delta, effect_table.equivalence_hours, effect_table.gpu_hours)]), "hours")
+
+
+def _verdict_power_lines(rows: pd.DataFrame) -> list[str]:
+    """What would settle each verdict: how close to the paper the interval puts us, and the seeds that
+    would separate our mean from the paper's at the observed difference."""
+    lines = ["### What would settle each verdict", "",
+             "Equivalence: the 90 % interval of ours − paper (two one-sided tests at 5 %) lies within ±x pp. Seeds to "
+             f"separate: the seeds of ours whose 95 % interval excludes the paper's value with 80 % power if the true "
+             "difference is the one observed (the paper's σ over its 3 trials held; 80 % power, the same t-interval "
+             "with its degrees of freedom recomputed at each seed count). GPU time: that many seeds of the variant "
+             "under this protocol at the speed reports/benchmarks.md measured for it on the runs' device (an estimate).",
+             "", "| variant | commit | n | Δ (pp) | verdict | within ±x pp of the paper | seeds to separate | GPU-hours |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows.itertuples():
+        margin = "–" if math.isnan(r.equivalence_margin) else f"±{r.equivalence_margin:.2f}"
+        lines.append(f"| {r.variant} | {short(r.commit)} | {r.n_seeds} | {r.delta:+.2f} | {r.verdict} | {margin} | "
+                     f"{r.seeds_to_separate} | {_hours(r.gpu_hours_to_separate)} |")
+    return lines + _sources(rows, "gpu_hours_to_separate")
+
+
+def render_markdown(summary: pd.DataFrame, effect_table: pd.DataFrame, *, profile: str,
+                    not_run: dict[str, list[int]] | None = None,
+                    deviations: list[str], provenance: dict, figures: dict[str, str], reference: dict,
+                    affnist: list[str] | None = None, multimnist: list[str] | None = None,
+                    run_table: pd.DataFrame | None = None, claims: pd.DataFrame | None = None) -> str:
+    """reports/ablation.md: banner (smoke), claims; Table 1's section (per protocol with end of
+    training and effects, the affine column, parameters); §5.2 (report_affnist's lines, when given);
+    MultiMNIST (Table 1 with both columns, report_multimnist's lines, when given); figures, not run,
+    deviations, provenance and each run's own record."""
+    lines = ["# Table 1 replica: Dynamic Routing Between Capsules", ""]
+    if profile == "smoke":
+        lines += [SMOKE_BANNER, ""]
+    if claims is not None and len(claims):
+        lines += [*rc.render_claims(claims, summary.protocol.iloc[0]), ""]
+    lines += render_table1(summary, effect_table, reference)
+    lines += ["", "## Affine-shifted test set", "",
+              "Every variant evaluated, without retraining, on the MNIST test digits, each under one random affine "
+              "transform from affNIST's ranges (see README). **The paper reports no number on this set**; its §5.2 "
+              "affNIST experiment trains differently (40×40 canvas): see the §5.2 section below.", "",
+              "| variant | protocol | commit | MNIST test error (%) | affine-shifted error (%) |", "|---|---|---|---|---|"]
+    for _, r in summary.iterrows():
+        lines.append(f"| {r.variant} | {r.protocol.split(':')[0]} | {short(r.commit)} | {fmt_pct(r.test_error_mean)} ± "
+                     f"{fmt_pct(r.test_error_std)} | {fmt_pct(r.affine_test_error_mean)} ± {fmt_pct(r.affine_test_error_std)} |")
+    lines += ["", "## Parameters", "", "| variant | ours | paper |", "|---|---|---|"]
+    for _, r in summary.drop_duplicates("variant").iterrows():
+        lines.append(f"| {r.variant} | {int(r.n_params):,} | {r.paper_n_params / 1e6:.1f}M |")
+    if affnist:
+        lines += ["", *affnist]
+    if multimnist:
+        lines += ["", *multimnist]
+    lines += ["", "## Figures", ""]
+    lines += [f"![{title}]({path})" for title, path in figures.items()]
+    if not_run:
+        lines += ["", "## Not run", "",
+                  "Listed in params.yaml's `ablation` but without a complete evaluation in this report: not run, "
+                  "or stopped before its last epoch. Nothing is estimated for them.", ""]
+        lines += [f"- {v}: seed(s) {', '.join(map(str, seeds))}" for v, seeds in not_run.items()]
+    lines += ["", "## Deviations from the paper and the official code", ""]
+    lines += [f"- {d}" for d in deviations]
+    lines += ["", "## Provenance", ""]
+    lines += [f"- **{k}**: {v}" for k, v in provenance.items()]
+    if run_table is not None and len(run_table):
+        lines += ["", "### Each run as it recorded itself", "",
+                  f"Read from each run's config.json (the commit from its tracking journal where config.json has "
+                  f"none); `{NOT_RECORDED}` where the run did not record a field. Nothing here is filled from "
+                  "today's defaults.", "",
+                  "| " + " | ".join(run_table.columns) + " |", "|" + "---|" * len(run_table.columns)]
+        lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in run_table.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def deviations(params: Params, reference: dict) -> list[str]:
+    """The Table 1 deviations: the modules' DEVIATIONS, the profile's recipe changes, data subsets.
+    Each experiment's own (§5.2, MultiMNIST) come from its report module."""
+    out = list(capsnet.DEVIATIONS)
+    recipes = {v.recipe for name, v in params.variants.items() if name in params.ablation.variants and v.model == "capsnet"}
+    out += (capsnet.PAPER_RECIPE_DEVIATIONS if "paper" in recipes else [])
+    out += (capsnet.OFFICIAL_RECIPE_DEVIATIONS if "official" in recipes else [])
+    out += baseline.DEVIATIONS + train.DEVIATIONS
+    out += recipe_differences(dataclasses.asdict(params.train), reference)
+    if params.train.amp:
+        out.append(train.BF16_NOTE)
+    if not params.train.deterministic:
+        out.append("train.deterministic = false: cuDNN autotuning and non-deterministic GPU kernels, so a re-run "
+                   "of the same seed is not bit-identical (the paper protocol trains with deterministic: true).")
+    if params.prepare.train_subset or params.prepare.test_subset:
+        out.append(f"Data subsets: first {params.prepare.train_subset or 'all'} training and "
+                   f"{params.prepare.test_subset or 'all'} test digits (prepare.*_subset).")
+    if params.prepare.affnist_transforms != 32:
+        out.append(f"affNIST-style set: {params.prepare.affnist_transforms} transform(s) per test digit "
+                   "(affNIST has 32; prepare.affnist_transforms).")
+    return out
+
+
+def run_deviations(runs: list[Run]) -> list[str]:
+    """What the runs themselves say differs from today's code, or do not say at all."""
+    out = []
+    unrecorded = [r for r in runs if r.adam_eps == NOT_RECORDED]
+    if unrecorded:
+        variants = ", ".join(dict.fromkeys(r.variant for r in unrecorded))
+        commits = ", ".join(dict.fromkeys(r.commit_key for r in unrecorded))
+        out.append(f"Adam ε is not recorded by {len(unrecorded)} of {len(runs)} runs ({variants}; trained at "
+                   f"{commits}, before config.json recorded it); today's code uses TF1's {train.ADAM_EPS:g}. Their "
+                   "rows show it as not recorded, and effects between them and runs that record it are confounded.")
+    other = [r for r in runs if r.adam_eps not in (NOT_RECORDED, train.ADAM_EPS)]
+    if other:
+        out.append(f"Adam ε = {_recorded([r.adam_eps for r in other])} in {len(other)} of {len(runs)} runs "
+                   f"({', '.join(dict.fromkeys(r.variant for r in other))}), not today's {train.ADAM_EPS:g}.")
+    compressed = [r for r in runs if r.cfg.get("lr_schedule_epochs", 0) not in (0, r.cfg["epochs"])]
+    for (length, epochs), group_ in _by(compressed, lambda r: (r.cfg["lr_schedule_epochs"], r.cfg["epochs"])).items():
+        out.append(f"{len(group_)} of {len(runs)} runs decay the learning rate of {length} epochs compressed into their "
+                   f"{epochs} (lr · rate^(step/decay_steps · {length}/{epochs}), train.lr_schedule_epochs), so their last "
+                   f"epoch ends at lr {_span([r.final_lr for r in group_])}; the paper decays over its own 640 epochs.")
+    cut = [r for r in runs if not r.cfg.get("lr_schedule_epochs") and r.cfg["epochs"] < PAPER_EPOCHS
+           and r.config.get("stop_reason") != "target"]  # §5.2's early stops end where they reach the target
+    if cut:
+        out.append(f"{len(cut)} of {len(runs)} runs trained the paper's schedule **cut** at {_span([r.cfg['epochs'] for r in cut])} "
+                   f"epochs, not compressed: their last epoch's learning rate is {_span([r.final_lr for r in cut])} (the "
+                   "paper's 640-epoch schedule ends at ≈ 2.2e-6), so their final-epoch errors come from a model still "
+                   "training at a high rate.")
+    resumed = [r for r in runs if r.resume_epochs]
+    if resumed:
+        out.append(f"{len(resumed)} of {len(runs)} runs resumed from a checkpoint (a call's time limit or a lost "
+                   "machine), `variant seed@epoch`: " + ", ".join(
+                       f"{r.variant} {r.seed}@{'/'.join(map(str, r.resume_epochs))}" for r in resumed)
+                   + " (where a run records only its last resume, earlier ones are unknown). A resume restores "
+                   "weights, optimizer, schedule and every generator, so it is meant to change nothing; with "
+                   "non-deterministic kernels it is not bit-identical.")
+    return out
+
+
+PAPER_EPOCHS = 640  # the official code's 300,000 steps of 128
+
+
+def _by(runs: list[Run], key) -> dict:
+    out: dict = {}
+    for r in runs:
+        out.setdefault(key(r), []).append(r)
+    return out
+
+
+def _span(values: list[float]) -> str:
+    """'6.2e-04' or '2.1e-06–2.3e-06' (integers plainly)."""
+    lo, hi = min(values), max(values)
+    fmt = (lambda v: f"{v:g}") if all(float(v).is_integer() for v in values) else (lambda v: f"{v:.2g}")
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
+
+
+def recipe_differences(train_params: dict, reference: dict) -> list[str]:
+    """The profile's training params that differ from the paper protocol."""
+    recipe = reference["recipe"]
+    return [f"train.{k} = {train_params[k]} (paper protocol: {recipe[k]})"
+            for k in recipe if k != "source" and train_params.get(k) != recipe[k]]
+
+
+README_BEGIN = "<!-- results:begin — generated by `capsnet report … --readme README.md` from reports/*.csv; do not edit -->"
+README_END = "<!-- results:end -->"
+README_COLUMNS = [("baseline", "baseline_cnn"), ("r1", "capsnet_r1"), ("r1 + recon", "capsnet_r1_recon"),
+                  ("r3", "capsnet_r3"), ("r3 + recon", "capsnet_r3_recon")]
+
+
+def _cell(row) -> str:
+    return f"{row.test_error_mean:.2f} ± {fmt_pct(row.test_error_std)}"
+
+
+def readme_block(results: pd.DataFrame, effect_table: pd.DataFrame, affnist: pd.DataFrame | None,
+                 claims: pd.DataFrame | None = None) -> str:
+    """The README's results block, from the report's CSV tables as written (results.csv,
+    effects.csv, affnist.csv, claims.csv): the claims, the first protocol's Table 1, its verdicts,
+    every effect and the §5.2 gap, each worded by its interval. tests/test_readme.py compares the
+    README with it."""
+    protocol = results.protocol.iloc[0]
+    rows = results[results.protocol == protocol]
+    lines = [README_BEGIN, ""]
+    if claims is not None and len(claims):
+        lines += [f"Claims of the paper under this protocol ({stats.LEVEL:.0%} seed-aware intervals; reports/ablation.md "
+                  "says what each would take):", "", *rc.readme_lines(claims), ""]
+    lines += [f"Protocol: **{protocol}**; MNIST test error (%), final epoch, mean ± std over seeds, "
+              f"with the verdict of its {stats.LEVEL:.0%} seed-aware interval against the paper:", "",
+              "| | " + " | ".join(name for name, _ in README_COLUMNS) + " |", "|---|" + "---|" * len(README_COLUMNS)]
+    for recipe in dict.fromkeys(rows.recipe):
+        mine = rows[rows.recipe == recipe]
+        for commit in dict.fromkeys(mine.commit):
+            by = {r.variant: r for r in mine[mine.commit == commit].itertuples()}
+            cells = [by.get(v if recipe == "paper" or v == "baseline_cnn" else f"{v}_official") for _, v in README_COLUMNS]
+            lines.append(f"| {recipe} recipe ({short(commit)}) | "
+                         + " | ".join("–" if c is None else f"{_cell(c)}: {c.verdict}" for c in cells) + " |")
+    paper = {r.variant: r for r in rows.itertuples()}
+    lines.append("| paper (Table 1) | " + " | ".join(
+        fmt_pct(paper[v].paper_test_error) if v in paper else "–" for _, v in README_COLUMNS) + " |")
+    effects_here = effect_table[effect_table.protocol == protocol]
+    if len(effects_here):
+        lines += ["", f"Effects, error(A) − error(B) in pp with the {stats.LEVEL:.0%} seed-aware interval:", ""]
+        for e in effects_here.itertuples():
+            paper_delta = "" if math.isnan(e.paper_delta) else f"; paper {e.paper_delta:+.2f}"
+            interval = "(no interval)" if math.isnan(e.ci_low) else fmt_ci(e.ci_low, e.ci_high)
+            lines.append(f"- {e.effect}: {e.our_delta:+.2f} {interval}, {e.status}{paper_delta}.")
+    if affnist is not None and len(affnist) and "gap_pp" in affnist:
+        g = affnist.iloc[0]
+        lines += ["", f"§5.2, CapsNet − CNN accuracy on the affNIST-style set: {g.gap_pp:+.2f} pp "
+                  f"{fmt_ci(g.gap_ci_low, g.gap_ci_high)}, **{g.gap_verdict}** (paper {g.paper_gap_pp:+.0f} pp on the real "
+                  "affNIST); " + "; ".join(f"{r.variant} {r.affnist_acc_mean:.1f} ± {fmt_pct(r.affnist_acc_std, 1)} %"
+                                          for r in affnist.itertuples()) + "."]
+    return "\n".join(lines + ["", README_END])
+
+
+def rewrite_readme(path: Path, block: str) -> None:
+    """Replace the README's generated results block (README_BEGIN … README_END) with ``block``."""
+    text = path.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise UserError(f"{path} has no generated results block: add the two lines {README_BEGIN!r} and "
+                        f"{README_END!r} where the results belong, then run the report again")
+    head, rest = text.split(README_BEGIN, 1)
+    write_text(path, head + block + rest.split(README_END, 1)[1])
+
+
+def readme_block_of(text: str) -> str:
+    """The generated results block of a README's text ('' when it has none)."""
+    if README_BEGIN not in text or README_END not in text:
+        return ""
+    return README_BEGIN + text.split(README_BEGIN, 1)[1].split(README_END, 1)[0] + README_END

@@ -1,0 +1,290 @@
+"""The report's input: one trained and evaluated (variant, seed) as its own records say it ran.
+
+`Run` reads what a run recorded (config.json, history.csv, metrics, per-image predictions) and
+nothing else: a field a run does not record is `NOT_RECORDED`, never filled from today's defaults.
+A run's *protocol* (profile, epochs, batch, learning-rate schedule, precision) and its training
+commit are part of its identity: the report never pools runs that differ in either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from safetensors.torch import load_file, save_file
+
+from pipeline.data.mnist import test_sets
+from pipeline.core.errors import UserError
+from pipeline.stages.evaluate import uniform_metrics
+from pipeline.core.params import Params
+from pipeline.core.stage_names import rerun_hint
+
+NOT_RECORDED = "not recorded"
+LAST_EPOCHS = 5  # the end-of-training stability diagnostic: mean test error of the last epochs
+
+
+class ReportError(UserError, RuntimeError):
+    """An input of the report is missing or inconsistent; the message names it."""
+
+
+def paper_reference() -> dict:
+    """The cited numbers of the paper and public re-runs (pipeline/paper_reference.yaml)."""
+    return yaml.safe_load(resources.files("pipeline").joinpath("paper_reference.yaml").read_text())
+
+
+@dataclass(frozen=True)
+class Run:
+    variant: str
+    seed: int
+    metrics: dict
+    config: dict
+    history: pd.DataFrame
+    correct: dict[str, np.ndarray]  # test set name -> (N,) bool per image
+    breakdown: dict  # evaluate's breakdown.json: per-class accuracy, transform bins, set sources
+    digit_index: dict[str, np.ndarray]  # test set name -> (N,) source digit per image, where known
+    commit: str = NOT_RECORDED  # full hash from config.json, or the journal's short tag, or NOT_RECORDED
+    commit_source: str = NOT_RECORDED  # "config.json" | "tracking journal" | NOT_RECORDED
+
+    @property
+    def cfg(self) -> dict:
+        return self.config["config"]
+
+    @property
+    def image_size(self) -> int:
+        return self.cfg["image_size"]
+
+    @property
+    def recipe(self) -> str:
+        """paper | official; runs trained before recipes existed trained the paper's (the only one then)."""
+        return self.cfg.get("recipe", "paper")
+
+    @property
+    def adam_eps(self) -> float | str:
+        return self.config.get("optimizer", {}).get("adam_eps", NOT_RECORDED)
+
+    @property
+    def device(self) -> str:
+        """The resolved device and its name, as recorded."""
+        device = self.config.get("params", {}).get("device", self.cfg.get("device", NOT_RECORDED))
+        name = self.config.get("environment", {}).get("device_name")
+        return f"{device} ({name})" if name else str(device)
+
+    @property
+    def precision(self) -> str:
+        """bf16 autocast where amp was on and the device CUDA (train.py falls back to fp32 elsewhere)."""
+        device = str(self.config.get("params", {}).get("device", self.cfg.get("device", "")))
+        return "bf16 autocast" if self.cfg.get("amp") and device.startswith("cuda") else "fp32"
+
+    @property
+    def resume_epochs(self) -> list[int] | None:
+        """The epochs training resumed from a checkpoint at: every one where the run records them
+        (resumed_at_epochs), else the last one (resumed_from_epoch, 0 = none); None if neither."""
+        if "resumed_at_epochs" in self.config:
+            return list(self.config["resumed_at_epochs"])
+        last = self.config.get("resumed_from_epoch")
+        return None if last is None else [last] if last else []
+
+    @property
+    def resumed(self) -> str:
+        """resume_epochs in words: `no`, `20, 35`, or NOT_RECORDED."""
+        epochs = self.resume_epochs
+        if epochs is None:
+            return NOT_RECORDED
+        if not epochs:
+            return "no"
+        text = ", ".join(map(str, epochs))
+        if "resumed_at_epochs" not in self.config:
+            text += " (the last resume; earlier ones not recorded)"
+        if epochs[-1] >= len(self.history):
+            text += " (its checkpoint was already final: the last start trained nothing)"
+        return text
+
+    @property
+    def protocol_key(self) -> tuple:
+        """What makes two runs comparable: profile, epochs, batch, every lr* setting, precision
+        (an uncompressed schedule, lr_schedule_epochs 0, is the same whether recorded or not)."""
+        cfg = self.cfg
+        schedule = tuple(sorted((k, cfg[k]) for k in cfg if k.startswith("lr")
+                                and not (k == "lr_schedule_epochs" and not cfg[k])))
+        return cfg.get("profile", NOT_RECORDED), cfg["epochs"], cfg["batch_size"], schedule, self.precision
+
+    @property
+    def schedule(self) -> str:
+        """Profile, length and learning-rate schedule in words, e.g. `gpu profile: 50 epochs × batch 128,
+        lr 0.001·0.96^(step/2000) ≥ 1e-06`; a compressed schedule reads `0.96^(step/2000 · 640/50)`."""
+        cfg = self.cfg
+        pace = f" · {cfg['lr_schedule_epochs']}/{cfg['epochs']}" if cfg.get("lr_schedule_epochs") else ""
+        lr = f"lr {cfg['lr']:g}·{cfg['lr_decay_rate']:g}^(step/{cfg['lr_decay_steps']}{pace}) ≥ {cfg['lr_min']:g}"
+        extra = [f"{k} {cfg[k]}" for k in sorted(cfg) if k.startswith("lr")
+                 and k not in ("lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "lr_schedule_epochs")]
+        return (f"{cfg.get('profile', NOT_RECORDED)} profile: {cfg['epochs']} epochs × batch {cfg['batch_size']}, "
+                f"{', '.join([lr, *extra])}")
+
+    @property
+    def protocol(self) -> str:
+        """The protocol in words: `schedule` and precision."""
+        return f"{self.schedule}, {self.precision}"
+
+    @property
+    def commit_key(self) -> str:
+        """The commit as compared across runs: its first 7 characters (the journal tags hold only those)."""
+        return short(self.commit)
+
+    @property
+    def images_trained(self) -> int | None:
+        """Training images this run drew (steps × batch), as it recorded them; None where it did not."""
+        steps = self.config.get("steps_trained")
+        return None if steps is None else int(steps) * int(self.cfg["batch_size"])
+
+    def last_epochs_error(self, k: int = LAST_EPOCHS) -> float:
+        """Mean per-epoch test error % of the last k epochs (a stability diagnostic, not a headline)."""
+        return float(self.history.test_error_pct.iloc[-k:].mean())
+
+    @property
+    def final_lr(self) -> float:
+        return float(self.history.lr.iloc[-1]) if "lr" in self.history else math.nan
+
+
+def short(commit: str) -> str:
+    """A commit as tables show it: 7 characters (or NOT_RECORDED)."""
+    return commit if commit == NOT_RECORDED else commit[:7]
+
+
+def best_epoch(history: pd.DataFrame) -> tuple[float, int]:
+    """(lowest per-epoch test error %, its epoch), the first one on a tie. Selected on the test set."""
+    k = int(history.test_error_pct.to_numpy().argmin())
+    return float(history.test_error_pct.iloc[k]), int(history.epoch.iloc[k])
+
+
+def _needed(models_dir: Path, results_dir: Path, variant: str, seed: int) -> list[Path]:
+    model_dir, result_dir = models_dir / variant / f"seed{seed}", results_dir / variant / f"seed{seed}"
+    return [result_dir / "metrics.json", result_dir / "predictions.safetensors", result_dir / "breakdown.json",
+            model_dir / "config.json", model_dir / "history.csv"]
+
+
+def missing_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """The (variant, seed) pairs that have no complete evaluation (not run, or stopped before the end)."""
+    return [(v, s) for v in variants for s in seeds
+            if not all(p.is_file() for p in _needed(models_dir, results_dir, v, s))]
+
+
+def _correct(labels, preds) -> np.ndarray:
+    """(N,) bool per test example; MultiMNIST's (N, 2) sorted pairs are right only as a whole."""
+    same = (labels == preds).numpy()
+    return same.all(axis=1) if same.ndim == 2 else same
+
+
+def recorded_commit(config: dict, journal_dir: Path | None) -> tuple[str, str]:
+    """(commit, where it was read): config.json's environment, else the run's tracking journal's start tags."""
+    commit = config.get("environment", {}).get("git_commit")
+    if commit:
+        return commit, "config.json"
+    journal = journal_dir / f"{config.get('run_id')}.jsonl" if journal_dir else None
+    if journal is not None and journal.is_file():
+        with journal.open() as f:
+            commit = json.loads(f.readline()).get("tags", {}).get("git_commit")
+        if commit:
+            return commit, "tracking journal"
+    return NOT_RECORDED, NOT_RECORDED
+
+
+def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: list[int],
+              skip: list[tuple[str, int]] = (), journal_dir: Path | None = None,
+              params: Params | None = None) -> list[Run]:
+    """Every (variant, seed)'s evaluation but those in ``skip``; a missing one is an error naming it,
+    its path and the DVC stage that writes it (as ``params``' ablation names it). ``journal_dir``
+    (default: beside models_dir) holds tracking journals that name the commit of runs whose
+    config.json does not."""
+    journal_dir = models_dir.parent / "journal" if journal_dir is None else journal_dir
+    runs = []
+    for variant in variants:
+        for seed in seeds:
+            if (variant, seed) in skip:
+                continue
+            model_dir, result_dir = models_dir / variant / f"seed{seed}", results_dir / variant / f"seed{seed}"
+            missing = [str(p) for p in _needed(models_dir, results_dir, variant, seed) if not p.is_file()]
+            if missing:
+                raise ReportError(f"variant {variant} seed {seed} has no evaluation: missing {', '.join(missing)}; "
+                                  f"run {rerun_hint(params, variant, seed, 'evaluate')}")
+            pred = load_file(str(result_dir / "predictions.safetensors"))
+            sets = [k.removesuffix("_labels") for k in pred if k.endswith("_labels")]
+            config = json.loads((model_dir / "config.json").read_text())
+            metrics = uniform_metrics(json.loads((result_dir / "metrics.json").read_text()),
+                                      *test_sets(config["config"]["image_size"]))
+            runs.append(Run(
+                variant, seed, metrics, config, pd.read_csv(model_dir / "history.csv"),
+                {name: _correct(pred[f"{name}_labels"], pred[f"{name}_preds"]) for name in sets},
+                json.loads((result_dir / "breakdown.json").read_text()),
+                {name: pred[f"{name}_digit_index"].numpy() for name in sets if f"{name}_digit_index" in pred},
+                *recorded_commit(config, journal_dir)))
+    return runs
+
+
+def group(runs: list[Run]) -> dict[tuple, list[Run]]:
+    """Runs by (variant, protocol, commit), in the order first seen: the report's unit of a row."""
+    out: dict[tuple, list[Run]] = {}
+    for r in runs:
+        out.setdefault((r.variant, r.protocol_key, r.commit_key), []).append(r)
+    return out
+
+
+def protocols(runs: list[Run]) -> list[tuple]:
+    """The protocol keys present, longest training first (the paper protocol before a shorter one)."""
+    keys = dict.fromkeys(r.protocol_key for r in runs)
+    return sorted(keys, key=lambda k: -k[1])
+
+
+def run_provenance(runs: list[Run]) -> pd.DataFrame:
+    """One row per run, every field as the run recorded it (NOT_RECORDED where it did not)."""
+    rows = []
+    for r in runs:
+        commit = r.commit if r.commit_source != "tracking journal" else f"{r.commit} (journal tag)"
+        rows.append({
+            "variant": r.variant, "seed": r.seed, "commit": commit, "adam_eps": r.adam_eps,
+            "amp": r.cfg.get("amp", NOT_RECORDED), "precision": r.precision,
+            "compile": r.cfg.get("compile", NOT_RECORDED), "deterministic": r.cfg.get("deterministic", NOT_RECORDED),
+            "resumed_at_epoch": r.resumed, "device": r.device,
+            "torch": r.config.get("environment", {}).get("torch_version", NOT_RECORDED),
+            "epochs_trained": len(r.history), "stop_reason": r.config.get("stop_reason", NOT_RECORDED),
+        })
+    return pd.DataFrame(rows)
+
+
+PUBLISHED = {"models": ("config.json", "history.csv"),
+             "results": ("metrics.json", "breakdown.json", "reconstructions.png", "fig4.png")}
+
+
+def publish_runs(models_dir: Path, results_dir: Path, dest: Path) -> list[tuple[str, int]]:
+    """Copy every complete run's records into dest/models and dest/results, small enough for git.
+
+    Predictions keep only what the report reads (labels, predicted classes, source digits): no
+    scores, no weights. `capsnet report DEST/models DEST/results ...` then rewrites the report
+    from the copies alone. Returns the (variant, seed) pairs copied.
+    """
+    copied = []
+    for metrics in sorted(results_dir.glob("*/seed*/metrics.json")):
+        variant, seed_dir = metrics.parent.parent.name, metrics.parent.name
+        seed = int(seed_dir.removeprefix("seed"))
+        if not all(p.is_file() for p in _needed(models_dir, results_dir, variant, seed)):
+            continue
+        for kind, names in PUBLISHED.items():
+            src = (models_dir if kind == "models" else results_dir) / variant / seed_dir
+            out = dest / kind / variant / seed_dir
+            out.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                if (src / name).is_file():
+                    shutil.copyfile(src / name, out / name)
+        pred = load_file(str(metrics.parent / "predictions.safetensors"))
+        # MultiMNIST's (P, 2) pairs are left out (10M rows at paper size): the report reads only their metrics
+        keep = {k: t.contiguous() for k, t in pred.items()
+                if k.endswith(("_labels", "_preds", "_digit_index")) and t.dim() == 1}
+        save_file(keep, str(dest / "results" / variant / seed_dir / "predictions.safetensors"))
+        copied.append((variant, seed))
+    return copied

@@ -1,0 +1,229 @@
+"""`capsnet bench`: training and inference throughput of the real training step, beside a
+reference loop run the way popular re-implementations run it (eager fp32, a torchvision
+DataLoader with per-sample ToTensor and a random ±2 px crop, batch 128).
+
+FLOP per image are counted, not estimated: torch.utils.flop_counter.FlopCounterMode over one
+training step (forward + backward of convs, matmuls and einsums) divided by the batch size.
+Timing synchronises the device at the edges of the timed loop only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.flop_counter import FlopCounterMode
+from torchvision.transforms import v2
+
+from pipeline.data.mnist import MNIST_SIZE
+from pipeline.training.families import experiment
+from pipeline.experiments.multimnist import CANVAS as MULTIMNIST_CANVAS
+from pipeline.training.stack import SeedStack
+from pipeline.training.train import (
+    RunConfig, build_model, compute_loss, configure_backends, draw_step, loss_recipe, make_optimizer, place_model,
+    predict, resolve_device, training_step,
+)
+
+EPOCH_IMAGES = 60_000
+# --mode: (bf16 autocast, torch.compile mode or None, channels_last). "graphs" adds CUDA graphs
+# (reduce-overhead); "cl" puts the convolutions in NHWC (train.channels_last).
+MODES = {"fp32": (False, None, False), "bf16": (True, None, False), "compile": (False, "default", False),
+         "bf16-compile": (True, "default", False), "bf16-graphs": (True, "reduce-overhead", False),
+         "bf16-cl": (True, None, True), "bf16-compile-cl": (True, "default", True)}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB -> MiB
+
+
+def flop_per_image(cfg: RunConfig, device: torch.device, batch: int = 8) -> float:
+    """FLOP of one training step (forward + backward) per image, counted by FlopCounterMode."""
+    model = build_model(cfg).to(device)
+    images = torch.randint(0, 256, (batch, cfg.image_size, cfg.image_size), dtype=torch.uint8, device=device)
+    labels = torch.randint(0, cfg.num_classes, (batch,), device=device)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss, _, _ = compute_loss(model, images.unsqueeze(1).float() / 255, labels, loss_recipe(cfg))
+        loss.backward()
+    return counter.get_total_flops() / batch
+
+
+def random_data(cfg: RunConfig, n: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """n random uint8 training digits and a test set of cfg's size: what cfg's experiment draws from."""
+    data = {"train_images": torch.randint(0, 256, (n, MNIST_SIZE, MNIST_SIZE), dtype=torch.uint8, device=device),
+            "train_labels": torch.arange(n, device=device) % cfg.num_classes,
+            "test_images": torch.randint(0, 256, (n, cfg.image_size, cfg.image_size), dtype=torch.uint8, device=device),
+            "test_labels": torch.arange(n, device=device) % cfg.num_classes}
+    if cfg.image_size == MULTIMNIST_CANVAS:  # MultiMNIST scores pair recipes over 28×28 test digits
+        data["test_images"] = data["train_images"]
+        data["test_pairs"] = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n], dim=1)  # labels differ
+        data["test_shifts"] = torch.zeros(n, 2, 2, dtype=torch.int8)
+    return data
+
+
+def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
+               compile_mode: str = "default", seeds: int = 1, layout: str = "fused") -> dict:
+    """Time the training step `capsnet train` runs (draw every seed's batch, one stacked step) and
+    inference, on random uint8 data; ``seeds`` seeds stacked (1: a separate run) in ``layout``
+    (`pipeline.training.stack.SeedStack`).
+
+    The first warm-up step includes compilation; its wall time is returned as first_step_s (None
+    without warm-up steps: then the timed steps include it).
+    train_images_per_s counts every seed's images (aggregate); per_seed_images_per_s one seed's.
+    """
+    device = resolve_device(cfg.device)
+    amp = cfg.amp and device.type == "cuda"
+    configure_backends(cfg, device)
+    models = []
+    for k in range(seeds):
+        torch.manual_seed(generator_seed + k)
+        models.append(place_model(build_model(cfg), cfg, device))
+    stack = SeedStack(models, loss_recipe(cfg), layout)
+    optimizer, scheduler = make_optimizer(stack, cfg, device)
+    loss_fn = torch.compile(stack, mode=compile_mode) if cfg.compile else stack
+    generators = [torch.Generator(device=device).manual_seed(generator_seed + k) for k in range(seeds)]
+    n = cfg.batch_size * (steps + warmup)
+    exp = experiment(cfg, random_data(cfg, n, device), device)
+    orders = [exp.epoch_order(g) for g in generators]
+    active = torch.ones(seeds, device=device)
+
+    def step(k: int) -> None:
+        batch, keep = draw_step(exp, stack, orders, k, generators)
+        training_step(loss_fn, optimizer, scheduler, batch, keep, active, amp)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0, first_step_s = time.perf_counter(), None
+    for k in range(warmup):
+        step(k)
+        if k == 0:
+            _sync(device)
+            first_step_s = time.perf_counter() - t0
+    _sync(device)
+    t0 = time.perf_counter()
+    for k in range(warmup, warmup + steps):
+        step(k)
+    _sync(device)
+    train_seconds = time.perf_counter() - t0
+    # whole eval batches only: a last partial batch is a new shape, and cuDNN autotuning (deterministic:
+    # false) would time its algorithm search
+    images = exp.test_images  # (n, S, S); MultiMNIST's are the 28×28 digits its recipes index
+    if cfg.image_size == MULTIMNIST_CANVAS:
+        images = torch.nn.functional.pad(images, (4, 4, 4, 4))  # (n, 36, 36)
+    infer = images[: max(n // cfg.eval_batch_size, 1) * cfg.eval_batch_size]
+    model = stack.seed_model(0)
+    predict(model, infer[: cfg.eval_batch_size], cfg.eval_batch_size, amp)  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    predict(model, infer, cfg.eval_batch_size, amp)
+    _sync(device)
+    infer_seconds = time.perf_counter() - t0
+    images_per_s = seeds * steps * cfg.batch_size / train_seconds
+    return {"seeds": seeds, "train_images_per_s": images_per_s, "per_seed_images_per_s": images_per_s / seeds,
+            "ms_per_step": 1000 * train_seconds / steps, "s_per_epoch": seeds * EPOCH_IMAGES / images_per_s,
+            "peak_memory_mb": _peak_memory_mb(device), "inference_images_per_s": infer.shape[0] / infer_seconds,
+            "first_step_s": first_step_s}
+
+
+class _TensorDigits(Dataset):
+    """MNIST-like uint8 tensors served one sample at a time, as torchvision's MNIST does."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, k: int):
+        return self.transform(self.images[k].unsqueeze(0)), int(self.labels[k])
+
+
+def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -> dict:
+    """The popular implementations' loop: eager fp32, DataLoader, per-sample ToTensor + random crop."""
+    device = resolve_device(cfg.device)
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device)
+    optimizer, _ = make_optimizer(model, cfg, device)
+    n = cfg.batch_size * (steps + warmup)
+    images = torch.randint(0, 256, (n, MNIST_SIZE, MNIST_SIZE), dtype=torch.uint8)
+    labels = torch.randint(0, cfg.num_classes, (n,))
+    # ±max_shift px at 28×28; on a larger canvas, padding by the difference makes the crop a random placement
+    padding = cfg.max_shift if cfg.image_size == MNIST_SIZE else cfg.image_size - MNIST_SIZE
+    transform = v2.Compose([v2.RandomCrop(cfg.image_size, padding=padding), v2.ToDtype(torch.float32, scale=True)])
+    loader = DataLoader(_TensorDigits(images, labels, transform), batch_size=cfg.batch_size, shuffle=True,
+                        num_workers=workers, drop_last=True)
+    t0 = None
+    for k, (x, y) in enumerate(loader):
+        if k == warmup:
+            _sync(device)
+            t0 = time.perf_counter()
+        x, y = x.to(device), y.to(device)
+        loss, _, _ = compute_loss(model, x, y, loss_recipe(cfg))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss.item()  # the per-step host read these loops do for logging
+    _sync(device)
+    images_per_s = steps * cfg.batch_size / (time.perf_counter() - t0)
+    return {"train_images_per_s": images_per_s, "ms_per_step": 1000 * cfg.batch_size / images_per_s,
+            "s_per_epoch": EPOCH_IMAGES / images_per_s, "peak_memory_mb": _peak_memory_mb(device)}
+
+
+def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
+        reference: bool, deterministic: str, device: str, seeds: tuple[int, ...] = (1,),
+        layouts: tuple[str, ...] = ("fused",)):
+    """Yield one row per (batch, mode, seeds stacked, layout), the reference loop first when asked:
+    what `capsnet bench` prints. Rows with seeds > 1 carry their layout and speedup_vs_separate: their
+    aggregate images/s over the one-seed row's (S separate runs one after another train at the
+    one-seed rate)."""
+    import datetime
+
+    from pipeline.training.train import run_config
+
+    dev = resolve_device(device)
+    base = run_config(params, variant, 0, profile="bench", epochs=1, batch_size=batch_sizes[0], amp=False,
+                      compile=False, device=str(dev))
+    if deterministic != "params":
+        base = dataclasses.replace(base, deterministic=deterministic == "on")
+    flop = flop_per_image(base, dev)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    common = {"device": name, "variant": variant, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+              "deterministic": base.deterministic, "flop_per_image_train": flop}
+
+    def row(values: dict) -> dict:
+        values["tflop_per_s"] = values["train_images_per_s"] * flop / 1e12
+        return {**common, **{k: round(x, 3) if isinstance(x, float) else x for k, x in values.items()}}
+
+    for batch in batch_sizes:
+        ref = None
+        if reference:
+            ref = bench_reference(dataclasses.replace(base, batch_size=batch), steps, warmup)
+            yield row({"mode": "reference", "batch": batch, **ref})
+        for mode in modes:
+            amp, compile_mode, channels_last = MODES[mode]
+            cfg = dataclasses.replace(base, batch_size=batch, amp=amp and dev.type == "cuda",
+                                      compile=compile_mode is not None, channels_last=channels_last)
+            single = None
+            for s, layout in [(s, layout) for s in seeds for layout in (layouts if s > 1 else ("fused",))]:
+                result = bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default", seeds=s,
+                                    layout=layout)
+                if ref:
+                    result["speedup_vs_reference"] = result["train_images_per_s"] / ref["train_images_per_s"]
+                if s == 1:
+                    single = result["train_images_per_s"]
+                else:
+                    result["stack"] = layout
+                    if single:
+                        result["speedup_vs_separate"] = result["train_images_per_s"] / single
+                yield row({"mode": mode, "batch": batch, **result})
+                torch._dynamo.reset()  # each configuration compiles afresh; the on-disk cache still helps

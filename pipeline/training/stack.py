@@ -1,0 +1,140 @@
+"""Several seeds of one variant trained as one computation (issue #23), and the loss they share.
+
+`SeedStack` holds S models of one architecture as one: every parameter becomes one (S, …) tensor,
+and its forward evaluates every seed's model and loss on every seed's batch at once with
+`torch.func.vmap` over `torch.func.functional_call`. vmap's batching rules make the stacked
+layers what HFTA (Wang et al., MLSys 2021) builds by hand: a convolution with per-seed weights
+runs as one grouped convolution (groups = S), a linear layer and DigitCaps' W as batched matrix
+products, so one launch does S seeds' work.
+
+Why the seeds stay independent: each seed's loss depends only on its own slice of each stacked
+parameter, the loop backpropagates the **sum** of the per-seed losses (so each slice's gradient is
+that seed's own gradient; an average would scale it by 1/S, which changes Adam's update through ε),
+and Adam is elementwise, so one Adam over (S, …) tensors is S Adams. S = 1 is a separate run:
+the same code without vmap.
+
+Grouped convolutions have been reported slower than separate ones on some GPUs (pytorch#73764), so
+the layout is a choice: ``fused`` (vmap, as above) or ``loop`` (each seed's model in turn, its own
+kernels, still one process, one backward and one Adam step); `capsnet bench --stack` times both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from pipeline.models.capsnet import capsnet_loss, margin_loss
+from pipeline.training.experiment import Batch
+
+
+def loss_recipe(cfg) -> str | None:
+    """The CapsNet loss recipe of cfg's model (a pipeline.training.train.RunConfig), or None for a CNN."""
+    return cfg.recipe if cfg.model == "capsnet" else None
+
+
+def compute_loss(model, x: torch.Tensor, y: torch.Tensor, recipe: str | None,
+                 targets: torch.Tensor | None = None,
+                 keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(total, margin or cross-entropy, reconstruction) for one batch, all on the device.
+
+    ``recipe``: `capsnet_loss`'s recipe for a CapsNet, None for a CNN (`loss_recipe(cfg)`).
+    MultiMNIST: y (B, 2) and ``targets`` (B, 2, 1, S, S), each digit alone; its CNN takes the
+    margin loss on raw outputs with both classes positive (the official code's default loss).
+    ``keep``: a CNN's dropout mask (`BaselineCNN.dropout_keep`), None where the model has none.
+    """
+    if recipe is None:
+        scores = (model(x) if keep is None else model(x, keep)).float()  # (B, K)
+        loss = margin_loss(scores, y) if y.dim() == 2 else F.cross_entropy(scores, y)
+        return loss, loss, torch.zeros((), device=x.device)
+    return capsnet_loss(model(x, y), x, y, recipe, targets)
+
+
+class LossOf(nn.Module):
+    """One model and its loss as one module (the gradient checks and the step-time bench of a
+    single model use it; training goes through `SeedStack`)."""
+
+    def __init__(self, model: nn.Module, recipe: str | None):
+        super().__init__()
+        self.model, self.recipe = model, recipe
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor,
+                targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return compute_loss(self.model, x, y, self.recipe, targets)
+
+
+def loss_function(model: nn.Module, cfg, compile_mode: str = "default") -> nn.Module:
+    """`LossOf(model)`, compiled when cfg.compile (``compile_mode``: torch.compile's mode)."""
+    fn = LossOf(model, loss_recipe(cfg))
+    return torch.compile(fn, mode=compile_mode) if cfg.compile else fn
+
+
+def stack_batches(batches: list[Batch]) -> Batch:
+    """S seeds' batches as one, each field with a leading seed axis: x (S, B, 1, H, W), …"""
+    if len(batches) == 1:  # a separate run: a view, no per-step copy of the batch
+        return Batch(*(None if t is None else t.unsqueeze(0) for t in batches[0]))
+    return Batch(*(None if parts[0] is None else torch.stack(parts) for parts in zip(*batches)))
+
+
+STACK_LAYOUTS = ("fused", "loop")
+
+
+class SeedStack(nn.Module):
+    """S models of one architecture as one module whose parameters are (S, …) tensors.
+
+    ``models``: the seeds' initialised models, in seed order, on the training device (each built
+    after its own `torch.manual_seed`, as a separate run builds it). The first is kept, unregistered,
+    as the architecture `functional_call` runs; `seed_weights(k)` gives seed k's state dict back.
+    ``layout``: "fused" evaluates the seeds at once (vmap), "loop" one after another.
+    """
+
+    def __init__(self, models: list[nn.Module], recipe: str | None, layout: str = "fused"):
+        super().__init__()
+        if layout not in STACK_LAYOUTS:
+            raise ValueError(f"layout must be one of {STACK_LAYOUTS}, got {layout!r}")
+        self.layout = layout
+        if any(dict(m.named_buffers()) for m in models):
+            raise ValueError("SeedStack stacks parameters only; these models have buffers")
+        if any(isinstance(m, nn.Dropout) for m in models[0].modules()) and not hasattr(models[0], "dropout_keep"):
+            raise ValueError(f"{type(models[0]).__name__} has dropout but no dropout_keep(batch, generator): its masks "
+                             "would come from the global generator, which neither stacking nor resume reproduces")
+        self.__dict__["template"] = models[0]  # not a submodule: its own weights are not trained
+        self.recipe, self.seeds = recipe, len(models)
+        self.names = [name for name, _ in models[0].named_parameters()]
+        per_model = [dict(m.named_parameters()) for m in models]
+        # S = 1 keeps the parameter's memory layout (channels_last included): a view, no copy
+        self.weights = nn.ParameterList(
+            nn.Parameter(per_model[0][n].detach().unsqueeze(0) if len(models) == 1
+                         else torch.stack([p[n].detach() for p in per_model]))  # (S, …)
+            for n in self.names)
+
+    def seed_weights(self, k: int) -> dict[str, torch.Tensor]:
+        """Seed k's parameters under the model's own names (views of the stack)."""
+        return {n: w[k] for n, w in zip(self.names, self.weights)}
+
+    def seed_model(self, k: int) -> nn.Module:
+        """The architecture holding seed k's current weights (a copy), for scoring and saving."""
+        with torch.no_grad():
+            self.template.load_state_dict({n: w.detach() for n, w in self.seed_weights(k).items()})
+        return self.template
+
+    def dropout_keep(self, batch: int, generator: torch.Generator) -> torch.Tensor | None:
+        """One seed's dropout mask for a step, from its generator; None for a model without dropout."""
+        draw = getattr(self.template, "dropout_keep", None)
+        return None if draw is None else draw(batch, generator)
+
+    def _one(self, weights: dict, x, y, targets, keep) -> torch.Tensor:
+        model = lambda *args: functional_call(self.template, weights, args)  # noqa: E731
+        return torch.stack(compute_loss(model, x, y, self.recipe, targets, keep))  # (3,)
+
+    def forward(self, batch: Batch, keep: torch.Tensor | None) -> torch.Tensor:
+        """batch: x (S, B, 1, H, W), labels (S, B[, T]), targets (S, B, T, 1, H, W) or None; keep
+        (S, B, F) or None -> per-seed (total, margin or cross-entropy, reconstruction) (S, 3)."""
+        if self.seeds == 1 or self.layout == "loop":  # one seed is the loop of one: no vmap
+            return torch.stack([self._one(self.seed_weights(k), batch.x[k], batch.labels[k],
+                                          None if batch.targets is None else batch.targets[k],
+                                          None if keep is None else keep[k]) for k in range(self.seeds)])  # (S, 3)
+        weights = {n: w for n, w in zip(self.names, self.weights)}
+        in_dims = (0, 0, 0, None if batch.targets is None else 0, None if keep is None else 0)
+        return vmap(self._one, in_dims=in_dims)(weights, batch.x, batch.labels, batch.targets, keep)  # (S, 3)
