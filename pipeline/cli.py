@@ -61,24 +61,23 @@ def download(dest: str) -> None:
 @main.command()
 @click.argument("raw_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--montage", type=click.Path(dir_okay=False), required=True,
-              help="PNG: originals above their affine-shifted versions")
-@click.option("--affnist-montage", type=click.Path(dir_okay=False), required=True,
-              help="PNG: expanded-MNIST digits above affNIST(-style) images (§5.2)")
+@click.option("--figures", "figures_dir", type=click.Path(file_okay=False), required=True,
+              help="folder for each experiment's montage of its test sets (dvc.yaml lists them as outputs)")
 @PARAMS_OPTION
 @user_errors
-def prepare(raw_dir: str, out_dir: str, montage: str, affnist_montage: str, params_path: str) -> None:
-    """Verify RAW_DIR's IDX files (SHA-256), decode them into uint8 tensors in OUT_DIR and build
-    the transformed test sets.
+def prepare(raw_dir: str, out_dir: str, figures_dir: str, params_path: str) -> None:
+    """Verify RAW_DIR's IDX files (SHA-256), decode them into uint8 tensors in OUT_DIR and let
+    every experiment build its test sets from them.
 
-    Writes train, test and affine_test (28×28), and for §5.2 expanded_test and affnist_test
-    (40×40). affnist_test is the real affNIST test set when $CAPSNET_AFFNIST_MIRROR names its
-    .mat file (or a folder of its batches), else an affNIST-style set generated here.
+    Writes train and test (28×28); Table 1's affine_test; §5.2's expanded_test and affnist_test
+    (40×40: affnist_test is the real affNIST test set when $CAPSNET_AFFNIST_MIRROR names its .mat
+    file, or a folder of its batches, else an affNIST-style set generated here); MultiMNIST's
+    multimnist_test recipes.
     """
     from pipeline.stages import prepare as prepare_stage
 
     params = load_params(params_path)
-    click.echo(prepare_stage.run(params, Path(raw_dir), Path(out_dir), Path(montage), Path(affnist_montage)))
+    click.echo(prepare_stage.run(params, Path(raw_dir), Path(out_dir), Path(figures_dir)))
 
 
 def _params_for_hints(path: str) -> Params | None:

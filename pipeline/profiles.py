@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 
 from pipeline import warm as warm_mod
-from pipeline.core.params import CPU_EPOCH_SECONDS, ablation_variants, cpu_epoch_seconds
+from pipeline.core import registry
+from pipeline.core.params import ablation_variants, cpu_epoch_seconds
 
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {},  # params.yaml as committed: 640 epochs, 3 seeds, every variant
@@ -116,8 +117,9 @@ def cpu_hours(raw: dict) -> float:
     fraction = (raw["prepare"]["train_subset"] or 60_000) / 60_000
     seconds = 0.0
     for variant in ablation_variants(raw):
-        v = raw["variants"][variant]  # a combination never measured counts as the 28×28 CapsNet
-        per_epoch = cpu_epoch_seconds(v["model"], v["image_size"]) or CPU_EPOCH_SECONDS["capsnet", 28]
+        v = raw["variants"][variant]  # a combination never measured counts as Table 1's CapsNet
+        experiment = registry.of_record(v.get("experiment"), v.get("image_size"))
+        per_epoch = cpu_epoch_seconds(v["model"], experiment) or cpu_epoch_seconds("capsnet", "table1")
         seconds += per_epoch * fraction * raw["train"]["epochs"]
     return seconds * len(raw["ablation"]["seeds"]) / 3600
 

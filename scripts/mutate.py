@@ -39,6 +39,8 @@ RECIPE_WIRING = "tests/test_wiring.py::test_a_variant_trains_with_its_recipes_lo
 RESUME = "tests/test_wiring.py::test_resume_restores_the_generator_that_dropout_draws_from"
 STACK = "tests/test_stack.py"
 FINGERPRINT = "tests/test_fingerprint.py"
+EXTENSION = "tests/test_extension.py"
+LAYOUT = "tests/test_layout.py"
 COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
@@ -113,10 +115,10 @@ MUTATIONS = [
     Mutation("an evaluation against another store dies in MLflow's traceback", "pipeline/stages/evaluate.py",
              "    if not tracker.has_run(run_id):", "    if False:",
              ("tests/test_train.py::test_evaluating_against_a_store_without_the_training_run_says_so_and_keeps_the_evaluation",)),
-    Mutation("an evaluation logs no dataset inputs", "pipeline/stages/evaluate.py",
+    Mutation("an evaluation logs no dataset inputs", "pipeline/experiments/base.py",
              '        datasets.append(dataset_input(path, data, "evaluation"))\n', "",
              ("tests/test_train.py::test_train_and_evaluate_cli_log_one_run_per_variant",)),
-    Mutation("a dataset digest ignores the labels", "pipeline/data/mnist.py",
+    Mutation("a dataset digest ignores the labels", "pipeline/data/splits.py",
              "    for name in sorted(tensors):\n        tensor", '    for name in sorted(set(tensors) - {"labels"}):\n        tensor',
              ("tests/test_data.py",)),
     Mutation("the smoke prefill trains other params than its experiment runs", "pipeline/profiles.py",
@@ -203,9 +205,21 @@ MUTATIONS = [
              "def fmt_pct(x: float, digits: int = 2)", "def fmt_pct(x: float, digits: int = 3)",
              ("tests/test_published.py",)),
     Mutation("the published learning curves lose a panel", "pipeline/stages/report.py",
-             '("expanded-MNIST test set (§5.2, 40×40)", s52)', '("expanded-MNIST test set (§5.2, 40×40)", [])',
+             "learning_curves([(e.CURVES, mine[e.NAME]) for e in experiments]",
+             "learning_curves([(e.CURVES, mine[e.NAME]) for e in experiments[:1]]",
              ("tests/test_published.py",)),
-    Mutation("Table 1's shifts one pixel short (training computes something else)", "pipeline/data/mnist.py",
+    Mutation("the report stage hands runs to experiments by image size", "pipeline/stages/report.py",
+             "[r for r in runs if r.experiment == e.NAME]", "[r for r in runs if r.image_size == e.IMAGE_SIZE]",
+             (EXTENSION, LAYOUT)),
+    Mutation("the train stage scores every experiment on MNIST's test set", "pipeline/stages/train.py",
+             "eval_set = cfgs[0].experiment_module().TEST_SETS[0]", 'eval_set = "test"', (EXTENSION,)),
+    Mutation("prepare knows only the built-in experiments", "pipeline/stages/prepare.py",
+             "for name in registry.names()]", "for name in registry.EXPERIMENTS]", (EXTENSION,)),
+    Mutation("a variant's image size is not checked against its experiment", "pipeline/core/params.py",
+             "if self.image_size and self.image_size != experiment.IMAGE_SIZE:", "if False:", ("tests/test_params.py",)),
+    Mutation("records from before the experiment key all read as Table 1", "pipeline/core/registry.py",
+             "return LEGACY_IMAGE_SIZES[image_size]", 'return "table1"', ("tests/test_published.py",)),
+    Mutation("Table 1's shifts one pixel short (training computes something else)", "pipeline/data/transforms.py",
              "torch.randint(-max_shift, max_shift + 1, (b, 2)", "torch.randint(-max_shift, max_shift, (b, 2)",
              (FINGERPRINT,)),
     Mutation("the fingerprint hashes the first seed only", "pipeline/training/fingerprint.py",

@@ -105,11 +105,14 @@ def synthetic_mnist(tmp_path, monkeypatch):
 def tiny_pipeline(root: Path, transforms_per_digit: int = 2) -> Path:
     """Prepared synthetic data (32 train, 12 test digits) in root/prepared and a params.yaml for a
     one-epoch CPU smoke run in root; returns root."""
+    from pipeline.data.splits import prepare_mnist
+    from pipeline.data.transforms import AffineRanges
     from pipeline.experiments.affnist import prepare_affnist
-    from pipeline.data.mnist import AffineRanges, prepare
+    from pipeline.experiments.table1 import prepare_affine
 
     write_mnist(root / "raw", n_train=32, n_test=12)
-    out = prepare(root / "raw", root / "prepared", train_subset=0, test_subset=0, affine_seed=0, ranges=AffineRanges())
+    out = prepare_mnist(root / "raw", root / "prepared", train_subset=0, test_subset=0)
+    prepare_affine(root / "prepared", out["test_images"], out["test_labels"], affine_seed=0, ranges=AffineRanges())
     prepare_affnist(root / "prepared", out["test_images"], out["test_labels"], expanded_seed=1, affnist_seed=2,
                     transforms_per_digit=transforms_per_digit, ranges=AffineRanges())
     text = (REPO / "params.yaml").read_text()

@@ -6,11 +6,12 @@ import torch
 from scipy.io import savemat
 
 from conftest import synthetic_digits
+from pipeline.data.splits import load_split, split_metadata
+from pipeline.data.transforms import AffineRanges, translation_bounds
 from pipeline.experiments.affnist import (
     CANVAS, AffnistError, affnist_style, expanded_mnist, load_affnist_mat, place_on_canvas, prepare_affnist,
     random_offsets, random_place,
 )
-from pipeline.data.mnist import AffineRanges, load_split, split_metadata, translation_bounds
 
 
 def test_placement_puts_the_digit_at_its_offset_and_nothing_else():
@@ -57,7 +58,7 @@ def test_affnist_style_params_in_range_digits_inside_and_deterministic():
     assert p[:, 2:4].min() >= 0.8 and p[:, 2:4].max() <= 1.2
     # each translation lies in the range that keeps the transformed ink box inside the canvas
     centred = place_on_canvas(images, torch.full((30, 2), 6)).repeat_interleave(4, dim=0)
-    from pipeline.data.mnist import _linear_part
+    from pipeline.data.transforms import _linear_part
 
     lo, hi = translation_bounds(centred, _linear_part(p))
     assert (p[:, 4:6] >= lo - 1e-4).all() and (p[:, 4:6] <= hi + 1e-4).all()

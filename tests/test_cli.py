@@ -35,12 +35,13 @@ def test_download_and_prepare_through_the_cli(synthetic_mnist, tmp_path, monkeyp
     assert "t10k-labels-idx1-ubyte" in result.output
     params = tmp_path / "params.yaml"
     shutil.copy(REPO / "params.yaml", params)
-    montage = tmp_path / "fig" / "montage.png"
-    result = runner.invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--montage", str(montage),
-                                  "--affnist-montage", str(tmp_path / "fig" / "s52.png"), "--params", str(params)])
+    fig = tmp_path / "fig"
+    result = runner.invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--figures", str(fig),
+                                  "--params", str(params)])
     assert result.exit_code == 0, result.output
-    assert montage.read_bytes()[:4] == b"\x89PNG" and (tmp_path / "fig" / "s52.png").read_bytes()[:4] == b"\x89PNG"
-    for split in ("train", "test", "affine_test", "expanded_test", "affnist_test"):
+    for montage in ("affine_montage.png", "affnist_montage.png"):  # what dvc.yaml lists as prepare's outputs
+        assert (fig / montage).read_bytes()[:4] == b"\x89PNG"
+    for split in ("train", "test", "affine_test", "expanded_test", "affnist_test", "multimnist_test"):
         assert (tmp_path / "prepared" / f"{split}.safetensors").is_file()
     assert "affNIST-style set (generated: 32 transform(s)" in result.output  # the committed params: 32 per digit
 
@@ -49,8 +50,7 @@ def test_a_broken_affnist_mirror_stops_prepare_with_its_name(tmp_path, monkeypat
     raw = tmp_path / "raw"
     trust_mnist(monkeypatch, write_mnist(raw))
     monkeypatch.setenv("CAPSNET_AFFNIST_MIRROR", str(tmp_path / "no-such-affnist"))
-    result = CliRunner().invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--montage", str(tmp_path / "m.png"),
-                                       "--affnist-montage", str(tmp_path / "a.png"), "--params", str(REPO / "params.yaml")])
+    result = CliRunner().invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--figures", str(tmp_path / "fig"), "--params", str(REPO / "params.yaml")])
     assert result.exit_code == 1 and "CAPSNET_AFFNIST_MIRROR" in result.output and "no-such-affnist" in result.output
     assert not (tmp_path / "prepared" / "affnist_test.safetensors").exists()  # no §5.2 set half-written
 
@@ -68,7 +68,7 @@ def test_bad_params_stop_prepare_before_work(tmp_path):
     params.write_text((REPO / "params.yaml").read_text().replace("max_shear: 0.2", "max_shear: 0.2\n  nonsense: 1"))
     (tmp_path / "raw").mkdir()
     result = CliRunner().invoke(main, ["prepare", str(tmp_path / "raw"), str(tmp_path / "out"),
-                                       "--montage", str(tmp_path / "m.png"), "--affnist-montage", str(tmp_path / "a.png"),
+                                       "--figures", str(tmp_path / "fig"),
                                        "--params", str(params)])
     assert result.exit_code == 1 and "unknown key prepare.nonsense" in result.output
     assert not (tmp_path / "out").exists()
@@ -118,8 +118,7 @@ def test_prepare_refuses_a_raw_file_changed_after_download(tmp_path, monkeypatch
     data = bytearray(images.read_bytes())
     data[-1] ^= 0xFF  # one pixel byte: still a valid IDX file, silently wrong without the hash check
     images.write_bytes(bytes(data))
-    result = CliRunner().invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--montage", str(tmp_path / "m.png"),
-                                       "--affnist-montage", str(tmp_path / "a.png"), "--params", str(REPO / "params.yaml")])
+    result = CliRunner().invoke(main, ["prepare", str(raw), str(tmp_path / "prepared"), "--figures", str(tmp_path / "fig"), "--params", str(REPO / "params.yaml")])
     assert result.exit_code == 1 and result.output.count("\n") == 1  # one line, no traceback
     assert "t10k-images-idx3-ubyte changed after download" in result.output and "dvc repro -f download" in result.output
     assert not (tmp_path / "prepared").exists()

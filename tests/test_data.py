@@ -3,10 +3,11 @@ import pytest
 import torch
 
 from conftest import idx_bytes, synthetic_digits, write_mnist
-from pipeline.data.mnist import (
-    AffineRanges, IdxError, _linear_part, apply_affine, dataset_input, load_split, make_affine_set, prepare,
-    random_shift, read_idx, read_split, save_split, translation_bounds,
-)
+from pipeline.data.idx import IdxError, read_idx, read_split
+from pipeline.data.splits import dataset_input, load_split, prepare_mnist, save_split
+from pipeline.data.transforms import (AffineRanges, _linear_part, apply_affine, make_affine_set, random_shift,
+                                      translation_bounds)
+from pipeline.experiments.table1 import prepare_affine
 
 
 def test_read_idx_roundtrip(tmp_path):
@@ -89,7 +90,8 @@ def test_apply_affine_rotation_direction():
 def test_prepare_writes_subsets_and_affine_set(tmp_path):
     raw = tmp_path / "raw"
     write_mnist(raw, n_train=40, n_test=20)
-    prepare(raw, tmp_path / "out", train_subset=16, test_subset=8, affine_seed=1, ranges=RANGES)
+    mnist = prepare_mnist(raw, tmp_path / "out", train_subset=16, test_subset=8)
+    prepare_affine(tmp_path / "out", mnist["test_images"], mnist["test_labels"], affine_seed=1, ranges=RANGES)
     train = load_split(tmp_path / "out" / "train.safetensors")
     affine = load_split(tmp_path / "out" / "affine_test.safetensors")
     assert train["images"].shape == (16, 28, 28) and train["images"].dtype == torch.uint8

@@ -98,7 +98,7 @@ def test_real_mnist_mirror_hashes(tmp_path):
         pytest.skip("../shared/data/mnist not present")
     hashes = download_mnist(tmp_path / "raw", sources=[str(SHARED_MNIST)])
     assert hashes == download.SHA256
-    from pipeline.data.mnist import read_split
+    from pipeline.data.idx import read_split
 
     images, labels = read_split(tmp_path / "raw", "test")
     assert images.shape == (10_000, 28, 28) and labels.shape == (10_000,)

@@ -7,10 +7,9 @@ import json
 import pytest
 import torch
 
-from pipeline.training import fingerprint as fp
-
-from pipeline.stages import train as train_stage
 from pipeline.core.params import load_params
+from pipeline.stages import train as train_stage
+from pipeline.training import fingerprint as fp
 from pipeline.training.train import run_config
 
 from conftest import REPO, tiny_pipeline

@@ -33,9 +33,8 @@ import pytest
 import torch
 
 from conftest import REPO, synthetic_digits
-from pipeline.experiments import multimnist as mm
 from pipeline.core.params import load_params
-from pipeline.training.families import experiment
+from pipeline.experiments import multimnist as mm
 from pipeline.training.stack import SeedStack, loss_recipe
 from pipeline.training.train import (
     build_model, draw_step, loss_function, make_optimizer, place_model, run_config, to_float, training_step,
@@ -48,6 +47,11 @@ VARIANTS = sorted(PARAMS.variants)
 BATCH = 128  # the batch the profiles train with
 
 
+def experiment_of(cfg, data, device):
+    """What the training loop builds for ``cfg``: its experiment's Training."""
+    return cfg.experiment_module().Training(cfg, data, device)
+
+
 def config(variant: str, **changes):
     return run_config(PARAMS, variant, 0, device="cuda", batch_size=BATCH, deterministic=False, **changes)
 
@@ -56,7 +60,7 @@ def augment(cfg, images, generator):
     """The training augmentation of cfg's experiment family (shift at 28×28, placement at 40×40)."""
     data = {"train_images": images, "train_labels": torch.zeros(len(images)), "test_images": images,
             "test_labels": torch.zeros(len(images))}
-    return experiment(cfg, data, images.device).augment(images, generator)
+    return experiment_of(cfg, data, images.device).augment(images, generator)
 
 
 def batch(cfg, seed: int = 0, device: str = "cuda", size: int = BATCH):
@@ -65,7 +69,7 @@ def batch(cfg, seed: int = 0, device: str = "cuda", size: int = BATCH):
     images, labels = synthetic_digits(size, seed=seed)
     images, labels = images.to(device), labels.to(device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    if cfg.multimnist:
+    if cfg.experiment_name == "multimnist":
         pairs, shifts = mm.sample_pairs(mm.class_index(labels), size, cfg.max_shift, generator)
         merged, digits = mm.compose(images, pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
         return to_float(merged), labels.long()[pairs], digits.unsqueeze(2).float() / 255
@@ -194,10 +198,10 @@ def test_compiled_bf16_stacked_training_steps_stay_finite(variant):
     optimizer, scheduler = make_optimizer(stack, cfg, device)
     images, labels = synthetic_digits(BATCH, seed=3)
     data = {"train_images": images, "train_labels": labels, "test_images": images, "test_labels": labels}
-    if cfg.multimnist:
+    if cfg.experiment_name == "multimnist":
         recipes = mm.test_recipes(labels, 1, cfg.max_shift, seed=0)
         data.update(test_pairs=recipes["pairs"], test_shifts=recipes["shifts"])
-    exp = experiment(cfg, data, device)
+    exp = experiment_of(cfg, data, device)
     generators = [torch.Generator(device=device).manual_seed(s) for s in (0, 1, 2)]
     fn, active = torch.compile(stack), torch.ones(3, device=device)
     losses = []

@@ -132,10 +132,8 @@ def test_multimnist_variants_train_on_cpu_with_finite_loss(tmp_path, model, rout
 def test_report_renders_the_multimnist_column_from_fabricated_runs(tmp_path):
     from test_report import REFERENCE, fabricate
 
-    from pipeline.report import document as rp
-
     from pipeline.experiments import multimnist_report as rm
-
+    from pipeline.experiments import table1_report as t1
     from pipeline.report import runs as rr
 
     for seed, err in enumerate([0.3, 0.4]):
@@ -152,7 +150,7 @@ def test_report_renders_the_multimnist_column_from_fabricated_runs(tmp_path):
     # no paper σ: the interval is ours alone, SE = 0.2828/√2 = 0.2 on 1 df, so ±12.71·0.2
     assert (row.delta_ci_low, row.delta_ci_high) == pytest.approx((-2.541, 2.541), abs=1e-3)
     assert row.verdict == "consistent" and row.table1_row == "capsnet_r3_recon"
-    text = "\n".join(rm.render_both_columns(rp.summarize(runs, REFERENCE), table, REFERENCE))
+    text = "\n".join(rm.render_both_columns(t1.summarize(runs, REFERENCE), table, REFERENCE))
     assert "| CapsNet | 3 | yes | 0.35 ± 0.07 | 0.25 | 5.20 ± 0.28 | 5.2 | consistent |" in text
     assert "| Baseline | – | – | not run | 0.39 | not run | 8.1 | – |" in text
     assert "| CapsNet | 1 | no | not run | 0.34 | – | – | – |" in text

@@ -61,7 +61,13 @@ def test_a_record_from_before_stacking_reads_as_separate_variants():
     ("ablation.stacked", ["capsnet_r1", "capsnet_r1"], "ablation.stacked lists a variant twice"),
     ("variants.baseline_cnn.reconstruction", True, "baseline_cnn has no routing or reconstruction"),
     ("train.device", "tpu", "train.device must be"),
-    ("variants.capsnet_affnist.image_size", 32, "variants.capsnet_affnist.image_size must be 28 (MNIST), 40 (the §5.2 canvas) or 36"),
+    ("variants.capsnet_affnist.image_size", 32, "variants.capsnet_affnist.image_size is 32 but experiment affnist takes "
+                                                "40×40 images"),
+    ("variants.capsnet_r1.experiment", "fashion", "variants.capsnet_r1.experiment: unknown experiment 'fashion'; "
+                                                  "known: table1, affnist, multimnist"),
+    ("variants.multimnist_baseline.experiment", "table1", "variants.multimnist_baseline: experiment table1 trains "
+                                                          "capsnet, baseline_cnn, pooling_cnn, not multimnist_cnn"),
+    ("variants.capsnet_r1.experiment", "", "variants.capsnet_r1.experiment is missing: name one of table1"),
     ("variants.capsnet_affnist.target_accuracy_pct", 100.5, "target_accuracy_pct must be <= 100"),
     ("variants.cnn_affnist.routing_iterations", 3, "pooling_cnn has no routing or reconstruction"),
     ("prepare.affnist_transforms", 0, "prepare.affnist_transforms must be >= 1"),
@@ -76,6 +82,17 @@ def test_bad_params_fail_naming_the_key(path, value, message):
     with pytest.raises(ParamsError) as err:
         parse_params(with_change(path, value))
     assert message in str(err.value)
+
+
+def test_params_from_before_the_experiment_key_read_by_image_size():
+    raw = copy.deepcopy(RAW)
+    for name, size in (("capsnet_r1", 28), ("capsnet_affnist", 40), ("multimnist_r1_recon", 36)):
+        del raw["variants"][name]["experiment"]
+        raw["variants"][name]["image_size"] = size
+    p = parse_params(raw)
+    assert [(p.variant(v).experiment, p.variant(v).image_size) for v in ("capsnet_r1", "capsnet_affnist",
+            "multimnist_r1_recon")] == [("table1", 28), ("affnist", 40), ("multimnist", 36)]
+    assert parse_params(RAW).variant("capsnet_r1") == p.variant("capsnet_r1")  # the same variant either way
 
 
 def test_unknown_section_and_missing_file(tmp_path):

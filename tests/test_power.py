@@ -9,11 +9,9 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from pipeline.report import costs
-
-from pipeline.report import power
-
 from pipeline.report import claims as rc
+from pipeline.report import costs
+from pipeline.report import power
 from pipeline.report.stats import EffectParts, satterthwaite
 
 Z95, Z80 = 1.959964, 0.841621  # normal quantiles: two-sided 95 %, 80 % power
@@ -156,14 +154,15 @@ def test_claims_are_supported_contradicted_or_say_what_would_settle_them():
                 equivalence_margin=0.03)])
     gap = {"gap": 5.0, "ci_low": 2.0, "ci_high": 8.0, "paper_gap": 13.0, "n_seeds": 3, "seeds_needed": "4",
            "gpu_hours": 1.0, "cost_source": "", "set": "affNIST-style set", "verdict": "smaller gap"}
-    claims = rc.claims(table, gap, "p").set_index("evidence").status
+    both = pd.concat([rc.effect_claims(table, "p"), rc.gap_claim(gap)], ignore_index=True)
+    claims = both.set_index("evidence").status
     assert claims["routing 3 vs 1, with reconstruction"] == "supported"
     assert claims["reconstruction on vs off, routing 3"] == "contradicted"
     assert claims["CapsNet r3 + recon vs baseline"] == ("not resolvable at 3 seeds — needs 10 per arm to detect the "
                                                          "paper's -0.14 pp at 80 % power, about 0.64 GPU-hours")
     assert claims["official vs paper recipe, routing 3, with reconstruction"] == "supported: within ±0.03 pp"
     assert claims["§5.2 gap"] == "supported"
-    lines = rc.render_claims(rc.claims(table, gap, "p"), "p")
+    lines = rc.render_claims(both, "p")
     assert "GPU time from reports/benchmarks.md, GPU: one H100: capsnet_r3_recon bf16: 24,000 images/s." in lines
 
 

@@ -4,15 +4,14 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from pipeline.report import document as rp
+from pipeline.core import registry
 from pipeline.core.errors import UserError
+from pipeline.report import document as rp
+from pipeline.stages import report as report_stage
 
 
 def published_block() -> str:
-    reports = REPO / "reports"
-    affnist = reports / "affnist.csv"
-    return rp.readme_block(pd.read_csv(reports / "results.csv"), pd.read_csv(reports / "effects.csv"),
-                           pd.read_csv(affnist) if affnist.stat().st_size else None, pd.read_csv(reports / "claims.csv"))
+    return report_stage.readme_block(REPO / "reports", [registry.load(name) for name in registry.names()])
 
 
 def test_readme_results_block_is_the_one_the_published_tables_give():

@@ -11,8 +11,8 @@ from mlflow.tracking import MlflowClient
 
 from conftest import tiny_pipeline
 from pipeline.core import tracking
-from pipeline.stages import train as train_stage
 from pipeline.core.files import atomic_path, file_lock
+from pipeline.stages import train as train_stage
 from pipeline.training.train import NonFiniteLossError, _save_checkpoint
 
 

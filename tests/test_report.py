@@ -10,12 +10,21 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pipeline.report import document as rp
 from pipeline.experiments import affnist_report as ra
+from pipeline.experiments import table1_report as t1
 from pipeline.report import claims as rc
+from pipeline.report import document as rp
 from pipeline.report import runs as rr
+from pipeline.training.train import ADAM_EPS
 
 REFERENCE = rr.paper_reference()
+
+
+def markdown(summary, effect_table, *, reference, claims=None, **document) -> str:
+    """ablation.md holding Table 1's section alone (as the report stage renders it), for the wording."""
+    section = rp.Section(lines=t1.render_section(summary, effect_table, reference), claims=claims,
+                         protocol=summary.protocol.iloc[0])
+    return rp.render([section], **document)
 COMMIT = "c0ffee0123456789abcdef0123456789abcdef01"
 
 
@@ -71,7 +80,7 @@ def load(root, variants, seeds, **kw):
 def test_means_stds_deltas_and_a_seed_aware_verdict(tmp_path):
     for seed, err in enumerate([0.5, 1.0, 1.5]):
         fabricate(tmp_path, "capsnet_r3_recon", seed, err)
-    row = rp.summarize(load(tmp_path, ["capsnet_r3_recon"], [0, 1, 2]), REFERENCE).iloc[0]
+    row = t1.summarize(load(tmp_path, ["capsnet_r3_recon"], [0, 1, 2]), REFERENCE).iloc[0]
     assert row.n_seeds == 3 and row.seeds == "0 1 2" and row.commit == COMMIT
     assert row.test_error_mean == pytest.approx(1.0)
     assert row.test_error_std == pytest.approx(0.5)  # sample std of 0.5, 1.0, 1.5
@@ -87,7 +96,7 @@ def test_a_tight_row_far_from_the_paper_is_not_reproduced_and_one_seed_gets_no_v
     for seed, err in enumerate([1.0, 1.5, 1.0]):
         fabricate(tmp_path, "capsnet_r1", seed, err)
     fabricate(tmp_path, "capsnet_r3", 0, 1.0)
-    summary = rp.summarize(load(tmp_path, ["capsnet_r1"], [0, 1, 2]) + load(tmp_path, ["capsnet_r3"], [0]),
+    summary = t1.summarize(load(tmp_path, ["capsnet_r1"], [0, 1, 2]) + load(tmp_path, ["capsnet_r3"], [0]),
                            REFERENCE).set_index("variant")
     assert summary.loc["capsnet_r1", "verdict"] == "not reproduced" and summary.loc["capsnet_r1", "delta_ci_low"] > 0
     assert summary.loc["capsnet_r3", "verdict"] == "one seed: no verdict"
@@ -99,7 +108,7 @@ def test_effects_are_seed_aware_and_say_what_the_interval_supports(tmp_path):
         fabricate(tmp_path, "capsnet_r3_recon", seed, a)
         fabricate(tmp_path, "capsnet_r1_recon", seed, b)
     runs = load(tmp_path, ["capsnet_r3_recon", "capsnet_r1_recon"], [0, 1, 2])
-    row = rp.effects(runs, REFERENCE).iloc[0]
+    row = t1.effects(runs, REFERENCE).iloc[0]
     assert row.effect.startswith("routing 3 vs 1, with") and row.commit == COMMIT[:7]
     assert row.our_delta == pytest.approx(-15.0) and row.paper_delta == pytest.approx(-0.04)
     assert row.ci_high < 0 and row.status == "A lower, beyond seed and test noise"
@@ -108,7 +117,7 @@ def test_effects_are_seed_aware_and_say_what_the_interval_supports(tmp_path):
     for seed, (a, b) in enumerate([(1.0, 1.0), (2.0, 9.0), (1.5, 5.0)]):
         fabricate(noisy, "capsnet_r3_recon", seed, a)
         fabricate(noisy, "capsnet_r1_recon", seed, b)
-    row = rp.effects(load(noisy, ["capsnet_r3_recon", "capsnet_r1_recon"], [0, 1, 2]), REFERENCE).iloc[0]
+    row = t1.effects(load(noisy, ["capsnet_r3_recon", "capsnet_r1_recon"], [0, 1, 2]), REFERENCE).iloc[0]
     assert row.our_delta == pytest.approx(-3.5) and row.ci_low < 0 < row.ci_high
     assert row.status == "not distinguishable from noise"  # an image-only interval would call −3.5 pp real
 
@@ -124,17 +133,17 @@ def test_rows_never_pool_protocols_or_commits(tmp_path):
     fabricate(tmp_path, "capsnet_r3_recon", 1, 3.0, commit="ccccccc3333", history=[2.0, 3.0])
     variants = ["capsnet_r1", "capsnet_r3", "capsnet_r1_recon", "capsnet_r3_recon"]
     runs = load(tmp_path, variants, [0, 1])
-    summary = rp.summarize(runs, REFERENCE)
+    summary = t1.summarize(runs, REFERENCE)
     assert len(summary) == 5  # capsnet_r3_recon's two seeds at two commits: two rows of n = 1
     recon = summary[summary.variant == "capsnet_r3_recon"]
     assert list(recon.n_seeds) == [1, 1] and list(recon.test_error_mean) == [1.0, 3.0]
     assert list(summary.protocol.str.split(":").str[1].str.split("×").str[0]) == [" 640 epochs "] + [" 2 epochs "] * 4
-    table = rp.effects(runs, REFERENCE).set_index("effect")
+    table = t1.effects(runs, REFERENCE).set_index("effect")
     routing = table.loc["routing 3 vs 1, no reconstruction"]
     assert routing.status.startswith("confounded: capsnet_r3 trained at bbbbbbb (Adam ε not recorded), capsnet_r1 at aaaaaaa")
     assert math.isnan(routing.ci_low) and routing.our_delta == pytest.approx(0.5)
     assert "routing 3 vs 1, with reconstruction" not in table.index  # r1_recon trained under another protocol
-    text = rp.render_markdown(summary, rp.effects(runs, REFERENCE), profile="gpu", deviations=["d"], provenance={},
+    text = markdown(summary, t1.effects(runs, REFERENCE), profile="gpu", deviations=["d"], provenance={},
                               figures={}, reference=REFERENCE)
     long, short = text.index("## Table 1 — gpu profile: 640 epochs"), text.index("## Table 1 — gpu profile: 2 epochs")
     assert long < short  # the paper-length protocol first
@@ -148,12 +157,12 @@ def test_a_compressed_schedule_is_another_protocol_and_says_so(tmp_path):
     fabricate(tmp_path, "capsnet_r1", 1, 1.0, history=[2.0, 1.0], lr_schedule_epochs=0)  # uncompressed: the same
     fabricate(tmp_path, "capsnet_r3", 0, 1.0, history=[2.0, 1.0], lr_schedule_epochs=640)
     runs = load(tmp_path, ["capsnet_r1"], [0, 1]) + load(tmp_path, ["capsnet_r3"], [0])
-    summary = rp.summarize(runs, REFERENCE).set_index("variant")
+    summary = t1.summarize(runs, REFERENCE).set_index("variant")
     assert summary.loc["capsnet_r1", "n_seeds"] == 2
     assert "0.96^(step/2000) ≥" in summary.loc["capsnet_r1", "protocol"]
     assert "0.96^(step/2000 · 640/2) ≥" in summary.loc["capsnet_r3", "protocol"]
-    assert rp.effects(runs, REFERENCE).empty  # routing 3 vs 1 across two protocols: not compared
-    compressed, cut = [d for d in rp.run_deviations(runs) if "compressed" in d or "**cut**" in d]
+    assert t1.effects(runs, REFERENCE).empty  # routing 3 vs 1 across two protocols: not compared
+    compressed, cut = [d for d in rp.run_deviations(runs, ADAM_EPS) if "compressed" in d or "**cut**" in d]
     assert compressed.startswith("1 of 3 runs decay the learning rate of 640 epochs compressed into their 2")
     assert cut.startswith("2 of 3 runs trained the paper's schedule **cut** at 2 epochs") and "0.0009" in cut
 
@@ -162,11 +171,11 @@ def test_end_of_training_columns_are_labelled_a_diagnostic(tmp_path):
     fabricate(tmp_path, "capsnet_r1", 0, 0.4, history=[9, 9, 0.2, 0.6, 0.3, 0.5, 0.4])
     fabricate(tmp_path, "capsnet_r1", 1, 0.6, history=[9, 9, 0.6, 0.6, 0.6, 0.6, 0.6])
     runs = load(tmp_path, ["capsnet_r1"], [0, 1])
-    row = rp.summarize(runs, REFERENCE).iloc[0]
+    row = t1.summarize(runs, REFERENCE).iloc[0]
     assert row.last5_errors == "0.40 0.60" and row.last5_error_mean == pytest.approx(0.5)  # epochs 3–7
     assert row.final_lr == pytest.approx(1e-3 * 0.9 ** 6)
     assert row.test_error_mean == pytest.approx(0.5)  # the headline stays the final epoch
-    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
+    text = markdown(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE), profile="gpu",
                               deviations=["d"], provenance={}, figures={}, reference=REFERENCE)
     assert "A **stability diagnostic**, not a headline" in text
     assert "| capsnet_r1 | c0ffee0 | 0.50 | 0.50 | 0.40 0.60 | 0.00053 | 7 7 | 0.40 | 0.20@3 0.60@3 |" in text
@@ -200,7 +209,7 @@ def test_a_missing_evaluation_names_the_stage_that_exists(tmp_path):
 def test_smoke_banner_only_in_smoke_reports(tmp_path, profile):
     fabricate(tmp_path, "capsnet_r1", 0, 1.0)
     runs = load(tmp_path, ["capsnet_r1"], [0])
-    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile=profile,
+    text = markdown(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE), profile=profile,
                               deviations=["d"], provenance={"commit": "x"}, figures={}, reference=REFERENCE)
     assert (rp.SMOKE_BANNER in text) == (profile == "smoke")
     assert "0.34 ± 0.032" in text  # the paper's value comes from the cited reference file
@@ -208,8 +217,8 @@ def test_smoke_banner_only_in_smoke_reports(tmp_path, profile):
 
 def test_recipe_differences_list_only_changes():
     recipe = {k: v for k, v in REFERENCE["recipe"].items() if k != "source"}
-    assert rp.recipe_differences(recipe, REFERENCE) == []
-    assert rp.recipe_differences({**recipe, "epochs": 50}, REFERENCE) == ["train.epochs = 50 (paper protocol: 640)"]
+    assert t1.recipe_differences(recipe, REFERENCE) == []
+    assert t1.recipe_differences({**recipe, "epochs": 50}, REFERENCE) == ["train.epochs = 50 (paper protocol: 640)"]
 
 
 # --- §5.2 ---------------------------------------------------------------------------------------
@@ -283,24 +292,24 @@ def test_deviations_name_profile_changes_including_the_affnist_set():
     from pipeline.core.params import load_params
 
     committed = load_params(REPO / "params.yaml")
-    assert not any("affNIST-style set" in d or "Data subsets" in d for d in rp.deviations(committed, REFERENCE))
+    assert not any("affNIST-style set" in d or "Data subsets" in d for d in t1.deviations(committed, REFERENCE))
     smoke = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=1, test_subset=256))
-    listed = rp.deviations(smoke, REFERENCE)
+    listed = t1.deviations(smoke, REFERENCE)
     assert any("1 transform(s) per test digit" in d for d in listed) and any("256 test digits" in d for d in listed)
 
 
 def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
     from conftest import REPO
-    from pipeline.stages import report as report_stage
     from pipeline.core.params import load_params
+    from pipeline.experiments import multimnist as mm
 
     committed = load_params(REPO / "params.yaml")  # 1,000 partners per digit: the paper's 10M pairs
-    assert not any("MultiMNIST test set" in d for d in report_stage.deviations(committed, REFERENCE))
+    assert not any("MultiMNIST test set" in d for d in mm.deviations_of(committed))
     gpu = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, multimnist_pairs_per_digit=100))
-    (line,) = [d for d in report_stage.deviations(gpu, REFERENCE) if "MultiMNIST test set" in d]
+    (line,) = [d for d in mm.deviations_of(gpu) if "MultiMNIST test set" in d]
     assert "100 partners per test digit, 1,000,000 pairs" in line and "SE ≤ 0.050 pp" in line  # √(¼ / 1e6) = 0.0005
     no_multi = dataclasses.replace(gpu, ablation=dataclasses.replace(gpu.ablation, stacked=(), separate=("capsnet_r1",)))
-    assert not any("MultiMNIST" in d for d in report_stage.deviations(no_multi, REFERENCE))
+    assert not any("MultiMNIST" in d for d in mm.deviations_of(no_multi))
 
 
 def test_missing_runs_are_listed_not_estimated(tmp_path):
@@ -312,7 +321,7 @@ def test_missing_runs_are_listed_not_estimated(tmp_path):
     assert missing == [("capsnet_r3", 0), ("capsnet_r3", 1)]
     runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1], skip=missing)
     assert [(r.variant, r.seed) for r in runs] == [("capsnet_r1", 0), ("capsnet_r1", 1)]
-    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
+    text = markdown(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE), profile="gpu",
                               not_run={"capsnet_r3": [0, 1]}, deviations=["d"], provenance={"commit": "x"},
                               figures={}, reference=REFERENCE)
     assert "## Not run" in text and "- capsnet_r3: seed(s) 0, 1" in text
@@ -334,8 +343,8 @@ def test_published_copies_rewrite_the_same_report_without_scores(tmp_path):
     assert sorted(kept) == ["affine_test_labels", "affine_test_preds", "test_labels", "test_preds"]
     original = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1])
     published = rr.load_runs(tmp_path / "pub" / "models", tmp_path / "pub" / "results", ["capsnet_r1", "capsnet_r3"], [0, 1])
-    pd.testing.assert_frame_equal(rp.effects(original, REFERENCE), rp.effects(published, REFERENCE))
-    pd.testing.assert_frame_equal(rp.summarize(original, REFERENCE), rp.summarize(published, REFERENCE))
+    pd.testing.assert_frame_equal(t1.effects(original, REFERENCE), t1.effects(published, REFERENCE))
+    pd.testing.assert_frame_equal(t1.summarize(original, REFERENCE), t1.summarize(published, REFERENCE))
 
 
 def test_commit_from_config_else_journal_else_not_recorded(tmp_path):
@@ -365,7 +374,7 @@ def test_run_provenance_shows_what_each_run_recorded_and_nothing_else(tmp_path):
                                                                  "(its checkpoint was already final: the last start trained nothing)")
     runs[0].config["resumed_from_epoch"] = 0
     assert runs[0].resume_epochs == [] and runs[0].resumed == "no"
-    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
+    text = markdown(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE), profile="gpu",
                               deviations=["d"], provenance={}, figures={}, reference=REFERENCE,
                               run_table=rr.run_provenance(runs))
     assert "### Each run as it recorded itself" in text and "| capsnet_r1 | 1 | c0ffee0123456789abcdef0123456789abcdef01 | 1e-08 |" in text
@@ -377,7 +386,7 @@ def test_both_recipes_side_by_side_with_best_epoch_column(tmp_path):
         fabricate(tmp_path, "capsnet_r3_recon_official", seed, 0.5, recipe="official", history=[1.0, 0.5], epochs=3)
     variants = ["capsnet_r3_recon", "capsnet_r3_recon_official"]
     runs = load(tmp_path, variants, [0, 1])
-    summary = rp.summarize(runs, REFERENCE).set_index("variant")
+    summary = t1.summarize(runs, REFERENCE).set_index("variant")
     paper, official = summary.loc["capsnet_r3_recon"], summary.loc["capsnet_r3_recon_official"]
     assert paper.recipe == "paper" and official.recipe == "official"  # a config without recipe is the paper's
     assert official.paper_test_error == 0.25 and official.verdict == "not reproduced"  # Table 1's r3+recon row
@@ -385,9 +394,9 @@ def test_both_recipes_side_by_side_with_best_epoch_column(tmp_path):
     assert paper.test_error_mean == pytest.approx(1.5)  # the final epoch's evaluation, not the best
     assert paper.best_errors == "0.50@2 2.00@2" and paper.best_error_mean == pytest.approx(1.25)
     assert paper.final_epochs == "3 3"
-    effect = rp.effects(runs, REFERENCE).set_index("effect").loc["official vs paper recipe, routing 3, with reconstruction"]
+    effect = t1.effects(runs, REFERENCE).set_index("effect").loc["official vs paper recipe, routing 3, with reconstruction"]
     assert effect.our_delta == pytest.approx(-1.0) and np.isnan(effect.paper_delta)
-    text = rp.render_markdown(rp.summarize(runs, REFERENCE), rp.effects(runs, REFERENCE), profile="gpu",
+    text = markdown(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE), profile="gpu",
                               deviations=["d"], provenance={}, figures={}, reference=REFERENCE)
     assert "| capsnet_r3_recon_official | official | 3 | yes | c0ffee0 | 2 | 0.50 ± 0.00 |" in text
     assert "| capsnet_r3_recon | paper | 3 | yes | c0ffee0 | 2 | 1.50 ± 0.71 |" in text
@@ -402,10 +411,10 @@ def test_deviations_list_each_recipe_present():
     from pipeline.core.params import load_params
 
     committed = load_params(REPO / "params.yaml")
-    listed = rp.deviations(committed, REFERENCE)
+    listed = t1.deviations(committed, REFERENCE)
     assert all(d in listed for d in capsnet.PAPER_RECIPE_DEVIATIONS + capsnet.OFFICIAL_RECIPE_DEVIATIONS)
     paper_only = dataclasses.replace(committed, ablation=dataclasses.replace(committed.ablation, stacked=(), separate=("capsnet_r1",)))
-    listed = rp.deviations(paper_only, REFERENCE)
+    listed = t1.deviations(paper_only, REFERENCE)
     assert capsnet.PAPER_RECIPE_DEVIATIONS[0] in listed and capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] not in listed
 
 
@@ -414,7 +423,7 @@ def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
         fabricate(tmp_path, variant, 0, 1.0, adam_eps=None, commit=None)
     fabricate(tmp_path, "capsnet_r1_recon", 0, 1.0, resumed=[20])
     runs = load(tmp_path, ["capsnet_r1", "capsnet_r3", "capsnet_r1_recon"], [0])
-    eps, cut, resumed = rp.run_deviations(runs)
+    eps, cut, resumed = rp.run_deviations(runs, ADAM_EPS)
     assert "**cut** at 1 epochs" in cut  # the fabricated runs train 1 epoch of the uncompressed schedule
     assert eps.startswith("Adam ε is not recorded by 2 of 3 runs (capsnet_r1, capsnet_r3; trained at not recorded")
     assert "1e-07" not in eps  # nothing filled from an old default
@@ -422,7 +431,7 @@ def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
     for run in runs[:2]:
         run.config["optimizer"] = {"name": "adam", "adam_eps": 1e-8}
     runs[2].config["resumed_at_epochs"] = []
-    assert rp.run_deviations(runs) == [cut]
+    assert rp.run_deviations(runs, ADAM_EPS) == [cut]
 
 
 def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_path, monkeypatch):
@@ -491,7 +500,7 @@ def test_effects_and_verdicts_say_what_would_settle_them(tmp_path):
         fabricate(tmp_path, "capsnet_r3_recon", seed, a, n=1000)
         fabricate(tmp_path, "capsnet_r3", seed, b, n=1000, recon=False)
     runs = load(tmp_path, ["capsnet_r3_recon", "capsnet_r3"], [0, 1, 2])
-    row = rp.effects(runs, REFERENCE).set_index("effect").loc["reconstruction on vs off, routing 3"]
+    row = t1.effects(runs, REFERENCE).set_index("effect").loc["reconstruction on vs off, routing 3"]
     parts = stats.effect_parts(np.stack([~r.correct["test"] for r in runs[:3]]),
                                np.stack([~r.correct["test"] for r in runs[3:]]))
     assert row.mde == pytest.approx(power.detectable(parts.terms()))
@@ -499,13 +508,13 @@ def test_effects_and_verdicts_say_what_would_settle_them(tmp_path):
     assert parts.systematic == 0 and power.power(-0.10, parts.floor()) == pytest.approx(1.0)
     assert row.seeds_needed == power.seeds_phrase(power.effect_seeds_needed(parts, -0.10), -0.10) == "more than 100"
     assert math.isnan(row.gpu_hours)  # no benchmarks given: no estimate, never a guess
-    verdict = rp.summarize(runs, REFERENCE).set_index("variant").loc["capsnet_r3_recon"]
+    verdict = t1.summarize(runs, REFERENCE).set_index("variant").loc["capsnet_r3_recon"]
     terms = power.paper_terms(0.25, 3, 0.005)  # our seed variance of 0.5, 1.0, 1.5; the paper's σ
     assert verdict.equivalence_margin == pytest.approx(power.equivalence_margin(1.0 - 0.25, terms))
     assert verdict.seeds_to_separate == str(power.seeds_needed(0.75, lambda k: power.paper_terms(0.25, k, 0.005)))
-    effect_table = rp.effects(runs, REFERENCE)
-    claims = rc.claims(effect_table, None, effect_table.protocol.iloc[0])
-    text = rp.render_markdown(rp.summarize(runs, REFERENCE), effect_table, profile="gpu", deviations=[],
+    effect_table = t1.effects(runs, REFERENCE)
+    claims = rc.effect_claims(effect_table, effect_table.protocol.iloc[0])
+    text = markdown(t1.summarize(runs, REFERENCE), effect_table, profile="gpu", deviations=[],
                               provenance={}, figures={}, reference=REFERENCE, claims=claims)
     assert text.index("## Claims") < text.index("## Table 1") < text.index("#### What would settle each effect")
     assert "| Reconstruction helps (routing 3) | -0.10 pp |" in text and "### What would settle each verdict" in text

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from conftest import REPO, Recorder, synthetic_digits, tiny_data
-from pipeline.models import baseline
-from pipeline.experiments import multimnist as mm
-from pipeline.training import train as train_module
-from pipeline.experiments.affnist import expanded_mnist
 from pipeline.core.params import load_params
+from pipeline.experiments import multimnist as mm
+from pipeline.experiments.affnist import expanded_mnist
+from pipeline.models import baseline
+from pipeline.training import train as train_module
 from pipeline.training.train import predict, run_config, train, train_group
 
 SEEDS = (0, 1, 2)
@@ -46,7 +46,7 @@ def data_for(cfg, n_train: int = 48) -> dict[str, torch.Tensor]:
     data = tiny_data(n_train=n_train)
     if cfg.image_size == 40:  # §5.2: scored on the test digits placed on the canvas
         data["test_images"], _ = expanded_mnist(data["test_images"], seed=0)
-    if cfg.multimnist:  # scored on pair recipes over the 28×28 test digits
+    if cfg.experiment_name == "multimnist":  # scored on pair recipes over the 28×28 test digits
         recipes = mm.test_recipes(data["test_labels"], 1, cfg.max_shift, seed=3)
         data.update(test_pairs=recipes["pairs"], test_shifts=recipes["shifts"])
     return data
@@ -77,7 +77,7 @@ def test_stacked_seeds_train_as_separate_runs(variant, tmp_path, small_cnns):
     for k, c in enumerate(cfgs):
         separate = train(c, data, tmp_path / f"seed{c.seed}.pt")
         assert_same_run(stacked[k], separate, f"{variant} seed {c.seed}")
-        images = data["test_images"][:16] if not cfg.multimnist else mm.compose(
+        images = data["test_images"][:16] if cfg.experiment_name != "multimnist" else mm.compose(
             data["test_images"], data["test_pairs"][:16], data["test_shifts"][:16])[0]
         (mine, mine_pred), (theirs, their_pred) = predict(stacked[k].model, images, 64), predict(separate.model, images, 64)
         assert torch.equal(mine_pred, their_pred)
@@ -97,7 +97,7 @@ def test_a_seed_that_stops_early_freezes_while_the_others_train_on(tmp_path, mon
         errors["calls"] = errors.get("calls", 0) + 1
         return 5.0 if (errors["calls"] == 2 and errors.get("stack")) else 50.0
 
-    monkeypatch.setattr("pipeline.data.mnist.ShiftedMnist.test_error", lambda self, *a: constructed(*a))
+    monkeypatch.setattr("pipeline.experiments.table1.Training.test_error", lambda self, *a: constructed(*a))
     errors["stack"] = True
     cfgs = [dataclasses.replace(cfg, seed=s) for s in SEEDS]
     stacked = train_group(cfgs, tiny_data(), tmp_path / "stack.pt")

@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-from pipeline.core import tracking
 from pipeline.cli import main
+from pipeline.core import tracking
 
 PARAMS = {k: k.upper() for k in tracking.PARAM_KEYS}
 DATASET = {"name": "train", "digest": "0123456789abcdef", "source": "data/prepared/train.safetensors",

@@ -13,14 +13,19 @@ from click.testing import CliRunner
 from conftest import REPO, Recorder, synthetic_digits, tiny_data, tiny_pipeline
 from mlflow.tracking import MlflowClient
 
-from pipeline.stages import evaluate as evaluate_stage
 
 from pipeline.core import tracking
-from pipeline.data import mnist as data_module
+from pipeline.data import splits
+from pipeline.experiments import affnist, table1
+from pipeline.report import runs as rr
 from pipeline.training import stack as stack_module
 from pipeline.training import train as train_module
-from pipeline.training.families import experiment
 from pipeline.training.train import NonFiniteLossError, RunConfig, train
+
+
+def experiment_of(cfg, data, device):
+    """What the training loop builds for ``cfg``: its experiment's Training."""
+    return cfg.experiment_module().Training(cfg, data, device)
 
 
 def tiny_config(**changes) -> RunConfig:
@@ -132,7 +137,7 @@ def test_early_stopping_stops_at_the_first_epoch_reaching_the_target(tmp_path, m
         preds[:next(errors)] = 1
         return torch.zeros(images.shape[0], 10), preds
 
-    monkeypatch.setattr(data_module, "predict", constructed_predict)
+    monkeypatch.setattr(table1, "predict", constructed_predict)
     cfg = tiny_config(epochs=5, target_accuracy_pct=99.23)
     result = train(cfg, data, tmp_path / "e.pt")
     assert result.stop_reason == "target" and len(result.history) == 3 and result.steps == 3 * 3
@@ -157,9 +162,9 @@ def test_target_reached(accuracy, target, reached):
 def test_the_experiment_shifts_at_28_and_places_on_the_canvas_at_40():
     images, _ = synthetic_digits(8)
     g = torch.Generator().manual_seed(0)
-    mnist = experiment(tiny_config(), tiny_data(), torch.device("cpu"))
-    canvas = experiment(tiny_config(image_size=40), tiny_data(), torch.device("cpu"))
-    assert type(mnist).__name__ == "ShiftedMnist" and type(canvas).__name__ == "Canvas"
+    mnist = experiment_of(tiny_config(), tiny_data(), torch.device("cpu"))
+    canvas = experiment_of(tiny_config(image_size=40), tiny_data(), torch.device("cpu"))
+    assert type(mnist) is table1.Training and type(canvas) is affnist.Training
     shifted = mnist.augment(images, g)
     assert shifted.shape == (8, 28, 28) and not torch.equal(shifted, images)
     placed = canvas.augment(images, g)
@@ -202,7 +207,7 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
         result = run_cli(["evaluate", str(model_dir), str(root / "prepared"), str(out_dir)], root, monkeypatch)
         assert result.exit_code == 0, result.output
         metrics = json.loads((out_dir / "metrics.json").read_text())
-        assert set(metrics) == set(evaluate_stage.METRIC_KEYS)  # the same keys for every variant
+        assert set(metrics) == set(rr.METRIC_KEYS)  # the same keys for every variant
         assert 0 <= metrics["error_pct"] <= 100 and 0 <= metrics["transformed_error_pct"] <= 100
     assert (root / "results" / "capsnet_r1_recon" / "fig4.png").is_file()
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
@@ -218,7 +223,7 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
     expected = {(d["name"], d["digest"], context) for name, context in
                 (("train", "training"), ("test", "testing"), ("affine_test", "evaluation"))
                 for path in [root / "prepared" / f"{name}.safetensors"]
-                for d in [data_module.dataset_input(path, data_module.load_split(path), context)]}
+                for d in [splits.dataset_input(path, splits.load_split(path), context)]}
     for r in runs:
         inputs = r.inputs.dataset_inputs
         assert {(i.dataset.name, i.dataset.digest, {t.key: t.value for t in i.tags}["mlflow.data.context"])
@@ -298,7 +303,7 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
                           str(results / variant / "seed0")], store, monkeypatch)
         assert result.exit_code == 0, result.output
     metrics = json.loads((results / "capsnet_affnist" / "seed0" / "metrics.json").read_text())
-    assert set(metrics) == set(evaluate_stage.METRIC_KEYS)
+    assert set(metrics) == set(rr.METRIC_KEYS)
     assert metrics["n_transformed"] == 2 * metrics["n_test"]  # affNIST-style: 2 transforms per digit here
     assert metrics["n_params"] == 13_475_648
     breakdown = json.loads((results / "cnn_affnist" / "seed0" / "breakdown.json").read_text())
@@ -400,12 +405,12 @@ def test_channels_last_step_computes_the_same_step(variant):
     images, labels = synthetic_digits(8, seed=4)
     generator = torch.Generator().manual_seed(0)
     targets = None
-    if cfg.multimnist:
+    if cfg.experiment_name == "multimnist":
         pairs, shifts = mm.sample_pairs(mm.class_index(labels), 8, cfg.max_shift, generator)
         merged, digits = mm.compose(images, pairs, shifts)
         x, y, targets = train_module.to_float(merged), labels.long()[pairs], digits.unsqueeze(2).float() / 255
     else:
-        x = train_module.to_float(experiment(cfg, tiny_data(), torch.device("cpu")).augment(images, generator))
+        x = train_module.to_float(experiment_of(cfg, tiny_data(), torch.device("cpu")).augment(images, generator))
         y = labels.long()
     torch.manual_seed(0)
     model = train_module.build_model(cfg).eval()  # eval: the CNNs' dropout off, so no step draws masks

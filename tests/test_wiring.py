@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import REPO, Recorder, tiny_data
 
-from pipeline.training import train as train_module
-from pipeline.models.capsnet import capsnet_loss
 from pipeline.core.params import load_params
+from pipeline.models.capsnet import capsnet_loss
+from pipeline.training import train as train_module
 from pipeline.training.train import build_model, run_config, to_float, train
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.core import registry
 from pipeline.core.errors import UserError
 
 
@@ -33,7 +34,6 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
 
 PROFILES = ("paper", "paper-gpu", "gpu", "smoke")
 MODELS = ("baseline_cnn", "capsnet", "pooling_cnn", "multimnist_cnn")
-IMAGE_SIZES = (28, 40, 36)  # MNIST (Table 1), the §5.2 canvas, the MultiMNIST canvas (§6)
 RECIPES = ("paper", "official")  # pipeline.models.capsnet.RECIPES (kept here so params.py does not import torch)
 
 
@@ -109,7 +109,10 @@ class VariantParams:
     model: str
     routing_iterations: int = field(metadata=_range(0))
     reconstruction: bool
-    image_size: int  # 28: MNIST with ±max_shift shifts; 40: §5.2's random position on a 40×40 canvas; 36: MultiMNIST
+    # the experiment that trains, scores and reports the variant (pipeline.core.registry): table1,
+    # affnist (§5.2's 40×40 canvas), multimnist (§6); params written before the key say image_size
+    experiment: str = ""
+    image_size: int = 0  # the experiment's own (checked against it when given)
     # early stopping: stop once the per-epoch clean-test accuracy reaches this (%); 0 = train every epoch
     target_accuracy_pct: float = field(default=0.0, metadata=_range(0, 100))
     recipe: str = "paper"  # CapsNet: the paper's text, or what the official code computes (pipeline.models.capsnet)
@@ -121,12 +124,20 @@ class VariantParams:
             raise ParamsError(f"{where}.recipe must be one of {RECIPES}, got {self.recipe!r}")
         if self.recipe != "paper" and self.model != "capsnet":
             raise ParamsError(f"{where}: recipe {self.recipe!r} is for CapsNets; {self.model} has only recipe: paper")
-        if self.image_size not in IMAGE_SIZES:
-            raise ParamsError(f"{where}.image_size must be 28 (MNIST), 40 (the §5.2 canvas) or 36 (MultiMNIST), "
-                              f"got {self.image_size}")
-        if (self.model == "multimnist_cnn") != (self.image_size == 36) and self.model != "capsnet":
-            raise ParamsError(f"{where}: MultiMNIST (image_size 36) takes model capsnet or multimnist_cnn, "
-                              f"and multimnist_cnn only image_size 36; got {self.model} at {self.image_size}")
+        if not self.experiment and self.image_size not in registry.LEGACY_IMAGE_SIZES:
+            raise ParamsError(f"{where}.experiment is missing: name one of {', '.join(registry.names())}")
+        try:
+            experiment = registry.load(registry.of_record(self.experiment, self.image_size))
+        except UserError as err:
+            raise ParamsError(f"{where}.experiment: {err}") from err
+        if self.image_size and self.image_size != experiment.IMAGE_SIZE:
+            raise ParamsError(f"{where}.image_size is {self.image_size} but experiment {experiment.NAME} takes "
+                              f"{experiment.IMAGE_SIZE}×{experiment.IMAGE_SIZE} images; drop image_size")
+        if self.model not in experiment.MODELS:
+            raise ParamsError(f"{where}: experiment {experiment.NAME} trains {', '.join(experiment.MODELS)}, "
+                              f"not {self.model}")
+        object.__setattr__(self, "experiment", experiment.NAME)  # frozen: settled once, here
+        object.__setattr__(self, "image_size", experiment.IMAGE_SIZE)
         if self.model == "capsnet" and self.routing_iterations < 1:
             raise ParamsError(f"{where}.routing_iterations must be >= 1, got {self.routing_iterations}")
         if self.model != "capsnet" and (self.routing_iterations or self.reconstruction):
@@ -306,13 +317,8 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     return parse_params(raw)
 
 
-# Seconds per full 60k-image epoch on a CPU, for the warning before a long CPU run: capsnet measured
-# on this project's 2-core machine (600 s, reports/benchmarks.md); the others scaled from it by the
-# FLOP per training image that `capsnet bench` counts (1.20 / 11.78 / 4.74 / 4.53 GFLOP).
-CPU_EPOCH_SECONDS = {("capsnet", 28): 600, ("baseline_cnn", 28): 5_900, ("capsnet", 40): 2_370,
-                     ("pooling_cnn", 40): 2_270}
-
-
-def cpu_epoch_seconds(model: str, image_size: int) -> float | None:
-    """CPU seconds per full epoch where measured or scaled from a measurement; None otherwise."""
-    return CPU_EPOCH_SECONDS.get((model, image_size))
+def cpu_epoch_seconds(model: str, experiment: str) -> float | None:
+    """CPU seconds per full 60k-image epoch of ``model`` in ``experiment`` (its CPU_EPOCH_SECONDS:
+    measured on this project's 2-core machine, or scaled from a measurement by FLOP); None where
+    neither exists."""
+    return registry.load(experiment).CPU_EPOCH_SECONDS.get(model)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.data.mnist import test_sets
+from pipeline.core import registry
 from pipeline.core.files import file_lock
 
 JOURNAL_ENV = "CAPSNET_TRACKING_JOURNAL"
@@ -36,7 +36,7 @@ PUBLISHED_TAG = "published"  # runs loaded from reports/runs/journal by `capsnet
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 PARAM_KEYS = ("variant", "model", "routing_iterations", "reconstruction", "seed", "batch_size", "lr",
               "lr_decay_rate", "lr_decay_steps", "lr_schedule_epochs", "epochs", "steps", "amp", "compile", "n_params",
-              "device", "torch_version", "profile", "recipe", "image_size", "n_train", "n_test")
+              "device", "torch_version", "profile", "recipe", "experiment", "image_size", "n_train", "n_test")
 
 
 def experiment_name(profile: str) -> str:
@@ -286,8 +286,10 @@ def unrecorded_datasets(params: dict) -> list[dict]:
     sizes only where its params recorded them (those runs' params did not)."""
     note = "the run predates dataset logging: its digest was not recorded"
     splits = [("train", "n_train", "training")]
-    if str(params.get("image_size")).isdigit():
-        splits.append((test_sets(int(params["image_size"]))[0], "n_test", "testing"))
+    if params.get("experiment") or str(params.get("image_size")).isdigit():
+        size = int(params["image_size"]) if str(params.get("image_size")).isdigit() else None
+        test_set = registry.load(registry.of_record(params.get("experiment"), size)).TEST_SETS[0]
+        splits.append((test_set, "n_test", "testing"))
     return [{"name": name, "digest": "unrecorded", "source": f"data/prepared/{name}.safetensors", "context": context,
              "profile": {"source": note, **({"num_rows": int(params[n])} if str(params.get(n)).isdigit() else {})}}
             for name, n, context in splits]

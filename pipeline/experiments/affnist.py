@@ -18,15 +18,31 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
-from pipeline.data.mnist import (AffineRanges, ShiftedMnist, apply_affine, ranges_metadata, sample_affine_params, save_split,
-                           translate)
 from pipeline.core.errors import UserError
+from pipeline.core.params import Params
+from pipeline.data.splits import save_split
+from pipeline.data.transforms import AffineRanges, apply_affine, ranges_metadata, sample_affine_params, translate
+from pipeline.experiments import affnist_report as ra
+from pipeline.experiments import base, table1
+from pipeline.experiments.affnist_report import REAL_AFFNIST
+from pipeline.experiments.base import configure, examples_per_epoch  # noqa: F401 (this experiment's, as they are)
+from pipeline.report import claims as rc
+from pipeline.report import figures
+from pipeline.report.document import Context, Section, fmt_ci, fmt_pct
+from pipeline.report.runs import Run
 
-CANVAS = 40  # §5.2 and affNIST: 40×40 images
+NAME = "affnist"
+CANVAS = IMAGE_SIZE = 40  # §5.2 and affNIST: 40×40 images
+MODELS = ("capsnet", "baseline_cnn", "pooling_cnn")
+TEST_SETS = ("expanded_test", "affnist_test")
+MONTAGE = "affnist_montage.png"
+CURVES = "expanded-MNIST test set (§5.2, 40×40)"  # its panel of the learning curves
+# scaled from Table 1's CapsNet measurement by the FLOP per training image `capsnet bench` counts
+CPU_EPOCH_SECONDS = {"capsnet": 2_370, "pooling_cnn": 2_270}
 AFFNIST_MIRROR_ENV = "CAPSNET_AFFNIST_MIRROR"
-REAL_AFFNIST = "affNIST test set"  # how a set's source line starts when it is the real affNIST
 
 
 class AffnistError(UserError, ValueError):
@@ -157,7 +173,7 @@ def prepare_affnist(out_dir: str | Path, test_images: torch.Tensor, test_labels:
     return {"expanded": expanded, **out, "source": source}
 
 
-class Canvas(ShiftedMnist):
+class Training(table1.Training):
     """§5.2's training (pipeline.training.experiment.Experiment): as Table 1's, but each digit goes to a
     uniformly random position on the image_size canvas instead of a ±2 px shift; scored each epoch
     on the expanded-MNIST test set (early stopping reads it, `train.target_reached`)."""
@@ -165,3 +181,68 @@ class Canvas(ShiftedMnist):
     def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """(B, 28, 28) uint8 -> (B, C, C) with C = image_size."""
         return random_place(images, self.image_size, generator)
+
+
+def prepare(params: Params, mnist: dict[str, torch.Tensor], out_dir: Path, figures_dir: Path) -> str:
+    """Expanded MNIST and the affNIST(-style) set, and their montage (the first transform of each
+    digit under its expanded original)."""
+    p = params.prepare
+    s52 = prepare_affnist(out_dir, mnist["test_images"], mnist["test_labels"], expanded_seed=p.expanded_seed,
+                          affnist_seed=p.affnist_seed, transforms_per_digit=p.affnist_transforms,
+                          ranges=table1.ranges(params), mirror=affnist_mirror())
+    k = min(p.montage_count, len(mnist["test_images"]))
+    transforms = s52.get("affine_params")  # None for the real affNIST
+    step = p.affnist_transforms if transforms is not None else 1  # the first transform of each digit
+    shown = s52["images"][::step][:k]
+    figures.affine_montage(s52["expanded"][:len(shown)], shown, None if transforms is None else transforms[::step][:k],
+                           figures_dir / MONTAGE, labels=("expanded", "affNIST"), title=f"§5.2 test sets: {s52['source']}")
+    return f"{len(s52['expanded'])} expanded (40×40); {s52['source']}: {len(s52['labels']):,} images"
+
+
+def training_data(data_dir: Path, cfg) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    return base.training_data(TEST_SETS[0], data_dir, cfg)
+
+
+def synthetic_data(cfg, n: int, device: torch.device) -> dict[str, torch.Tensor]:
+    return base.synthetic_data(cfg, n, device, IMAGE_SIZE)
+
+
+def evaluate(model: torch.nn.Module, cfg, data_dir: Path, out: Path) -> base.Evaluation:
+    """Expanded MNIST and the affNIST(-style) set (`base.evaluate_sets`)."""
+    return base.evaluate_sets(TEST_SETS, model, cfg, data_dir, out)
+
+
+def report(runs: list[Run], ctx: Context) -> Section:
+    """§5.2's section: both models' expanded-MNIST and affNIST(-style) accuracy against the paper's,
+    the CapsNet − CNN gap with its interval and claim, accuracy by transform parameter, the montage,
+    affnist.csv; the gap as a headline metric."""
+    bins = ctx.fig_dir / "affnist_bins.png"
+    if not runs:
+        figures.placeholder("No §5.2 (40×40) variant in this report", bins)
+        return Section(tables={"affnist.csv": ""})
+    gap = ra.affnist_gap(runs, ctx.reference, ctx.bench)
+    table = ra.with_gap(ra.affnist_summary(runs, ctx.reference), gap)
+    shown = {"§5.2 test sets": f"figures/{MONTAGE}"} if (ctx.fig_dir / MONTAGE).is_file() else {}
+    figures.accuracy_by_transform(ra.transform_bins(runs, TEST_SETS[1]),
+                                  "§5.2: affNIST(-style) accuracy by transform parameter", bins)
+    shown["§5.2: accuracy by transform parameter"] = f"figures/{bins.name}"
+    return Section(lines=ra.render_affnist(table, gap, ctx.reference),
+                   claims=rc.gap_claim(gap) if gap is not None else None, figures=shown,
+                   tables={"affnist.csv": table.to_csv(index=False, float_format="%.4f")},
+                   headline={} if gap is None else {"affnist_gap_pp": {k: round(gap[k], 4) for k in
+                                                                       ("gap", "ci_low", "ci_high")}})
+
+
+def readme(out: Path) -> list[str]:
+    """Its line of the README's results block, from affnist.csv as written: the gap and both models'
+    affNIST(-style) accuracy."""
+    if not (out / "affnist.csv").stat().st_size:
+        return []
+    table = pd.read_csv(out / "affnist.csv")
+    if not len(table) or "gap_pp" not in table:
+        return []
+    g = table.iloc[0]
+    return [f"§5.2, CapsNet − CNN accuracy on the affNIST-style set: {g.gap_pp:+.2f} pp "
+            f"{fmt_ci(g.gap_ci_low, g.gap_ci_high)}, **{g.gap_verdict}** (paper {g.paper_gap_pp:+.0f} pp on the real "
+            "affNIST); " + "; ".join(f"{r.variant} {r.affnist_acc_mean:.1f} ± {fmt_pct(r.affnist_acc_std, 1)} %"
+                                    for r in table.itertuples()) + "."]

@@ -18,18 +18,47 @@ as in the official mnist_shift.py) and merges the two as min(a + b, 255) in uint
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-
 from typing import NamedTuple
 
+import pandas as pd
 import torch
+from safetensors.torch import save_file
 
-from pipeline.data.mnist import MNIST_SIZE, MULTIMNIST_SIZE, save_split, translate
+from pipeline.core.errors import UserError
+from pipeline.core.files import atomic_path, write_json
+from pipeline.core.params import Params
+from pipeline.data.idx import MNIST_SIZE
+from pipeline.data.splits import dataset_input, load_split, save_split, split_metadata
+from pipeline.data.transforms import translate
+from pipeline.experiments import multimnist_report as rm
+from pipeline.experiments.base import Evaluation
+from pipeline.models import baseline
+from pipeline.report import figures
+from pipeline.report.document import Context, Section
+from pipeline.report.runs import Run
 from pipeline.training.experiment import Batch, class_scores, to_float
 
-CANVAS = MULTIMNIST_SIZE  # 36
+NAME = "multimnist"
+CANVAS = IMAGE_SIZE = 36  # each 28×28 digit padded by 4
+MODELS = ("capsnet", "multimnist_cnn")
+TEST_SETS = ("multimnist_test", "")  # the recipes; no transformed twin
+CURVES = "MultiMNIST curve recipes (§6, pair error)"  # its panel of the learning curves
+CPU_EPOCH_SECONDS: dict[str, float] = {}  # not measured
+USES_EPOCH_SIZE = True  # train.multimnist_epoch_size: every example is drawn fresh
 PAD = (CANVAS - MNIST_SIZE) // 2  # 4
 CURVE_RECIPES = 10_000  # per-epoch learning curve: the first recipes (one partner per test digit)
+
+DEVIATIONS = [
+    "MultiMNIST training draws a fresh pair and fresh shifts for every example of every step (an epoch = "
+    "train.multimnist_epoch_size examples) instead of the paper's fixed 60M-image set; the test set is fixed "
+    "recipes (prepare.multimnist_pairs_per_digit partners per test digit).",
+    f"MultiMNIST learning curves score the first {CURVE_RECIPES:,} test recipes (one partner per test digit) each "
+    "epoch; the reported error uses every recipe.",
+    "MultiMNIST column verdicts: the paper gives single numbers without a spread, so the interval of ours − paper "
+    "holds our seed spread alone.",
+]
 
 
 class ClassIndex(NamedTuple):
@@ -171,7 +200,7 @@ def reconstruct_pairs(model: torch.nn.Module, merged: torch.Tensor, predicted: t
     return out.reconstructions.squeeze(2).float().cpu()  # (k, 2, 36, 36)
 
 
-class Pairs:
+class Training:
     """MultiMNIST's training (§6; pipeline.training.experiment.Experiment): every example of every step a
     fresh pair and fresh shifts composed on the device, an epoch ``cfg.multimnist_epoch_size``
     examples; the targets are each digit alone (the decoder reconstructs both). Scored each epoch
@@ -199,3 +228,118 @@ class Pairs:
     def test_error(self, model: torch.nn.Module, batch_size: int, amp: bool) -> float:
         preds = predict_pairs(model, self.test_images, self.curve_pairs, self.curve_shifts, batch_size, amp)
         return 100.0 * int((~pair_correct(preds, self.curve_labels)).sum()) / self.curve_labels.shape[0]
+
+
+def prepare(params: Params, mnist: dict[str, torch.Tensor], out_dir: Path, figures_dir: Path) -> str:
+    """The MultiMNIST test recipes over MNIST's test digits."""
+    p = params.prepare
+    recipes = prepare_multimnist(out_dir, mnist["test_images"], mnist["test_labels"],
+                                 pairs_per_digit=p.multimnist_pairs_per_digit, max_shift=p.multimnist_max_shift,
+                                 seed=p.multimnist_seed)
+    return f"MultiMNIST: {len(recipes['pairs']):,} test recipes"
+
+
+def configure(cfg, data_dir: Path):
+    """Training draws its pairs with the shift the test recipes were drawn with
+    (prepare.multimnist_max_shift, in the recipes' metadata)."""
+    shift = int(split_metadata(data_dir / f"{TEST_SETS[0]}.safetensors")["max_shift"])
+    return dataclasses.replace(cfg, max_shift=shift)
+
+
+def training_data(data_dir: Path, cfg) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """MNIST's training digits (the pairs are drawn from them) and the test recipes with the 28×28
+    test digits they index."""
+    train_path, test_path = data_dir / "train.safetensors", data_dir / f"{TEST_SETS[0]}.safetensors"
+    train_split, test_split = load_split(train_path), load_split(test_path)
+    n = train_split["images"].shape[0]
+    if n < cfg.batch_size:
+        raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images in {data_dir}; "
+                        "lower train.batch_size or raise prepare.train_subset")
+    data = {"train_images": train_split["images"], "train_labels": train_split["labels"],
+            "test_images": test_split["images"], "test_labels": test_split["labels"],
+            "test_pairs": test_split["pairs"], "test_shifts": test_split["shifts"]}
+    return data, [dataset_input(train_path, train_split, "training"), dataset_input(test_path, test_split, "testing")]
+
+
+def synthetic_data(cfg, n: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """n random digits, and recipes pairing each with the next (labels differ)."""
+    digits = torch.randint(0, 256, (n, MNIST_SIZE, MNIST_SIZE), dtype=torch.uint8, device=device)
+    labels = torch.arange(n, device=device) % cfg.num_classes
+    return {"train_images": digits, "train_labels": labels, "test_images": digits, "test_labels": labels,
+            "test_pairs": torch.stack([torch.arange(n), (torch.arange(n) + 1) % n], dim=1),
+            "test_shifts": torch.zeros(n, 2, 2, dtype=torch.int8)}
+
+
+def examples_per_epoch(cfg, n_train: int) -> int:
+    """Every example is drawn fresh: an epoch is train.multimnist_epoch_size of them."""
+    return cfg.multimnist_epoch_size
+
+
+def evaluate(model: torch.nn.Module, cfg, data_dir: Path, out: Path) -> Evaluation:
+    """MultiMNIST (§6): pair error on every test recipe, composed on the device batch by batch.
+
+    metrics.json has no transformed set (MultiMNIST has none); breakdown.json adds the share of
+    pairs with at least one digit right (the official code's "almost correct"); predictions hold the
+    true and predicted pairs (P, 2), sorted, as uint8; confusion.png is the per-digit confusion
+    (`digit_confusion`); reconstruction variants get reconstructions.png, the Fig. 5 overlay of the
+    two predicted capsules' reconstructions for a few pairs and one failure.
+    """
+    path = data_dir / f"{TEST_SETS[0]}.safetensors"
+    split, meta = load_split(path), split_metadata(path)
+    if "pairs" not in split or "shifts" not in split:
+        raise UserError(f"{path} holds no MultiMNIST recipes; rebuild it with `dvc repro -f prepare`")
+    predicted = predict_pairs(model, split["images"], split["pairs"], split["shifts"], cfg.eval_batch_size).cpu()  # (P, 2)
+    truth = split["labels"].long()[split["pairs"].long()].sort(dim=1).values  # (P, 2)
+    correct = pair_correct(predicted, truth)  # (P,)
+    one_right = (truth[:, :, None] == predicted[:, None, :]).any(dim=2).any(dim=1)  # (P,)
+    n = int(truth.shape[0])
+    metrics = {"error_pct": 100.0 * int((~correct).sum()) / n, "n_test": n}
+    breakdown = {"per_class": {}, "sources": {TEST_SETS[0]: meta.get("source", TEST_SETS[0])}, "bins": {},
+                 "at_least_one_right_pct": 100.0 * float(one_right.float().mean())}
+    with atomic_path(out / "predictions.safetensors") as tmp:
+        save_file({f"{TEST_SETS[0]}_labels": truth.to(torch.uint8), f"{TEST_SETS[0]}_preds": predicted.to(torch.uint8)},
+                  str(tmp))
+    write_json(out / "breakdown.json", breakdown)
+    title = f"{cfg.variant} seed {cfg.seed}"
+    figures.confusion([(digit_confusion(predicted, truth, cfg.num_classes).tolist(), "MultiMNIST, per digit")],
+                      title, out / "confusion.png")
+    pngs = ["confusion.png"]
+    if cfg.reconstruction:
+        shown = torch.cat([torch.nonzero(correct).flatten()[:5], torch.nonzero(~correct).flatten()[:1]])  # (≤6,)
+        merged, _ = compose(split["images"], split["pairs"][shown], split["shifts"][shown])  # (k, 36, 36)
+        recons = reconstruct_pairs(model, merged, predicted[shown])  # (k, 2, 36, 36)
+        titles = [f"{'' if bool(correct[i]) else 'FAIL '}true {tuple(truth[i].tolist())}\n"
+                  f"red {int(predicted[i, 0])}, green {int(predicted[i, 1])}" for i in shown.tolist()]
+        figures.multimnist_reconstructions(merged, recons, titles, f"{title}: reconstructions from the two "
+                                           "predicted capsules", out / "reconstructions.png")
+        pngs.append("reconstructions.png")
+    return Evaluation(metrics, {f"eval_{TEST_SETS[0]}_error_pct": metrics["error_pct"]}, ["breakdown.json", *pngs],
+                      [dataset_input(path, split, "evaluation")])
+
+
+def deviations_of(p: Params) -> list[str]:
+    """MultiMNIST's deviations, whenever params list a MultiMNIST variant: its CNN's, its sampling and
+    curves', a test set smaller than the paper's."""
+    if not any(p.variant(v).experiment == NAME for v in p.ablation.variants):
+        return []
+    return (baseline.MULTIMNIST_DEVIATIONS + DEVIATIONS
+            + rm.test_size_deviation(p.prepare.multimnist_pairs_per_digit, p.prepare.test_subset))
+
+
+def report(runs: list[Run], ctx: Context) -> Section:
+    """MultiMNIST's section: Table 1 with both columns (its pair error beside the MNIST rows Table
+    1's section left in ``ctx.shared``), the Fig. 5 reconstructions of the best variant,
+    multimnist.csv; its deviations whenever params list a MultiMNIST variant."""
+    deviations = deviations_of(ctx.params)
+    table = rm.multimnist_summary(runs, ctx.reference) if runs else None
+    shown = rm.figure(runs, table, ctx.results_dir, ctx.fig_dir)
+    if not runs:
+        return Section(tables={"multimnist.csv": ""}, deviations=deviations)
+    lines = rm.render_both_columns(ctx.shared.get("table1", pd.DataFrame()), table, ctx.reference)
+    return Section(lines=lines, figures=shown, deviations=deviations,
+                   tables={"multimnist.csv": table.to_csv(index=False, float_format="%.4f")})
+
+
+def readme(out: Path) -> list[str]:
+    """None: MultiMNIST's numbers are in the report (no README line yet)."""
+    return []

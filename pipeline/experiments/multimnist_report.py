@@ -8,24 +8,17 @@ columns, MNIST from the paper-recipe rows of the first protocol.
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from pipeline.report import figures
 from pipeline.report import stats
-from pipeline.experiments.multimnist import CURVE_RECIPES
 from pipeline.report.document import fmt_ci
 from pipeline.report.runs import Run, group, short
 
-DEVIATIONS = [
-    "MultiMNIST training draws a fresh pair and fresh shifts for every example of every step (an epoch = "
-    "train.multimnist_epoch_size examples) instead of the paper's fixed 60M-image set; the test set is fixed "
-    "recipes (prepare.multimnist_pairs_per_digit partners per test digit).",
-    f"MultiMNIST learning curves score the first {CURVE_RECIPES:,} test recipes (one partner per test digit) each "
-    "epoch; the reported error uses every recipe.",
-    "MultiMNIST column verdicts: the paper gives single numbers without a spread, so the interval of ours − paper "
-    "holds our seed spread alone.",
-]
 PAPER_PAIRS_PER_DIGIT = 1_000  # §6: "1K MultiMNIST examples for each digit in the MNIST test set" (10M)
 
 
@@ -104,3 +97,18 @@ def render_both_columns(table1: pd.DataFrame, multi: pd.DataFrame, reference: di
                      f"| {r.delta:+.2f} | {fmt_ci(r.delta_ci_low, r.delta_ci_high)} | "
                      f"{r.n_params:,} / {r.paper_n_params / 1e6:.2f}M |")
     return lines
+
+
+def figure(runs: list[Run], table, results_dir: Path, fig_dir: Path) -> dict[str, str]:
+    """figures/multimnist_reconstructions.png: the Fig. 5 overlay of the lowest-error MultiMNIST
+    reconstruction variant's best seed, or a placeholder saying there is none."""
+    path = fig_dir / "multimnist_reconstructions.png"
+    recon = [r for r in runs if r.config["config"]["reconstruction"]]
+    if not recon:
+        figures.placeholder("No MultiMNIST reconstruction variant in this report", path)
+        return {}
+    means = table.set_index("variant").error_mean
+    best = min(recon, key=lambda r: (means[r.variant], r.metrics["error_pct"]))
+    shutil.copyfile(results_dir / best.variant / f"seed{best.seed}" / "reconstructions.png", path)
+    return {f"MultiMNIST reconstructions ({best.variant}, seed {best.seed}; red and green: the two predicted "
+            "capsules)": "figures/multimnist_reconstructions.png"}

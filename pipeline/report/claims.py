@@ -16,9 +16,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.report import costs
-
 from pipeline.report import power
-
 from pipeline.report import stats
 from pipeline.report.runs import Run
 
@@ -132,9 +130,13 @@ def _status(lo: float, hi: float, paper: float, n: int, seeds: str, hours: float
     return f"not resolvable at {n} seeds — needs {seeds} per arm to {goal}{hours_phrase(seeds, hours, why)}"
 
 
-def claims(effect_table: pd.DataFrame, gap: dict | None, protocol: str) -> pd.DataFrame:
-    """One row per claim of the paper under ``protocol`` (the headline one): supported,
-    contradicted, or not resolvable at n seeds with the seeds and GPU time it would take."""
+COLUMNS = ["claim", "paper", "ours", "status", "evidence", "cost_source", "gpu_hours"]
+
+
+def effect_claims(effect_table: pd.DataFrame, protocol: str) -> pd.DataFrame:
+    """One row per Table 1 claim of the paper under ``protocol`` (the headline one), read from its
+    effect: supported, contradicted, or not resolvable at n seeds with the seeds and GPU time it
+    would take."""
     rows = []
     effects_here = effect_table[effect_table.protocol == protocol].set_index("effect")
     for claim, effect in CLAIMS:
@@ -154,6 +156,12 @@ def claims(effect_table: pd.DataFrame, gap: dict | None, protocol: str) -> pd.Da
                              f"detect the paper's {e.paper_delta:+.2f} pp at 80 % power", e.cost_source)
         rows.append({"claim": claim, "paper": paper, "ours": ours, "status": status, "evidence": effect,
                      "cost_source": e.cost_source, "gpu_hours": e.equivalence_hours if equivalence else e.gpu_hours})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def gap_claim(gap: dict) -> pd.DataFrame:
+    """§5.2's claim (CapsNets are more robust to affine transforms than the CNN), from its gap."""
+    rows = []
     if gap is not None:
         ours = f"{gap['gap']:+.2f} pp " + ("(no interval)" if math.isnan(gap["ci_low"]) else
                                            f"[{gap['ci_low']:+.2f}, {gap['ci_high']:+.2f}]")
@@ -166,7 +174,7 @@ def claims(effect_table: pd.DataFrame, gap: dict | None, protocol: str) -> pd.Da
         rows.append({"claim": GAP_CLAIM, "paper": f"{gap['paper_gap']:+.0f} pp (real affNIST)",
                      "ours": ours + f" ({gap['set']})", "status": status, "evidence": "§5.2 gap",
                      "cost_source": gap["cost_source"], "gpu_hours": gap["gpu_hours"]})
-    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "status", "evidence", "cost_source", "gpu_hours"])
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _equivalence_status(e) -> str:

@@ -20,14 +20,27 @@ import pandas as pd
 import yaml
 from safetensors.torch import load_file, save_file
 
-from pipeline.data.mnist import test_sets
+from pipeline.core import registry
 from pipeline.core.errors import UserError
-from pipeline.stages.evaluate import uniform_metrics
 from pipeline.core.params import Params
 from pipeline.core.stage_names import rerun_hint
 
 NOT_RECORDED = "not recorded"
 LAST_EPOCHS = 5  # the end-of-training stability diagnostic: mean test error of the last epochs
+
+# metrics.json's keys, the same for every variant so `dvc metrics show` is one filled table; which
+# sets "test" and "transformed" are for a variant is breakdown.json's "sources" (its experiment's TEST_SETS);
+# MultiMNIST variants have no transformed set, so no transformed_* keys.
+METRIC_KEYS = ("error_pct", "transformed_error_pct", "n_test", "n_transformed", "n_params", "epochs_trained",
+               "reached_target")
+
+
+def uniform_metrics(metrics: dict, clean: str, transformed: str) -> dict:
+    """metrics.json in today's keys; files written before 2026-11-22 named the sets in the keys
+    (``test_error_pct``, ``n_affnist_test``, …), as the published GPU runs do."""
+    legacy = {f"{clean}_error_pct": "error_pct", f"{transformed}_error_pct": "transformed_error_pct",
+              f"n_{clean}": "n_test", f"n_{transformed}": "n_transformed"}
+    return {legacy.get(k, k): v for k, v in metrics.items()}
 
 
 class ReportError(UserError, RuntimeError):
@@ -59,6 +72,11 @@ class Run:
     @property
     def image_size(self) -> int:
         return self.cfg["image_size"]
+
+    @property
+    def experiment(self) -> str:
+        """The experiment that trained the run (records from before the key: its image size says)."""
+        return registry.of_record(self.cfg.get("experiment"), self.cfg["image_size"])
 
     @property
     def recipe(self) -> str:
@@ -152,6 +170,11 @@ class Run:
         return float(self.history.lr.iloc[-1]) if "lr" in self.history else math.nan
 
 
+def run_label(r: Run, ambiguous: set[str]) -> str:
+    """A run's variant, with protocol and commit where the report holds several of them for it."""
+    return f"{r.variant} ({r.cfg['epochs']} ep, {r.commit_key})" if r.variant in ambiguous else r.variant
+
+
 def short(commit: str) -> str:
     """A commit as tables show it: 7 characters (or NOT_RECORDED)."""
     return commit if commit == NOT_RECORDED else commit[:7]
@@ -216,8 +239,9 @@ def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: l
             pred = load_file(str(result_dir / "predictions.safetensors"))
             sets = [k.removesuffix("_labels") for k in pred if k.endswith("_labels")]
             config = json.loads((model_dir / "config.json").read_text())
+            experiment = registry.of_record(config["config"].get("experiment"), config["config"]["image_size"])
             metrics = uniform_metrics(json.loads((result_dir / "metrics.json").read_text()),
-                                      *test_sets(config["config"]["image_size"]))
+                                      *registry.load(experiment).TEST_SETS)
             runs.append(Run(
                 variant, seed, metrics, config, pd.read_csv(model_dir / "history.csv"),
                 {name: _correct(pred[f"{name}_labels"], pred[f"{name}_preds"]) for name in sets},

@@ -23,16 +23,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from pipeline.report import figures
-
 from pipeline.core import tracking
-from pipeline.data.mnist import dataset_input, load_split, split_metadata, test_sets
 from pipeline.core.errors import Terminated, UserError
-from pipeline.training.fingerprint import fingerprint_environment, training_fingerprint
 from pipeline.core.files import atomic_path, file_lock, writable_dir, write_json
 from pipeline.core.params import Params, cpu_epoch_seconds
+from pipeline.report import figures
+from pipeline.training.fingerprint import fingerprint_environment, training_fingerprint
 from pipeline.training.train import (ADAM_EPS, RunConfig, assert_finite_weights, count_params, load_checkpoint, resolve_device,
-                            run_config, train_group)
+                                     run_config, train_group)
 
 ARTIFACTS = ("model.safetensors", "learning_curve.png", "history.csv", "config.json")
 
@@ -63,28 +61,6 @@ class TrainOutcome:
     run_id: str
 
 
-def load_data(data_dir: Path, cfg: RunConfig) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """The training split and the clean test set the model is scored on each epoch, and the two as
-    the runs' dataset inputs (MultiMNIST's training input is the digits its pairs are drawn from)."""
-    train_path, test_path = data_dir / "train.safetensors", data_dir / f"{test_sets(cfg.image_size)[0]}.safetensors"
-    train_split, test_split = load_split(train_path), load_split(test_path)
-    n = train_split["images"].shape[0]
-    if n < cfg.batch_size:
-        raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images in {data_dir}; "
-                        "lower train.batch_size or raise prepare.train_subset")
-    data = {"train_images": train_split["images"], "train_labels": train_split["labels"],
-            "test_images": test_split["images"], "test_labels": test_split["labels"]}
-    if cfg.multimnist:  # the recipes index the 28×28 test digits stored beside them
-        data.update(test_pairs=test_split["pairs"], test_shifts=test_split["shifts"])
-    return data, [dataset_input(train_path, train_split, "training"), dataset_input(test_path, test_split, "testing")]
-
-
-def multimnist_max_shift(data_dir: Path) -> int:
-    """The shift the MultiMNIST test recipes were drawn with (prepare.multimnist_max_shift); training
-    draws its pairs with the same."""
-    return int(split_metadata(data_dir / "multimnist_test.safetensors")["max_shift"])
-
-
 def run(params: Params, variant: str, seed: int, data_dir: Path, out_dir: Path, checkpoint: Path) -> TrainOutcome:
     """Train ``variant`` with ``seed``; resume from ``checkpoint`` when it belongs to the same
     configuration. Writes model.safetensors, history.csv, learning_curve.png and config.json."""
@@ -98,13 +74,12 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
     (``<variant>-seed<k>``); resume from ``checkpoint`` when it belongs to the same seed group."""
     if len(out_dirs) != len(seeds) or len(set(map(str, out_dirs))) != len(seeds):
         raise UserError(f"{variant}: {len(seeds)} seed(s) need as many distinct output directories, got {out_dirs}")
-    cfgs = [run_config(params, variant, seed) for seed in seeds]
-    if cfgs[0].multimnist:
-        cfgs = [dataclasses.replace(c, max_shift=multimnist_max_shift(data_dir)) for c in cfgs]
+    experiment = run_config(params, variant, seeds[0]).experiment_module()
+    cfgs = [experiment.configure(run_config(params, variant, seed), data_dir) for seed in seeds]
     cfg = cfgs[0]
     device = resolve_device(cfg.device)
-    data, datasets = load_data(data_dir, cfg)
-    per_epoch = cpu_epoch_seconds(cfg.model, cfg.image_size)
+    data, datasets = experiment.training_data(data_dir, cfg)
+    per_epoch = cpu_epoch_seconds(cfg.model, cfg.experiment_name)
     if device.type == "cpu" and cfg.profile != "smoke" and per_epoch is not None:
         hours = per_epoch * len(data["train_images"]) / 60_000 * cfg.epochs * len(seeds) / 3600
         if hours > 1:
@@ -153,11 +128,11 @@ def run_params(cfg: RunConfig, data: dict, device: torch.device, env: dict) -> d
         "reconstruction": cfg.reconstruction, "seed": cfg.seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
         "lr_decay_rate": cfg.lr_decay_rate, "lr_decay_steps": cfg.lr_decay_steps,
         "lr_schedule_epochs": cfg.lr_schedule_epochs, "epochs": cfg.epochs,
-        "steps": cfg.epochs * ((cfg.multimnist_epoch_size if cfg.multimnist else data["train_images"].shape[0])
+        "steps": cfg.epochs * (cfg.experiment_module().examples_per_epoch(cfg, data["train_images"].shape[0])
                                // cfg.batch_size), "amp": cfg.amp,
         "compile": cfg.compile, "n_params": count_params(cfg), "device": str(device),
         "torch_version": env["torch_version"], "profile": cfg.profile, "recipe": cfg.recipe,
-        "image_size": cfg.image_size, "n_train": data["train_images"].shape[0],
+        "experiment": cfg.experiment_name, "image_size": cfg.image_size, "n_train": data["train_images"].shape[0],
         "n_test": data["test_images"].shape[0]}
 
 
@@ -168,7 +143,7 @@ def _train_and_write(cfgs: list[RunConfig], data: dict, checkpoint: Path, outs: 
     results = train_group(cfgs, data, checkpoint, [tracker.epoch_logger(r) for r in run_ids],
                           extras=[{"run_id": r, "fingerprint": fingerprint} for r in run_ids], state=state)
     seconds = time.perf_counter() - t0
-    eval_set = test_sets(cfgs[0].image_size)[0]
+    eval_set = cfgs[0].experiment_module().TEST_SETS[0]
     outcomes = []
     for cfg, result, out, run_id, run_params_ in zip(cfgs, results, outs, run_ids, params):
         weights = {k: t.contiguous() for k, t in result.model.state_dict().items()}

@@ -18,9 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.transforms import v2
 
-from pipeline.data.mnist import MNIST_SIZE
-from pipeline.training.families import experiment
-from pipeline.experiments.multimnist import CANVAS as MULTIMNIST_CANVAS
+from pipeline.data.idx import MNIST_SIZE
 from pipeline.training.stack import SeedStack
 from pipeline.training.train import (
     RunConfig, build_model, compute_loss, configure_backends, draw_step, loss_recipe, make_optimizer, place_model,
@@ -59,16 +57,8 @@ def flop_per_image(cfg: RunConfig, device: torch.device, batch: int = 8) -> floa
 
 
 def random_data(cfg: RunConfig, n: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """n random uint8 training digits and a test set of cfg's size: what cfg's experiment draws from."""
-    data = {"train_images": torch.randint(0, 256, (n, MNIST_SIZE, MNIST_SIZE), dtype=torch.uint8, device=device),
-            "train_labels": torch.arange(n, device=device) % cfg.num_classes,
-            "test_images": torch.randint(0, 256, (n, cfg.image_size, cfg.image_size), dtype=torch.uint8, device=device),
-            "test_labels": torch.arange(n, device=device) % cfg.num_classes}
-    if cfg.image_size == MULTIMNIST_CANVAS:  # MultiMNIST scores pair recipes over 28×28 test digits
-        data["test_images"] = data["train_images"]
-        data["test_pairs"] = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n], dim=1)  # labels differ
-        data["test_shifts"] = torch.zeros(n, 2, 2, dtype=torch.int8)
-    return data
+    """n random uint8 examples of what cfg's experiment draws from (its `synthetic_data`)."""
+    return cfg.experiment_module().synthetic_data(cfg, n, device)
 
 
 def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
@@ -93,7 +83,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     loss_fn = torch.compile(stack, mode=compile_mode) if cfg.compile else stack
     generators = [torch.Generator(device=device).manual_seed(generator_seed + k) for k in range(seeds)]
     n = cfg.batch_size * (steps + warmup)
-    exp = experiment(cfg, random_data(cfg, n, device), device)
+    exp = cfg.experiment_module().Training(cfg, random_data(cfg, n, device), device)
     orders = [exp.epoch_order(g) for g in generators]
     active = torch.ones(seeds, device=device)
 
@@ -118,8 +108,8 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     # whole eval batches only: a last partial batch is a new shape, and cuDNN autotuning (deterministic:
     # false) would time its algorithm search
     images = exp.test_images  # (n, S, S); MultiMNIST's are the 28×28 digits its recipes index
-    if cfg.image_size == MULTIMNIST_CANVAS:
-        images = torch.nn.functional.pad(images, (4, 4, 4, 4))  # (n, 36, 36)
+    pad = (cfg.image_size - images.shape[-1]) // 2
+    images = torch.nn.functional.pad(images, (pad,) * 4)  # (n, image_size, image_size)
     infer = images[: max(n // cfg.eval_batch_size, 1) * cfg.eval_batch_size]
     model = stack.seed_model(0)
     predict(model, infer[: cfg.eval_batch_size], cfg.eval_batch_size, amp)  # warm-up

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.data.transforms import AFFINE_PARAM_NAMES
 from pipeline.models.capsnet import CapsNet
-from pipeline.data.mnist import AFFINE_PARAM_NAMES
 from pipeline.training.train import predict, to_float
 
 FIG4_STEPS = torch.linspace(-0.25, 0.25, 11)  # Fig. 4: perturbations of 0.05 in [-0.25, 0.25]

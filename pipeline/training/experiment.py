@@ -1,11 +1,11 @@
-"""What every experiment family gives the training loop, and the inference they share.
+"""What every experiment gives the training loop (its ``Training``), and the inference they share.
 
-An experiment family (Table 1's shifted MNIST in pipeline.data.mnist, §5.2's 40×40 canvas in
-pipeline.experiments.affnist, MultiMNIST in pipeline.experiments.multimnist; pipeline.training.families says which variant is
-which) owns how a training batch is drawn and augmented, the loss's targets and how the model is
-scored each epoch. The loop (pipeline.training.train) sees only this protocol: it draws every random
-number through the generator it passes in, one per seed, so stacked seeds draw exactly the
-streams separate runs draw.
+An experiment (pipeline/experiments/: Table 1's shifted MNIST, §5.2's 40×40 canvas, MultiMNIST;
+a variant's ``experiment`` key names it, pipeline.core.registry finds it) owns how a training
+batch is drawn and augmented, the loss's targets and how the model is scored each epoch. The
+loop (pipeline.training.train) sees only this protocol: it draws every random number through the
+generator it passes in, one per seed, so stacked seeds draw exactly the streams separate runs
+draw.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `train_group(configs, data, checkpoint_path, loggers)` trains S seeds of one variant as one
 computation (pipeline.training.stack); `train(config, …)` is the one-seed case, the pure core the
 `capsnet train` stage wraps. How a batch is drawn and augmented, the loss's targets and how a
-model is scored each epoch belong to the variant's experiment family (pipeline.training.families). The
+model is scored each epoch belong to the variant's experiment (pipeline.core.registry). The
 data sits on the device as uint8; shuffling, augmentation and batching happen there; the loss
 is read back only every `log_every` steps (no per-step host sync).
 An atomic checkpoint every `checkpoint_every` epochs (and after the last) makes a killed run
@@ -29,19 +29,19 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Literal, Protocol
 
 import torch
 from tqdm.auto import tqdm
 
+from pipeline.core import registry
+from pipeline.core.errors import UserError
+from pipeline.core.files import atomic_path
+from pipeline.core.params import Params
 from pipeline.models.baseline import BaselineCNN, MultiMNISTCNN, PoolingCNN
 from pipeline.models.capsnet import CapsNet
-from pipeline.core.errors import UserError
 from pipeline.training.experiment import Batch, Experiment, predict, to_float  # noqa: F401 (to_float, predict: re-exported)
-from pipeline.training.families import experiment
-from pipeline.core.files import atomic_path
-from pipeline.experiments.multimnist import CANVAS as MULTIMNIST_CANVAS
-from pipeline.core.params import Params
 from pipeline.training.stack import (LossOf, SeedStack, compute_loss, loss_function, loss_recipe,  # noqa: F401 (re-exported)
                             stack_batches)
 
@@ -97,19 +97,25 @@ class RunConfig:
     recipe: str = "paper"  # CapsNet: paper | official (pipeline.models.capsnet); the CNNs have one recipe, "paper"
     channels_last: bool = False  # NHWC convolutions: a memory layout, so outside the digest
     lr_schedule_epochs: int = 0  # 0: the decay at its own pace; E: E epochs' decay compressed into `epochs`
+    experiment: str = ""  # pipeline.core.registry's name; "" in records from before the key (image_size says)
 
     @property
-    def multimnist(self) -> bool:
-        """A MultiMNIST variant (§6): two overlapping digits on the 36×36 canvas."""
-        return self.image_size == MULTIMNIST_CANVAS
+    def experiment_name(self) -> str:
+        """The experiment that trains this run (a record without the key: its image size says)."""
+        return registry.of_record(self.experiment, self.image_size)
+
+    def experiment_module(self) -> ModuleType:
+        return registry.load(self.experiment_name)
 
     def digest(self) -> str:
         """Hash of the fields that change the mathematics (a checkpoint resumes only on a match)."""
         fields = dataclasses.asdict(self) | {"adam_eps": ADAM_EPS}
         for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every", "channels_last"):
             fields.pop(cosmetic)
-        if not self.multimnist:  # unused there: digests (checkpoints) from before MultiMNIST stay valid
-            fields.pop("multimnist_epoch_size")
+        if not getattr(self.experiment_module(), "USES_EPOCH_SIZE", False):  # unused: digests (checkpoints)
+            fields.pop("multimnist_epoch_size")  # from before MultiMNIST stay valid
+        if self.experiment == registry.LEGACY_IMAGE_SIZES.get(self.image_size, None):  # checkpoints from before
+            fields.pop("experiment")  # the key stay valid: the image size said the same
         if not self.lr_schedule_epochs:  # uncompressed: digests from before the key existed stay valid
             fields.pop("lr_schedule_epochs")
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
@@ -124,7 +130,7 @@ def run_config(params: Params, variant: str, seed: int, **overrides) -> RunConfi
     compile_cnns = recipe.pop("compile_cnns")
     recipe["compile"] = params.train.compile and (v.model == "capsnet" or compile_cnns)
     cfg = RunConfig(variant=variant, model=v.model, routing_iterations=v.routing_iterations,
-                    reconstruction=v.reconstruction, image_size=v.image_size, num_classes=10,
+                    reconstruction=v.reconstruction, experiment=v.experiment, image_size=v.image_size, num_classes=10,
                     target_accuracy_pct=v.target_accuracy_pct, recipe=v.recipe, seed=seed,
                     profile=params.base.profile, **recipe)
     return dataclasses.replace(cfg, **overrides)
@@ -313,7 +319,7 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
 
     ``data``: train_images (N, 28, 28) uint8, train_labels (N,), the test set the model is scored
     on each epoch (test_images, test_labels; MultiMNIST also test_pairs, test_shifts); the
-    experiment family (pipeline.training.families) decides how batches are drawn and the model scored.
+    experiment family (pipeline.core.registry) decides how batches are drawn and the model scored.
     Each seed draws its initialisation, data order, augmentation and dropout from its own streams
     (`torch.manual_seed(seed)` before building its model, then a device generator seeded with the
     seed), exactly those a separate run of that seed draws. With ``target_accuracy_pct`` > 0 a
@@ -338,7 +344,7 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
     stack = SeedStack(models, loss_recipe(cfg))
     optimizer, scheduler = make_optimizer(stack, cfg, device)
     generators = [torch.Generator(device=device).manual_seed(c.seed) for c in cfgs]
-    exp = experiment(cfg, data, device)
+    exp = cfg.experiment_module().Training(cfg, data, device)
     steps_per_epoch = exp.steps_per_epoch
     if steps_per_epoch == 0:
         raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {exp.examples_per_epoch} training "

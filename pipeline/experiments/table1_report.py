@@ -1,0 +1,409 @@
+"""Table 1's part of the report: our error per (variant, protocol, commit) against the paper's,
+seed-aware verdicts and ablation effects, what would settle each, end-of-training diagnostics,
+the affine-shifted column, parameters, its figures and its lines of the README.
+
+Pure functions over loaded runs (pipeline.report.runs); pipeline.experiments.table1.report makes
+them its Section. Runs of different protocols or commits are never pooled: each protocol gets its
+own Table 1, and an effect between rows trained at different commits is marked confounded, with
+no interval. The paper's numbers come from paper_reference.yaml (cited), never from code or
+templates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from safetensors.torch import load_file
+
+from pipeline.core.files import write_text
+from pipeline.core.params import Params
+from pipeline.models import baseline, capsnet
+from pipeline.report import claims as rc
+from pipeline.report import costs, figures, stats
+from pipeline.report import runs as rr
+from pipeline.report.costs import BenchRow
+from pipeline.report.document import _recorded, fmt_ci, fmt_pct
+from pipeline.report.runs import LAST_EPOCHS, NOT_RECORDED, Run, best_epoch, group, protocols, short
+from pipeline.training import train
+
+EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error(B)
+    ("routing 3 vs 1, with reconstruction", "capsnet_r3_recon", "capsnet_r1_recon"),
+    ("routing 3 vs 1, no reconstruction", "capsnet_r3", "capsnet_r1"),
+    ("reconstruction on vs off, routing 1", "capsnet_r1_recon", "capsnet_r1"),
+    ("reconstruction on vs off, routing 3", "capsnet_r3_recon", "capsnet_r3"),
+    ("CapsNet r3 + recon vs baseline", "capsnet_r3_recon", "baseline_cnn"),
+    # the paper has no number for these: its text and its code are one method to it
+    ("official vs paper recipe, routing 1, no reconstruction", "capsnet_r1_official", "capsnet_r1"),
+    ("official vs paper recipe, routing 1, with reconstruction", "capsnet_r1_recon_official", "capsnet_r1_recon"),
+    ("official vs paper recipe, routing 3, no reconstruction", "capsnet_r3_official", "capsnet_r3"),
+    ("official vs paper recipe, routing 3, with reconstruction", "capsnet_r3_recon_official", "capsnet_r3_recon"),
+]
+
+
+def table1_row(variant: str, recipe: str) -> str:
+    """The paper's Table 1 row a variant replicates: an official-recipe twin shares its paper twin's row."""
+    return variant.removesuffix("_official") if recipe == "official" else variant
+
+
+def _std(values: list[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+
+def summarize(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.DataFrame:
+    """One row per (variant, protocol, commit): our final-epoch error (mean ± std over seeds)
+    beside the paper's, the seed-aware interval of the difference and its verdict, what would
+    settle it (report_claims.verdict_settling, GPU time from ``bench``), end-of-training
+    diagnostics and what the runs recorded of how they trained."""
+    rows = []
+    order = {key: k for k, key in enumerate(protocols(runs))}  # the longest protocol's rows first
+    for (variant, _, _), mine in sorted(group(runs).items(), key=lambda item: order[item[0][1]]):
+        errors = [r.metrics["error_pct"] for r in mine]
+        affine = [r.metrics["transformed_error_pct"] for r in mine]
+        paper = reference["table1"].get(table1_row(variant, mine[0].recipe), {})
+        best = [best_epoch(r.history) for r in mine]
+        row = {
+            "variant": variant, "protocol": mine[0].protocol, "commit": mine[0].commit,
+            "model": mine[0].cfg["model"], "recipe": mine[0].recipe,
+            "routing_iterations": mine[0].cfg["routing_iterations"], "reconstruction": mine[0].cfg["reconstruction"],
+            "n_seeds": len(mine), "seeds": " ".join(str(r.seed) for r in mine),
+            "test_error_mean": float(np.mean(errors)), "test_error_std": _std(errors),
+            "test_errors": " ".join(f"{e:.2f}" for e in errors),
+            "last5_error_mean": float(np.mean([r.last_epochs_error() for r in mine])),
+            "last5_errors": " ".join(f"{r.last_epochs_error():.2f}" for r in mine),
+            "final_lr": float(np.mean([r.final_lr for r in mine])),
+            "final_epochs": " ".join(str(len(r.history)) for r in mine),
+            "best_error_mean": float(np.mean([b[0] for b in best])),
+            "best_errors": " ".join(f"{e:.2f}@{k}" for e, k in best),
+            "paper_test_error": paper.get("test_error_pct", math.nan),
+            "paper_test_error_std": paper.get("test_error_std") if paper.get("test_error_std") is not None else math.nan,
+            "affine_test_error_mean": float(np.mean(affine)), "affine_test_error_std": _std(affine),
+            "n_params": mine[0].metrics["n_params"], "paper_n_params": paper.get("n_params", math.nan),
+            "adam_eps": _recorded([r.adam_eps for r in mine]),
+            "resumed_runs": sum(bool(r.resume_epochs) for r in mine),
+            "reruns": reference.get("reruns", {}).get(variant, "") if mine[0].recipe == "paper" else "",
+        }
+        diff = stats.against_paper(errors, row["paper_test_error"], paper.get("test_error_std")) if paper else None
+        row["delta"] = row["test_error_mean"] - row["paper_test_error"]
+        row["delta_ci_low"], row["delta_ci_high"] = (diff.lo, diff.hi) if diff else (math.nan, math.nan)
+        row["verdict"] = stats.verdict(diff) if diff else "no paper value"
+        row |= rc.verdict_settling(mine, errors, row["paper_test_error"], paper.get("test_error_std"), list(bench))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.DataFrame:
+    """The paper's ablation effects per protocol, with seed-aware intervals (pipeline.report.stats.effect)
+    and what would settle them (report_claims.effect_settling, GPU time from ``bench``).
+
+    Only runs of one protocol and one training commit are compared; where A and B share no commit
+    the row says `confounded` and carries no interval (its seed variances still plan the re-run)."""
+    rows = []
+    table1 = reference["table1"]
+    for key in protocols(runs):
+        by_variant: dict[str, dict[str, list[Run]]] = {}
+        for r in runs:
+            if r.protocol_key == key:
+                by_variant.setdefault(r.variant, {}).setdefault(r.commit_key, []).append(r)
+        label = next(r.protocol for r in runs if r.protocol_key == key)
+        for what, a, b in EFFECTS:
+            if a not in by_variant or b not in by_variant:
+                continue
+            paper = table1[a]["test_error_pct"] - table1[b]["test_error_pct"] if a in table1 and b in table1 else math.nan
+            row = {"protocol": label, "effect": what, "a": a, "b": b, "paper_delta": paper}
+            common = [c for c in by_variant[a] if c in by_variant[b] and c != NOT_RECORDED]
+            ra, rb = (by_variant[a][common[0]], by_variant[b][common[0]]) if common else (
+                next(iter(by_variant[a].values())), next(iter(by_variant[b].values())))
+            err_a = np.stack([~r.correct["test"] for r in ra])  # (m, N)
+            err_b = np.stack([~r.correct["test"] for r in rb])  # (n, N)
+            parts = stats.effect_parts(err_a, err_b)
+            row |= {"n_seeds": min(len(ra), len(rb))} | rc.effect_settling(parts, paper, ra, rb, list(bench))
+            row |= rc.equivalence_settling(parts, ra, rb, list(bench)) if math.isnan(paper) else {}
+            if not common:
+                rows.append(row | {
+                    "commit": "", "our_delta": _mean_error(ra) - _mean_error(rb), "ci_low": math.nan, "ci_high": math.nan,
+                    "per_seed": "", "mde": math.nan, "equivalence_margin": math.nan,
+                    "status": (f"confounded: {a} trained at {', '.join(by_variant[a])} (Adam ε "
+                               f"{_recorded([r.adam_eps for r in ra])}), {b} at "
+                               f"{', '.join(by_variant[b])} (Adam ε {_recorded([r.adam_eps for r in rb])})")})
+                continue
+            interval = stats.interval_of(parts)  # the parts above: per-image arrays read once
+            seeds_b = {r.seed: r.metrics["error_pct"] for r in rb}
+            per_seed = " ".join(f"{r.metrics['error_pct'] - seeds_b[r.seed]:+.2f}" for r in ra if r.seed in seeds_b)
+            rows.append(row | {"commit": common[0], "our_delta": interval.estimate, "ci_low": interval.lo,
+                               "ci_high": interval.hi, "per_seed": per_seed, "status": stats.effect_words(interval)})
+    return pd.DataFrame(rows, columns=["protocol", "effect", "a", "b", "paper_delta", "commit", "our_delta",
+                                       "ci_low", "ci_high", "per_seed", "status", "n_seeds", "mde", "seeds_needed",
+                                       "gpu_hours", "cost_source", "equivalence_margin", "equivalence_seeds",
+                                       "equivalence_hours"])
+
+
+def _mean_error(runs: list[Run]) -> float:
+    return float(np.mean([r.metrics["error_pct"] for r in runs]))
+
+
+EFFECT_RULE = ("Effect = error(A) − error(B) in percentage points; negative means A errs less. Interval: "
+               f"{stats.LEVEL:.0%}, **seed-aware**: SE² = s_A²/n_A + s_B²/n_B (seed-to-seed variance of each variant) "
+               "+ the test-set sampling variance of the seed-averaged paired per-image difference; Student's t with "
+               "Welch–Satterthwaite degrees of freedom (≈ 4 for 3 seeds a side, so t ≈ 2.8). This is the closed form "
+               "of a two-level bootstrap (seeds, then test images) without its small-sample narrowing; the seed terms "
+               "already hold each model's own image noise, so it errs on the wide side. Only runs of one protocol and "
+               "one commit are compared: otherwise the row says `confounded` and gives no interval. Per seed: "
+               "error(A) − error(B) for each seed both have, context for the spread.")
+
+
+def _table1_lines(rows: pd.DataFrame, reference: dict) -> list[str]:
+    lines = ["| variant | recipe | routing | recon | commit | n | ours (%) | per seed | paper (%) | Δ (pp) | "
+             f"{stats.LEVEL:.0%} interval of Δ | verdict | re-runs (context) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in rows.iterrows():
+        capsnet_row = r.model == "capsnet"
+        routing = r.routing_iterations if capsnet_row else "–"
+        recon = ("yes" if r.reconstruction else "no") if capsnet_row else "–"
+        paper = fmt_pct(r.paper_test_error) + ("" if math.isnan(r.paper_test_error_std) else f" ± {r.paper_test_error_std:.3f}")
+        lines.append(f"| {r.variant} | {r.recipe if capsnet_row else '–'} | {routing} | {recon} | {short(r.commit)} | "
+                     f"{r.n_seeds} | {fmt_pct(r.test_error_mean)} ± {fmt_pct(r.test_error_std)} | {r.test_errors} | "
+                     f"{paper} | {r.delta:+.2f} | {fmt_ci(r.delta_ci_low, r.delta_ci_high)} | {r.verdict} | {r.reruns} |")
+    return lines
+
+
+def render_table1(summary: pd.DataFrame, effect_table: pd.DataFrame, reference: dict) -> list[str]:
+    """Per protocol present: Table 1, end of training and checkpoint selection, ablation effects."""
+    lines = [f"MNIST test error in percent, the **final epoch's**: ours as mean ± sample std over n seeds (per-seed "
+             f"values beside), the paper's from {reference['source']} (Table 1). {stats.VERDICT_RULE}", "",
+             "Recipe `paper` trains what the paper's text says; `official` what the authors' code computes "
+             "(loss scale, PrimaryCaps scaling, DigitCaps bias, initialisation: see Deviations); both are "
+             "compared with the same Table 1 value. A row is one variant under one protocol at one training commit: "
+             "runs that differ in either are never pooled."]
+    for protocol in dict.fromkeys(summary.protocol):
+        rows = summary[summary.protocol == protocol]
+        lines += ["", f"## Table 1 — {protocol}", "", *_table1_lines(rows, reference)]
+        lines += ["", "### End of training and checkpoint selection", "",
+                  f"A **stability diagnostic**, not a headline: the learning rate at the last epoch, and the mean "
+                  f"test error of the last {LAST_EPOCHS} epochs beside the final epoch's (a final epoch is one noisy "
+                  "point while the learning rate is still high). The best epoch is **selected on the test set, so it "
+                  "is optimistic**: shown because several public re-runs report it and the paper does not say which "
+                  "checkpoint it used.", "",
+                  f"| variant | commit | final epoch (%) | mean of last {LAST_EPOCHS} (%) | per seed | lr at last epoch | "
+                  "epochs | best epoch (%, selected on test) | per seed (error@epoch) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for _, r in rows.iterrows():
+            lines.append(f"| {r.variant} | {short(r.commit)} | {fmt_pct(r.test_error_mean)} | {fmt_pct(r.last5_error_mean)} | "
+                         f"{r.last5_errors} | {r.final_lr:.2g} | {r.final_epochs} | {fmt_pct(r.best_error_mean)} | "
+                         f"{r.best_errors} |")
+        mine = effect_table[effect_table.protocol == protocol]
+        if len(mine):
+            lines += ["", "### Ablation effects", "", EFFECT_RULE, "",
+                      f"| effect | paper | ours | {stats.LEVEL:.0%} interval | per seed | what the interval supports |",
+                      "|---|---|---|---|---|---|"]
+            for _, e in mine.iterrows():
+                paper = "– (no number)" if math.isnan(e.paper_delta) else f"{e.paper_delta:+.2f}"
+                lines.append(f"| {e.effect} | {paper} | {e.our_delta:+.2f} | {fmt_ci(e.ci_low, e.ci_high)} | "
+                             f"{e.per_seed or '–'} | {e.status} |")
+            lines += ["", *_effect_power_lines(mine)]
+        lines += ["", *_verdict_power_lines(rows)]
+    return lines
+
+
+def render_section(summary: pd.DataFrame, effect_table: pd.DataFrame, reference: dict) -> list[str]:
+    """Table 1's section of ablation.md: Table 1 per protocol (end of training, effects, what would
+    settle them), the affine-shifted column, the parameter counts."""
+    lines = render_table1(summary, effect_table, reference)
+    lines += ["", "## Affine-shifted test set", "",
+              "Every variant evaluated, without retraining, on the MNIST test digits, each under one random affine "
+              "transform from affNIST's ranges (see README). **The paper reports no number on this set**; its §5.2 "
+              "affNIST experiment trains differently (40×40 canvas): see the §5.2 section below.", "",
+              "| variant | protocol | commit | MNIST test error (%) | affine-shifted error (%) |", "|---|---|---|---|---|"]
+    for _, r in summary.iterrows():
+        lines.append(f"| {r.variant} | {r.protocol.split(':')[0]} | {short(r.commit)} | {fmt_pct(r.test_error_mean)} ± "
+                     f"{fmt_pct(r.test_error_std)} | {fmt_pct(r.affine_test_error_mean)} ± {fmt_pct(r.affine_test_error_std)} |")
+    lines += ["", "## Parameters", "", "| variant | ours | paper |", "|---|---|---|"]
+    for _, r in summary.drop_duplicates("variant").iterrows():
+        lines.append(f"| {r.variant} | {int(r.n_params):,} | {r.paper_n_params / 1e6:.1f}M |")
+    return lines
+
+
+POWER_RULE = ("80 % power for the same two-sided 95 % seed-aware t-interval (pipeline/report/power.py): the noncentral t "
+              "with Welch–Satterthwaite degrees of freedom recomputed at each seed count, each arm's measured seed "
+              "variance; of the test-set term, the per-image seed noise shrinks with more seeds and the systematic "
+              "per-image difference stays. GPU time: that many seeds of each arm under this protocol at the speed "
+              "reports/benchmarks.md measured for the variant on the runs' device (an estimate; sources below the "
+              "table).")
+
+
+def _hours(hours: float) -> str:
+    return "–" if math.isnan(hours) else f"{hours:.2g}" if hours < 10 else f"{hours:,.0f}"
+
+
+def _sources(table: pd.DataFrame, hours: str) -> list[str]:
+    """The bench rows behind the table's GPU-hours (rows without an estimate say why in cost_source)."""
+    cites = [c for t, h in zip(table.cost_source, table[hours]) if t and not math.isnan(h) for c in t.split("; ")]
+    return ["", "Speeds: " + costs.sources(cites)] if cites else []
+
+
+def _effect_power_lines(effect_table: pd.DataFrame) -> list[str]:
+    """What would settle each effect: the minimum detectable effect with the seeds that ran, and the
+    seeds per arm (and GPU time) that would detect the paper's."""
+    lines = ["#### What would settle each effect", "", POWER_RULE, "",
+             "| effect | paper | seeds run (per arm) | detectable at 80 % power (pp) | seeds per arm for the paper's "
+             "effect | GPU-hours (both arms) |", "|---|---|---|---|---|---|"]
+    for e in effect_table.itertuples():
+        paper = "– (no number)" if math.isnan(e.paper_delta) else f"{e.paper_delta:+.2f}"
+        mde = "– (no interval)" if math.isnan(e.mde) else f"±{e.mde:.2f}"
+        if math.isnan(e.paper_delta):  # "matches": the seeds that would see Table 1's smallest effect
+            seeds = f"{e.equivalence_seeds} (to see ±{rc.EQUIVALENCE_PP:.2f})"
+            hours = _hours(e.equivalence_hours)
+        else:
+            seeds, hours = e.seeds_needed, _hours(e.gpu_hours)
+        lines.append(f"| {e.effect} | {paper} | {e.n_seeds} | {mde} | {seeds} | {hours} |")
+    return lines + _sources(effect_table.assign(hours=[e if math.isnan(p) else g for p, e, g in zip(
+        effect_table.paper_delta, effect_table.equivalence_hours, effect_table.gpu_hours)]), "hours")
+
+
+def _verdict_power_lines(rows: pd.DataFrame) -> list[str]:
+    """What would settle each verdict: how close to the paper the interval puts us, and the seeds that
+    would separate our mean from the paper's at the observed difference."""
+    lines = ["### What would settle each verdict", "",
+             "Equivalence: the 90 % interval of ours − paper (two one-sided tests at 5 %) lies within ±x pp. Seeds to "
+             "separate: the seeds of ours whose 95 % interval excludes the paper's value with 80 % power if the true "
+             "difference is the one observed (the paper's σ over its 3 trials held; 80 % power, the same t-interval "
+             "with its degrees of freedom recomputed at each seed count). GPU time: that many seeds of the variant "
+             "under this protocol at the speed reports/benchmarks.md measured for it on the runs' device (an estimate).",
+             "", "| variant | commit | n | Δ (pp) | verdict | within ±x pp of the paper | seeds to separate | GPU-hours |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows.itertuples():
+        margin = "–" if math.isnan(r.equivalence_margin) else f"±{r.equivalence_margin:.2f}"
+        lines.append(f"| {r.variant} | {short(r.commit)} | {r.n_seeds} | {r.delta:+.2f} | {r.verdict} | {margin} | "
+                     f"{r.seeds_to_separate} | {_hours(r.gpu_hours_to_separate)} |")
+    return lines + _sources(rows, "gpu_hours_to_separate")
+
+
+def deviations(params: Params, reference: dict) -> list[str]:
+    """The Table 1 deviations: the modules' DEVIATIONS, the profile's recipe changes, data subsets.
+    Each experiment's own (§5.2, MultiMNIST) come from its report module."""
+    out = list(capsnet.DEVIATIONS)
+    recipes = {v.recipe for name, v in params.variants.items() if name in params.ablation.variants and v.model == "capsnet"}
+    out += (capsnet.PAPER_RECIPE_DEVIATIONS if "paper" in recipes else [])
+    out += (capsnet.OFFICIAL_RECIPE_DEVIATIONS if "official" in recipes else [])
+    out += baseline.DEVIATIONS + train.DEVIATIONS
+    out += recipe_differences(dataclasses.asdict(params.train), reference)
+    if params.train.amp:
+        out.append(train.BF16_NOTE)
+    if not params.train.deterministic:
+        out.append("train.deterministic = false: cuDNN autotuning and non-deterministic GPU kernels, so a re-run "
+                   "of the same seed is not bit-identical (the paper protocol trains with deterministic: true).")
+    if params.prepare.train_subset or params.prepare.test_subset:
+        out.append(f"Data subsets: first {params.prepare.train_subset or 'all'} training and "
+                   f"{params.prepare.test_subset or 'all'} test digits (prepare.*_subset).")
+    if params.prepare.affnist_transforms != 32:
+        out.append(f"affNIST-style set: {params.prepare.affnist_transforms} transform(s) per test digit "
+                   "(affNIST has 32; prepare.affnist_transforms).")
+    return out
+
+
+def recipe_differences(train_params: dict, reference: dict) -> list[str]:
+    """The profile's training params that differ from the paper protocol."""
+    recipe = reference["recipe"]
+    return [f"train.{k} = {train_params[k]} (paper protocol: {recipe[k]})"
+            for k in recipe if k != "source" and train_params.get(k) != recipe[k]]
+
+
+README_COLUMNS = [("baseline", "baseline_cnn"), ("r1", "capsnet_r1"), ("r1 + recon", "capsnet_r1_recon"),
+                  ("r3", "capsnet_r3"), ("r3 + recon", "capsnet_r3_recon")]
+
+
+def _cell(row) -> str:
+    return f"{row.test_error_mean:.2f} ± {fmt_pct(row.test_error_std)}"
+
+
+def readme_lines(results: pd.DataFrame, effect_table: pd.DataFrame) -> list[str]:
+    """Table 1's lines of the README's results block, from results.csv and effects.csv as written:
+    the first protocol's Table 1 with its verdicts and every effect, each worded by its interval."""
+    protocol = results.protocol.iloc[0]
+    rows = results[results.protocol == protocol]
+    lines = [f"Protocol: **{protocol}**; MNIST test error (%), final epoch, mean ± std over seeds, "
+             f"with the verdict of its {stats.LEVEL:.0%} seed-aware interval against the paper:", "",
+             "| | " + " | ".join(name for name, _ in README_COLUMNS) + " |", "|---|" + "---|" * len(README_COLUMNS)]
+    for recipe in dict.fromkeys(rows.recipe):
+        mine = rows[rows.recipe == recipe]
+        for commit in dict.fromkeys(mine.commit):
+            by = {r.variant: r for r in mine[mine.commit == commit].itertuples()}
+            cells = [by.get(v if recipe == "paper" or v == "baseline_cnn" else f"{v}_official") for _, v in README_COLUMNS]
+            lines.append(f"| {recipe} recipe ({short(commit)}) | "
+                         + " | ".join("–" if c is None else f"{_cell(c)}: {c.verdict}" for c in cells) + " |")
+    paper = {r.variant: r for r in rows.itertuples()}
+    lines.append("| paper (Table 1) | " + " | ".join(
+        fmt_pct(paper[v].paper_test_error) if v in paper else "–" for _, v in README_COLUMNS) + " |")
+    effects_here = effect_table[effect_table.protocol == protocol]
+    if len(effects_here):
+        lines += ["", f"Effects, error(A) − error(B) in pp with the {stats.LEVEL:.0%} seed-aware interval:", ""]
+        for e in effects_here.itertuples():
+            paper_delta = "" if math.isnan(e.paper_delta) else f"; paper {e.paper_delta:+.2f}"
+            interval = "(no interval)" if math.isnan(e.ci_low) else fmt_ci(e.ci_low, e.ci_high)
+            lines.append(f"- {e.effect}: {e.our_delta:+.2f} {interval}, {e.status}{paper_delta}.")
+    return lines
+
+
+def figures_of(runs: list[Run], summary: pd.DataFrame, results_dir: Path, fig_dir: Path) -> dict[str, str]:
+    """Error bars of the first protocol (each seed, our mean's interval, the paper's mean ± σ) and
+    the best reconstruction variant's reconstructions and Fig. 4."""
+    headline = summary[summary.protocol == summary.protocol.iloc[0]]
+    repeated = set(headline.variant[headline.variant.duplicated()])
+    labels = [f"{r.variant} ({rr.short(r.commit)})" if r.variant in repeated else r.variant for r in headline.itertuples()]
+    per_seed = [[r.metrics["error_pct"] for r in runs if (r.variant, r.protocol, r.commit) == (h.variant, h.protocol, h.commit)]
+                for h in headline.itertuples()]
+    intervals = []  # our mean's 95 % t-interval over seeds (NaN with one seed)
+    for errors in per_seed:
+        n = len(errors)
+        i = stats.t_interval(float(np.mean(errors)), [(float(np.var(errors, ddof=1)) / n, n - 1)]) if n > 1 else None
+        intervals.append((i.lo, i.hi) if i else (math.nan, math.nan))
+    figures.seed_errors(labels, per_seed, intervals, list(headline.paper_test_error),
+                        list(headline.paper_test_error_std), fig_dir / "table1_errors.png")
+    shown = {f"Test error per variant ({headline.protocol.iloc[0]})": "figures/table1_errors.png"}
+    recon = headline[headline.reconstruction]
+    if not len(recon):
+        for name in ("reconstructions", "fig4"):
+            figures.placeholder("No reconstruction variant in this report", fig_dir / f"{name}.png")
+        return shown
+    row = recon.sort_values("test_error_mean").iloc[0]
+    best = row.variant
+    best_run = min((r for r in runs if (r.variant, r.protocol, r.commit) == (best, row.protocol, row.commit)),
+                   key=lambda r: r.metrics["error_pct"])  # the row's own runs, not another protocol's
+    for name in ("reconstructions", "fig4"):
+        shutil.copyfile(results_dir / best / f"seed{best_run.seed}" / f"{name}.png", fig_dir / f"{name}.png")
+    shown[f"Reconstructions ({best}, seed {best_run.seed})"] = "figures/reconstructions.png"
+    shown[f"Fig. 4 perturbations ({best}, seed {best_run.seed})"] = "figures/fig4.png"
+    return shown
+
+
+def no_runs(fig_dir: Path, plot_dir: Path) -> None:
+    """What a report without a Table 1 run writes in place of its figures and plot data (they are
+    DVC outputs, there whatever the variants)."""
+    for name in ("table1_errors", "reconstructions", "fig4"):
+        figures.placeholder("No Table 1 variant in this report", fig_dir / f"{name}.png")
+    write_text(plot_dir / "learning_curves.csv", "variant,epoch,test_error_pct\n")
+    write_text(plot_dir / "confusion.csv", "actual,predicted\n")
+
+
+def dvc_plot_data(runs: list[rr.Run], summary, results_dir: Path, plot_dir: Path) -> None:
+    """Data for dvc.yaml's top-level plots, from the first Table 1 protocol: per-epoch test error of
+    every variant (mean over seeds; a variant trained at several commits is one line per commit)
+    and the lowest-error variant's confusion on the MNIST test set (its best seed)."""
+    summary = summary[summary.protocol == summary.protocol.iloc[0]]
+    runs = [r for r in runs if r.protocol == summary.protocol.iloc[0]]
+    ambiguous = {v for v in summary.variant if (summary.variant == v).sum() > 1}
+    curves = pd.concat([r.history.assign(variant=rr.run_label(r, ambiguous))[["variant", "epoch", "test_error_pct"]]
+                        for r in runs])
+    curves = curves.groupby(["variant", "epoch"], sort=False, as_index=False).test_error_pct.mean()
+    write_text(plot_dir / "learning_curves.csv", curves.to_csv(index=False, float_format="%.4f"))
+    best = summary.sort_values("test_error_mean").iloc[0]
+    run = min((r for r in runs if r.variant == best.variant and r.commit == best.commit),
+              key=lambda r: r.metrics["error_pct"])
+    best = best.variant
+    predictions = load_file(str(results_dir / best / f"seed{run.seed}" / "predictions.safetensors"))
+    confusion = pd.DataFrame({"actual": predictions["test_labels"].numpy(), "predicted": predictions["test_preds"].numpy()})
+    write_text(plot_dir / "confusion.csv", confusion.to_csv(index=False))

@@ -1,0 +1,124 @@
+"""Adding an experiment is one module: this file registers a tiny Fashion-MNIST-style experiment of
+its own (its own synthetic 28×28 data: each class a bar at its own place) and trains, evaluates and
+reports a variant of it through the real prepare, train, evaluate and report stages, without a line
+of pipeline/ knowing it exists."""
+
+import json
+import types
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, trust_mnist, write_mnist
+from pipeline.core import registry
+from pipeline.core.files import write_text
+from pipeline.core.params import load_params
+from pipeline.data.splits import load_split, save_split
+from pipeline.experiments import base, table1
+from pipeline.report.document import Section
+from pipeline.stages import evaluate as evaluate_stage
+from pipeline.stages import prepare as prepare_stage
+from pipeline.stages import report as report_stage
+from pipeline.stages import train as train_stage
+
+NAME = "fashion_bars"
+N_TRAIN, N_TEST = 40, 20
+
+
+def bars(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n 28×28 uint8 images: class k is a bright horizontal bar at rows 2k+3..2k+4, with noise."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 10
+    images = torch.randint(0, 40, (n, 28, 28), generator=g, dtype=torch.uint8)
+    for i, k in enumerate(labels.tolist()):
+        images[i, 2 * k + 3:2 * k + 5, 4:24] = 255
+    return images, labels.to(torch.uint8)
+
+
+def prepare(params, mnist, out_dir, figures_dir) -> str:
+    """Its own sets, not MNIST's: a training split, a test split and the test split upside down."""
+    train_images, train_labels = bars(N_TRAIN, 1)
+    test_images, test_labels = bars(N_TEST, 2)
+    save_split(out_dir / f"{NAME}_train.safetensors", train_images, train_labels, {"source": "synthetic bars"})
+    save_split(out_dir / f"{NAME}_test.safetensors", test_images, test_labels, {"source": "synthetic bars"})
+    save_split(out_dir / f"{NAME}_flipped.safetensors", test_images.flip(1), test_labels, {"source": "upside down"})
+    return f"{NAME}: {N_TRAIN} + {N_TEST} bars"
+
+
+def training_data(data_dir, cfg):
+    train, test = (load_split(data_dir / f"{NAME}_{s}.safetensors") for s in ("train", "test"))
+    data = {"train_images": train["images"], "train_labels": train["labels"],
+            "test_images": test["images"], "test_labels": test["labels"]}
+    return data, []
+
+
+def evaluate(model, cfg, data_dir, out):
+    return base.evaluate_sets(TEST_SETS, model, cfg, data_dir, out)
+
+
+def report(runs, ctx) -> Section:
+    rows = pd.DataFrame([{"variant": r.variant, "seed": r.seed, "error_pct": r.metrics["error_pct"]} for r in runs],
+                        columns=["variant", "seed", "error_pct"])
+    lines = ["## Bars (an extension)", "", *(f"- {r.variant} seed {r.seed}: {r.error_pct:.2f} %" for r in rows.itertuples())]
+    return Section(lines=lines if runs else [], tables={f"{NAME}.csv": rows.to_csv(index=False)})
+
+
+TEST_SETS = (f"{NAME}_test", f"{NAME}_flipped")
+experiment = types.ModuleType(NAME)  # what a new file under pipeline/experiments/ would hold
+experiment.__dict__.update(
+    NAME=NAME, IMAGE_SIZE=28, MODELS=("capsnet",), TEST_SETS=TEST_SETS, CPU_EPOCH_SECONDS={}, CURVES="Bars",
+    prepare=prepare, configure=base.configure, training_data=training_data, Training=table1.Training,
+    synthetic_data=table1.synthetic_data, examples_per_epoch=base.examples_per_epoch, evaluate=evaluate,
+    report=report, readme=lambda out: [])
+
+
+@pytest.fixture
+def registered():
+    registry.register(experiment)
+    yield experiment
+    registry.unregister(NAME)
+
+
+def test_a_registered_experiment_runs_through_every_stage(tmp_path, monkeypatch, registered):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    trust_mnist(monkeypatch, write_mnist(tmp_path / "raw", n_train=32, n_test=12))
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["base"]["profile"] = "smoke"
+    raw["prepare"].update(affnist_transforms=1, multimnist_pairs_per_digit=1)
+    raw["train"].update(epochs=2, batch_size=8, device="cpu")
+    raw["variants"]["bars_r1"] = {"model": "capsnet", "routing_iterations": 1, "reconstruction": False,
+                                  "experiment": NAME}
+    raw["ablation"].update(seeds=[0], stacked=[], separate=["bars_r1"])
+    write_text(tmp_path / "params.yaml", yaml.safe_dump(raw))
+    params = load_params(tmp_path / "params.yaml")
+    assert params.variant("bars_r1").experiment == NAME and params.variant("bars_r1").image_size == 28
+
+    data, models, results, reports = (tmp_path / d for d in ("prepared", "models", "results", "reports"))
+    summary = prepare_stage.run(params, tmp_path / "raw", data, reports / "figures")
+    assert f"{NAME}: {N_TRAIN} + {N_TEST} bars" in summary and (data / f"{NAME}_flipped.safetensors").is_file()
+    outcome = train_stage.run(params, "bars_r1", 0, data, models / "bars_r1" / "seed0", tmp_path / "ck.pt")
+    config = json.loads((models / "bars_r1" / "seed0" / "config.json").read_text())
+    assert config["config"]["experiment"] == NAME and config["eval_set"] == f"{NAME}_test"
+    assert config["params"]["n_train"] == N_TRAIN  # its own training split, not MNIST's 32 digits
+    metrics = evaluate_stage.run(models / "bars_r1" / "seed0", data, results / "bars_r1" / "seed0", params)
+    assert metrics["n_test"] == N_TEST and metrics["n_transformed"] == N_TEST
+    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(outcome.run_id)
+    assert run.data.params["experiment"] == NAME and f"eval_{NAME}_flipped_error_pct" in run.data.metrics
+
+    text = report_stage.run(params, models, results, reports).read_text()
+    assert f"- bars_r1 seed 0: {metrics['error_pct']:.2f} %" in text
+    assert pd.read_csv(reports / f"{NAME}.csv").error_pct.tolist() == [metrics["error_pct"]]
+    for name in ("table1_errors", "learning_curves", "affnist_bins"):  # every declared output, whatever the variants
+        assert (reports / "figures" / f"{name}.png").is_file()
+
+
+def test_an_unregistered_experiment_is_one_clear_params_error(tmp_path):
+    from pipeline.core.params import ParamsError
+
+    text = (REPO / "params.yaml").read_text().replace("experiment: multimnist}", f"experiment: {NAME}}}", 1)
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(ParamsError, match=f"unknown experiment '{NAME}'; known: table1, affnist, multimnist"):
+        load_params(tmp_path / "params.yaml")
