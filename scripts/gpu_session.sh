@@ -50,8 +50,7 @@ fi
 python3 -m pipeline.profiles gpu --write params.gpu.yaml || exit 1
 if [ ! -f data/prepared/train.safetensors ]; then
   CAPSNET_MNIST_MIRROR=$PWD/.gpu/mnist $CLI download data/raw/mnist >>"$LOG" 2>&1 || { say "download failed"; exit 1; }
-  $CLI prepare data/raw/mnist data/prepared --montage reports/figures/affine_montage.png \
-    --affnist-montage reports/figures/affnist_montage.png --params params.gpu.yaml >>"$LOG" 2>&1 \
+  $CLI prepare data/raw/mnist data/prepared --figures reports/figures --params params.gpu.yaml >>"$LOG" 2>&1 \
     || { say "prepare failed"; exit 1; }
 fi
 say "data ready"

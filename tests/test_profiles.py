@@ -178,3 +178,24 @@ def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path)
     stacked = gpu_queue.stacked(items)  # one item per variant, its missing seeds in one process
     assert stacked[:2] == ["capsnet_r3_recon_official:0,1,2", "capsnet_r1_recon:0,1,2"]
     assert "capsnet_r3_recon:1,2" in stacked and "capsnet_r1:0,1" in stacked and len(stacked) == 14
+
+
+def test_the_gpu_scripts_call_capsnet_with_options_it_has():
+    """The GPU session runs where no test runs before it: every `capsnet` command its scripts call,
+    and every option they pass, must exist (a renamed option fails there, in the GPU's minutes)."""
+    import re
+
+    from pipeline.cli import main
+
+    calls = []
+    for script in ("gpu_session.sh", "gpu_plan.sh", "gpu_import.sh"):
+        text = (REPO / "scripts" / script).read_text().replace("\\\n", " ")
+        for line in text.splitlines():
+            for m in re.finditer(r'(?:\$CLI|pipeline\.cli|capsnet)\s+([a-z][\w-]*)([^|;&]*)', line):
+                calls.append((script, m.group(1), re.findall(r"(--[a-z][\w-]*)", m.group(2))))
+    assert any(command == "prepare" for _, command, _ in calls)  # the scan sees the calls
+    for script, command, options in calls:
+        if command not in main.commands:
+            continue  # `capsnet` in prose, or another program's word
+        known = {o for p in main.commands[command].params for o in p.opts}
+        assert set(options) <= known, f"{script}: capsnet {command} has no {sorted(set(options) - known)}"
