@@ -30,7 +30,7 @@ COMMIT = "c0ffee0123456789abcdef0123456789abcdef01"
 
 def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="capsnet", recon=True, image_size=28,
               stop_reason="budget", bins=None, recipe=None, history=None, epochs=None, commit=COMMIT,
-              adam_eps=1e-8, resumed=None, amp=False, device="cpu", lr_schedule_epochs=None):
+              adam_eps=1e-8, resumed=None, amp=False, device="cpu", lr_schedule_epochs=None, fingerprint=None):
     """Evaluation files whose per-image predictions give exactly error_pct (clean set) and affine_pct
     (transformed set) on n images; 40×40 variants get §5.2's set names. ``commit``/``adam_eps``/
     ``resumed`` None: the run does not record them (as the 17bb48c runs)."""
@@ -67,6 +67,8 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
         record["optimizer"] = {"name": "adam", "adam_eps": adam_eps}
     if resumed is not None:
         record["resumed_at_epochs"] = resumed
+    if fingerprint is not None:  # runs from before the training fingerprint have none
+        record["training_fingerprint"] = fingerprint
     (model_dir / "config.json").write_text(json.dumps(record))
     pd.DataFrame({"epoch": range(1, len(history) + 1), "test_error_pct": history,
                   "lr": [1e-3 * 0.9 ** k for k in range(len(history))],
@@ -150,6 +152,30 @@ def test_rows_never_pool_protocols_or_commits(tmp_path):
     assert "| capsnet_r1_recon | paper | 1 | yes | c0ffee0 | 2 |" in text[long:short]
     assert "| capsnet_r3_recon | paper | 3 | yes | aaaaaaa | 1 | 1.00 ± – |" in text[short:]
     assert "| capsnet_r3_recon | paper | 3 | yes | ccccccc | 1 | 3.00 ± – |" in text[short:]
+
+
+def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):
+    """A run that records its training fingerprint is compared by it, not by its commit: the same
+    fingerprint at two commits is one row (its cell naming both commits, its effects with an
+    interval); another fingerprint at the same commit is another row."""
+    for seed, commit in ((0, "aaaaaaa1111"), (1, "bbbbbbb2222"), (2, "bbbbbbb2222")):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit=commit, fingerprint="1234abcd5678ef90")
+        fabricate(tmp_path, "capsnet_r3", seed, 0.9 + seed / 10, n=1000, commit="aaaaaaa1111",
+                  fingerprint="1234abcd5678ef90")
+    fabricate(tmp_path, "capsnet_r1_recon", 0, 1.0, n=1000, commit="aaaaaaa1111", fingerprint="feedfacefeedface")
+    fabricate(tmp_path, "capsnet_r1_recon", 1, 1.2, n=1000, commit="aaaaaaa1111", fingerprint="0000aaaa0000aaaa")
+    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1, 2]) + load(tmp_path, ["capsnet_r1_recon"], [0, 1])
+    summary = t1.summarize(runs, REFERENCE).set_index("variant")
+    assert summary.loc["capsnet_r1"].n_seeds == 3 and summary.loc["capsnet_r1"].commit == "fp 1234abcd: aaaaaaa, bbbbbbb"
+    assert list(summary.loc["capsnet_r1_recon"].n_seeds) == [1, 1]  # two fingerprints, one commit: two rows
+    routing = t1.effects(runs, REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
+    assert not math.isnan(routing.ci_low) and routing.our_delta == pytest.approx(-0.1)  # one code, not confounded
+    text = markdown(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE), profile="gpu", deviations=[],
+                    provenance={}, figures={}, reference=REFERENCE, run_table=rr.run_provenance(runs))
+    assert "| capsnet_r1 | paper | 1 | yes | fp 1234abcd: aaaaaaa, bbbbbbb | 3 |" in text
+    assert "| capsnet_r1 | 1 | bbbbbbb2222 | 1234abcd5678ef90 |" in text  # each run's own record names both
+    t1.dvc_plot_data(runs, t1.summarize(runs, REFERENCE), tmp_path / "results", tmp_path)  # rows find their runs
+    assert len(pd.read_csv(tmp_path / "confusion.csv")) == 1000
 
 
 def test_a_compressed_schedule_is_another_protocol_and_says_so(tmp_path):
@@ -377,7 +403,7 @@ def test_run_provenance_shows_what_each_run_recorded_and_nothing_else(tmp_path):
     text = markdown(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE), profile="gpu",
                               deviations=["d"], provenance={}, figures={}, reference=REFERENCE,
                               run_table=rr.run_provenance(runs))
-    assert "### Each run as it recorded itself" in text and "| capsnet_r1 | 1 | c0ffee0123456789abcdef0123456789abcdef01 | 1e-08 |" in text
+    assert "### Each run as it recorded itself" in text and "| capsnet_r1 | 1 | c0ffee0123456789abcdef0123456789abcdef01 | not recorded | 1e-08 |" in text
 
 
 def test_both_recipes_side_by_side_with_best_epoch_column(tmp_path):

@@ -16,7 +16,7 @@ from pipeline.report import claims as rc
 from pipeline.report import costs
 from pipeline.report import stats
 from pipeline.report.document import fmt_pct
-from pipeline.report.runs import Run, group, short
+from pipeline.report.runs import Run, group, row_commit, short
 
 REAL_AFFNIST = "affNIST test set"  # how a set's source line starts when it is the real affNIST
 
@@ -34,7 +34,7 @@ def affnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
         expanded = [100 - r.metrics["error_pct"] for r in mine]  # expanded MNIST
         affine = [100 - r.metrics["transformed_error_pct"] for r in mine]  # affNIST(-style)
         rows.append({
-            "variant": variant, "protocol": mine[0].protocol, "commit": mine[0].commit,
+            "variant": variant, "protocol": mine[0].protocol, "commit": row_commit(mine),
             "model": mine[0].config["config"]["model"], "n_seeds": len(mine),
             "n_params": mine[0].metrics["n_params"],
             "expanded_acc_mean": float(np.mean(expanded)),

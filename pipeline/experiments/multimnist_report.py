@@ -17,7 +17,7 @@ import pandas as pd
 from pipeline.report import figures
 from pipeline.report import stats
 from pipeline.report.document import fmt_ci
-from pipeline.report.runs import Run, group, short
+from pipeline.report.runs import Run, group, row_commit, short
 
 PAPER_PAIRS_PER_DIGIT = 1_000  # §6: "1K MultiMNIST examples for each digit in the MNIST test set" (10M)
 
@@ -50,7 +50,7 @@ def multimnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
         mean = float(np.mean(errors))
         paper_error = paper.get("test_error_pct", math.nan)
         diff = stats.against_paper(errors, paper_error, None) if paper else None
-        rows.append({"variant": variant, "protocol": mine[0].protocol, "commit": mine[0].commit,
+        rows.append({"variant": variant, "protocol": mine[0].protocol, "commit": row_commit(mine),
                      "table1_row": paper.get("table1_row", ""), "n_seeds": len(mine),
                      "error_mean": mean, "error_std": std, "errors": " ".join(f"{e:.2f}" for e in errors),
                      "paper_error": paper_error, "delta": mean - paper_error,

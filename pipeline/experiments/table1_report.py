@@ -28,7 +28,7 @@ from pipeline.report import costs, figures, stats
 from pipeline.report import runs as rr
 from pipeline.report.costs import BenchRow
 from pipeline.report.document import _recorded, fmt_ci, fmt_pct
-from pipeline.report.runs import LAST_EPOCHS, NOT_RECORDED, Run, best_epoch, group, protocols, short
+from pipeline.report.runs import LAST_EPOCHS, NOT_RECORDED, Run, best_epoch, group, protocols, row_commit, short
 from pipeline.training import train
 
 EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error(B)
@@ -67,7 +67,7 @@ def summarize(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> p
         paper = reference["table1"].get(table1_row(variant, mine[0].recipe), {})
         best = [best_epoch(r.history) for r in mine]
         row = {
-            "variant": variant, "protocol": mine[0].protocol, "commit": mine[0].commit,
+            "variant": variant, "protocol": mine[0].protocol, "commit": row_commit(mine),
             "model": mine[0].cfg["model"], "recipe": mine[0].recipe,
             "routing_iterations": mine[0].cfg["routing_iterations"], "reconstruction": mine[0].cfg["reconstruction"],
             "n_seeds": len(mine), "seeds": " ".join(str(r.seed) for r in mine),
@@ -354,7 +354,8 @@ def figures_of(runs: list[Run], summary: pd.DataFrame, results_dir: Path, fig_di
     headline = summary[summary.protocol == summary.protocol.iloc[0]]
     repeated = set(headline.variant[headline.variant.duplicated()])
     labels = [f"{r.variant} ({rr.short(r.commit)})" if r.variant in repeated else r.variant for r in headline.itertuples()]
-    per_seed = [[r.metrics["error_pct"] for r in runs if (r.variant, r.protocol, r.commit) == (h.variant, h.protocol, h.commit)]
+    per_seed = [[r.metrics["error_pct"] for r in runs
+                 if (r.variant, r.protocol, r.commit_key) == (h.variant, h.protocol, rr.row_key(h.commit))]
                 for h in headline.itertuples()]
     intervals = []  # our mean's 95 % t-interval over seeds (NaN with one seed)
     for errors in per_seed:
@@ -371,7 +372,7 @@ def figures_of(runs: list[Run], summary: pd.DataFrame, results_dir: Path, fig_di
         return shown
     row = recon.sort_values("test_error_mean").iloc[0]
     best = row.variant
-    best_run = min((r for r in runs if (r.variant, r.protocol, r.commit) == (best, row.protocol, row.commit)),
+    best_run = min((r for r in runs if (r.variant, r.protocol, r.commit_key) == (best, row.protocol, rr.row_key(row.commit))),
                    key=lambda r: r.metrics["error_pct"])  # the row's own runs, not another protocol's
     for name in ("reconstructions", "fig4"):
         shutil.copyfile(results_dir / best / f"seed{best_run.seed}" / f"{name}.png", fig_dir / f"{name}.png")
@@ -401,7 +402,7 @@ def dvc_plot_data(runs: list[rr.Run], summary, results_dir: Path, plot_dir: Path
     curves = curves.groupby(["variant", "epoch"], sort=False, as_index=False).test_error_pct.mean()
     write_text(plot_dir / "learning_curves.csv", curves.to_csv(index=False, float_format="%.4f"))
     best = summary.sort_values("test_error_mean").iloc[0]
-    run = min((r for r in runs if r.variant == best.variant and r.commit == best.commit),
+    run = min((r for r in runs if r.variant == best.variant and r.commit_key == rr.row_key(best.commit)),
               key=lambda r: r.metrics["error_pct"])
     best = best.variant
     predictions = load_file(str(results_dir / best / f"seed{run.seed}" / "predictions.safetensors"))

@@ -152,8 +152,15 @@ class Run:
 
     @property
     def commit_key(self) -> str:
-        """The commit as compared across runs: its first 7 characters (the journal tags hold only those)."""
-        return short(self.commit)
+        """What the run's training code is compared by: its training fingerprint where it recorded one
+        (``fp <8 hex>``: runs of any commits that compute the same pool), else its commit's first 7
+        characters (the journal tags hold only those)."""
+        return f"fp {self.fingerprint[:8]}" if self.fingerprint != NOT_RECORDED else short(self.commit)
+
+    @property
+    def fingerprint(self) -> str:
+        """The training fingerprint the train stage recorded (pipeline.training.fingerprint)."""
+        return self.config.get("training_fingerprint", NOT_RECORDED)
 
     @property
     def images_trained(self) -> int | None:
@@ -176,8 +183,22 @@ def run_label(r: Run, ambiguous: set[str]) -> str:
 
 
 def short(commit: str) -> str:
-    """A commit as tables show it: 7 characters (or NOT_RECORDED)."""
-    return commit if commit == NOT_RECORDED else commit[:7]
+    """A commit as tables show it: 7 characters (or NOT_RECORDED); a row's fingerprint label
+    (`row_commit`) as it is."""
+    return commit if commit == NOT_RECORDED or commit.startswith("fp ") else commit[:7]
+
+
+def row_commit(runs: list[Run]) -> str:
+    """A row's origin as its tables show it: the commit of its runs, or, for runs grouped by their
+    training fingerprint, ``fp <8 hex>: <the commits they came from>``."""
+    if runs[0].fingerprint == NOT_RECORDED:
+        return runs[0].commit
+    return f"{runs[0].commit_key}: {', '.join(dict.fromkeys(short(r.commit) for r in runs))}"
+
+
+def row_key(commit: str) -> str:
+    """The `Run.commit_key` of a row's runs, from the row's `row_commit`."""
+    return commit.split(":")[0] if commit.startswith("fp ") else short(commit)
 
 
 def best_epoch(history: pd.DataFrame) -> tuple[float, int]:
@@ -271,7 +292,7 @@ def run_provenance(runs: list[Run]) -> pd.DataFrame:
     for r in runs:
         commit = r.commit if r.commit_source != "tracking journal" else f"{r.commit} (journal tag)"
         rows.append({
-            "variant": r.variant, "seed": r.seed, "commit": commit, "adam_eps": r.adam_eps,
+            "variant": r.variant, "seed": r.seed, "commit": commit, "fingerprint": r.fingerprint, "adam_eps": r.adam_eps,
             "amp": r.cfg.get("amp", NOT_RECORDED), "precision": r.precision,
             "compile": r.cfg.get("compile", NOT_RECORDED), "deterministic": r.cfg.get("deterministic", NOT_RECORDED),
             "resumed_at_epoch": r.resumed, "device": r.device,

@@ -130,6 +130,10 @@ def provenance(p: Params, runs: list[rr.Run], not_run: dict[str, list[int]]) -> 
     return {
         "report commit": tracking.git_commit(tracking.repo_root()),
         "training commits": "; ".join(f"{c}: {len(rs)} runs" for c, rs in commits.items()),
+        "training fingerprints": "; ".join(f"{fp}: {sum(r.fingerprint == fp for r in runs)} runs"
+                                           for fp in dict.fromkeys(r.fingerprint for r in runs))
+                                 + " (runs with one fingerprint and protocol pool across commits; others compare by "
+                                   "commit)",
         "protocols": "; ".join(dict.fromkeys(r.protocol for r in runs)),
         "profile of this report's params": p.base.profile,
         "devices": "; ".join(sorted({f"{r.device}, torch CUDA build {e.get('cuda_version', rr.NOT_RECORDED)}"
