@@ -18,7 +18,7 @@ from pipeline.core.errors import Terminated, UserError
 from pipeline.core.params import Params, load_params
 
 # `capsnet bench --mode`: the keys of pipeline.training.bench.MODES (listed here so the CLI starts without torch)
-BENCH_MODES = ["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs", "bf16-cl", "bf16-compile-cl"]
+BENCH_MODES = ["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs", "bf16-cl", "bf16-compile-cl", "bf16-autotune"]
 PARAMS_OPTION = click.option("--params", "params_path", default="params.yaml", show_default=True,
                              type=click.Path(dir_okay=False), help="params.yaml to read")
 

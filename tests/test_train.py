@@ -443,3 +443,17 @@ def test_a_channels_last_run_trains_and_saves_like_the_default(tmp_path):
         expected = plain.model.state_dict()[name]
         assert float((weight - expected).norm() / expected.norm()) < 1e-4, name  # measured ≤ 1.4e-5 (3 steps)
     assert nhwc.model.primary.conv.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_the_compile_mode_reaches_torch_compile_and_is_not_part_of_the_checkpoint_key(tmp_path, monkeypatch):
+    modes = []
+
+    def compile_spy(module, mode="default"):  # records the mode and trains eagerly
+        modes.append(mode)
+        return module
+
+    monkeypatch.setattr(train_module.torch, "compile", compile_spy)
+    cfg = tiny_config(epochs=1, compile=True, compile_mode="max-autotune-no-cudagraphs")
+    train(cfg, tiny_data(), tmp_path / "c.pt")
+    assert modes == ["max-autotune-no-cudagraphs"]
+    assert cfg.digest() == dataclasses.replace(cfg, compile_mode="reduce-overhead").digest()  # a speed lever

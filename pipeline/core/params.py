@@ -34,6 +34,7 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
 
 PROFILES = ("paper", "paper-gpu", "gpu", "smoke")
 MODELS = ("baseline_cnn", "capsnet", "pooling_cnn", "multimnist_cnn")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 RECIPES = ("paper", "official")  # pipeline.models.capsnet.RECIPES (kept here so params.py does not import torch)
 
 
@@ -89,6 +90,9 @@ class TrainParams:
     # with compile: compile the CNN baselines too (false: they run eager; on an H100 eager bf16 trains
     # them 8–10 % faster than compiled, reports/benchmarks.md); the CapsNets are compiled either way
     compile_cnns: bool = True
+    # torch.compile's mode (a speed lever, not mathematics): default | reduce-overhead (CUDA graphs) |
+    # max-autotune | max-autotune-no-cudagraphs; `capsnet bench --mode` times them
+    compile_mode: str = "default"
     # convolution weights and activations in NHWC (channels_last): a memory layout, not mathematics;
     # cuDNN's bf16 convolutions are expected to be faster in it, not yet measured (`capsnet bench --mode bf16-cl`)
     channels_last: bool = False
@@ -102,6 +106,8 @@ class TrainParams:
     def check(self, where: str) -> None:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ParamsError(f"{where}.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ParamsError(f"{where}.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
 
 
 @dataclass(frozen=True)

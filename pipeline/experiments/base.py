@@ -8,7 +8,9 @@ evaluation and report section — lives in its module. The module provides:
 
 - ``NAME``, ``IMAGE_SIZE`` (its variants' input side), ``MODELS`` (the models it trains),
   ``TEST_SETS``: (the prepared set it is scored on each epoch, its transformed twin or "");
-  ``CPU_EPOCH_SECONDS``: {model: seconds per 60k-image epoch on 2 CPU cores} where measured.
+  ``CPU_EPOCH_SECONDS``: {model: seconds per 60k-image epoch on 2 CPU cores} where measured;
+  ``CURVES``: the title of its panel of the learning curves; optionally ``USES_EPOCH_SIZE``
+  (train.multimnist_epoch_size sets its epoch, so it belongs to its runs' checkpoint key).
 - ``prepare(params, mnist, out_dir, figures_dir) -> str``: write its prepared sets beside MNIST's
   train/test splits (``mnist``: their tensors) and its montage; returns a summary.
 - ``configure(cfg, data_dir) -> RunConfig``: settings read from its prepared sets (default: none).
@@ -17,7 +19,9 @@ evaluation and report section — lives in its module. The module provides:
 - ``synthetic_data(cfg, n, device)``: random data of the same shapes (the bench, the fingerprint).
 - ``examples_per_epoch(cfg, n_train)``: what an epoch draws (a run's recorded step count).
 - ``evaluate(model, cfg, data_dir, out) -> Evaluation``: its test sets, written into ``out``.
-- ``report(runs, context) -> Section``: its part of the report (pipeline.report.document).
+- ``report(runs, context) -> Section``: its part of the report (pipeline.report.document), its
+  files written even without runs (DVC's outputs); ``readme(out) -> list[str]``: its lines of the
+  README's results block, from its CSVs as written.
 
 The defaults below are what an experiment scored on one prepared set needs; a module takes them
 with ``from pipeline.experiments.base import ...`` and overrides what differs.

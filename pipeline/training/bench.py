@@ -27,10 +27,12 @@ from pipeline.training.train import (
 
 EPOCH_IMAGES = 60_000
 # --mode: (bf16 autocast, torch.compile mode or None, channels_last). "graphs" adds CUDA graphs
-# (reduce-overhead); "cl" puts the convolutions in NHWC (train.channels_last).
+# (reduce-overhead); "autotune" searches kernels without graphs (max-autotune-no-cudagraphs); "cl" puts
+# the convolutions in NHWC (train.channels_last). Each compile mode is train.compile_mode's value.
 MODES = {"fp32": (False, None, False), "bf16": (True, None, False), "compile": (False, "default", False),
          "bf16-compile": (True, "default", False), "bf16-graphs": (True, "reduce-overhead", False),
-         "bf16-cl": (True, None, True), "bf16-compile-cl": (True, "default", True)}
+         "bf16-cl": (True, None, True), "bf16-compile-cl": (True, "default", True),
+         "bf16-autotune": (True, "max-autotune-no-cudagraphs", False)}
 
 
 def _sync(device: torch.device) -> None:

@@ -97,6 +97,7 @@ class RunConfig:
     recipe: str = "paper"  # CapsNet: paper | official (pipeline.models.capsnet); the CNNs have one recipe, "paper"
     channels_last: bool = False  # NHWC convolutions: a memory layout, so outside the digest
     lr_schedule_epochs: int = 0  # 0: the decay at its own pace; E: E epochs' decay compressed into `epochs`
+    compile_mode: str = "default"  # torch.compile's mode: a speed lever, so outside the digest
     experiment: str = ""  # pipeline.core.registry's name; "" in records from before the key (image_size says)
 
     @property
@@ -110,7 +111,7 @@ class RunConfig:
     def digest(self) -> str:
         """Hash of the fields that change the mathematics (a checkpoint resumes only on a match)."""
         fields = dataclasses.asdict(self) | {"adam_eps": ADAM_EPS}
-        for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every", "channels_last"):
+        for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every", "channels_last", "compile_mode"):
             fields.pop(cosmetic)
         if not getattr(self.experiment_module(), "USES_EPOCH_SIZE", False):  # unused: digests (checkpoints)
             fields.pop("multimnist_epoch_size")  # from before MultiMNIST stay valid
@@ -364,7 +365,7 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
         seeds = [_Seed(s["history"], s["stop_reason"], [*s["resumed_at"], start_epoch], s["extra"], s["weights"])
                  for s in state["seeds"]]
 
-    loss_fn = torch.compile(stack) if cfg.compile else stack
+    loss_fn = torch.compile(stack, mode=cfg.compile_mode) if cfg.compile else stack
     name = f"{cfg.variant} seed{'s ' + ','.join(str(c.seed) for c in cfgs) if n_seeds > 1 else cfg.seed}"
     stack.train()
     for epoch in range(start_epoch, cfg.epochs):
