@@ -231,9 +231,10 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
 @click.option("--seeds", "seeds", type=click.IntRange(1, 64), multiple=True, default=(1,), show_default=True,
               help="seeds stacked in one step (repeatable: --seeds 1 --seeds 3 compares stacked with separate)")
-@click.option("--stack", "layouts", type=click.Choice(["fused", "loop"]), multiple=True, default=["fused"],
-              show_default=True, help="how stacked seeds run (pipeline.training.stack.STACK_LAYOUTS): fused, one grouped "
-                                      "kernel per layer (vmap), or loop, each seed's kernels in turn (repeatable)")
+@click.option("--stack", "layouts", type=click.Choice(["fused", "bmm", "loop"]), multiple=True, default=["fused"],
+              show_default=True, help="how stacked seeds run (train.stack_layout): fused, one grouped kernel per "
+                                      "layer (vmap); bmm, the convolutions as batched matrix products; loop, each "
+                                      "seed's kernels in turn (repeatable)")
 @PARAMS_OPTION
 @user_errors
 def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,

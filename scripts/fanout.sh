@@ -31,7 +31,10 @@ cores=$(nproc 2>/dev/null || echo 1)
 export FANOUT_THREADS="${OMP_NUM_THREADS:-$(( cores / ${#slots[@]} > 0 ? cores / ${#slots[@]} : 1 ))}"
 mkdir -p logs/fanout
 
-if dvc stage list --name-only | grep -qx prepare; then
+# the list read whole first: `dvc … | grep -q` under pipefail fails when grep stops reading early and
+# dvc dies of SIGPIPE, which skipped prepare in one CI run (every item then failed on missing data)
+stage_list=$(dvc stage list --name-only)
+if grep -qx prepare <<<"$stage_list"; then
   dvc --wait-for-lock repro prepare  # the upstream stages (download, prepare), once
 fi
 

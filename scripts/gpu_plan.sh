@@ -24,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pipeline.profiles gpu --write params.gpu.yaml
-BENCH="capsnet_r3_recon@bf16-compile#1,3 baseline_cnn@bf16#1,3+loop capsnet_r3_recon@bf16-compile-cl,bf16-graphs,bf16-autotune baseline_cnn@bf16-cl"
+BENCH="capsnet_r3_recon@bf16-compile#1,3+bmm baseline_cnn@bf16#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs,bf16-autotune baseline_cnn@bf16-cl"
 TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack)
 TESTS=()
 mkdir -p logs

@@ -6,7 +6,7 @@
 #   --bench "V ..."  `capsnet bench` rows for these variants: the reference loop, then fp32, bf16 and
 #                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs),
 #                    with seeds stacked as V@mode#1,3 (one seed, then three stacked: bench --seeds;
-#                    V@mode#1,3+loop also times the stack's loop layout beside the fused one);
+#                    V@mode#1,3+loop+bmm also times the stack's loop and bmm layouts beside the fused one);
 #                    a bench this warm machine already ran (logs/bench/) is not run again
 #   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile ("V:0,1,2": three seeds
 #                     stacked in one process, issue #23), --parallel at
@@ -68,7 +68,7 @@ mkdir -p logs/bench
 for entry in $BENCH; do
   spec=${entry%%#*} seeds=1 layouts=fused
   [[ $entry == *#* ]] && seeds=${entry#*#}
-  if [[ $seeds == *+loop ]]; then seeds=${seeds%+loop} layouts="fused loop"; fi
+  if [[ $seeds == *+* ]]; then layouts="fused ${seeds#*+}" seeds=${seeds%%+*}; layouts=${layouts//+/ }; fi
   variant=${spec%%@*} modes=fp32,bf16,bf16-compile
   [[ $spec == *@* ]] && modes=${spec#*@}
   done_file="logs/bench/$entry.jsonl"

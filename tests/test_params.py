@@ -61,6 +61,7 @@ def test_a_record_from_before_stacking_reads_as_separate_variants():
     ("ablation.stacked", ["capsnet_r1", "capsnet_r1"], "ablation.stacked lists a variant twice"),
     ("variants.baseline_cnn.reconstruction", True, "baseline_cnn has no routing or reconstruction"),
     ("train.device", "tpu", "train.device must be"),
+    ("train.stack_layout", "grouped", "train.stack_layout must be one of fused, bmm, loop, got 'grouped'"),
     ("train.compile_mode", "fast", "train.compile_mode must be one of default, reduce-overhead, max-autotune, "
                                    "max-autotune-no-cudagraphs, got 'fast'"),
     ("variants.capsnet_affnist.image_size", 32, "variants.capsnet_affnist.image_size is 32 but experiment affnist takes "

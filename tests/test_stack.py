@@ -87,6 +87,47 @@ def test_stacked_seeds_train_as_separate_runs(variant, tmp_path, small_cnns):
     assert not torch.equal(next(iter(stacked[0].model.parameters())), next(iter(stacked[1].model.parameters())))
 
 
+@pytest.mark.parametrize("conv", [
+    torch.nn.Conv2d(1, 16, 9),  # CapsNet's conv1 (256 channels in the paper)
+    torch.nn.Conv2d(16, 32, 9, stride=2),  # PrimaryCaps (256 -> 256 in the paper)
+    torch.nn.Conv2d(8, 8, 5, padding=2),  # the CNNs' 5×5 SAME convolutions
+    torch.nn.Conv2d(8, 4, 5, padding=2, bias=False),
+])
+def test_a_convolution_as_a_matrix_product_computes_the_convolution(conv):
+    """`conv2d_as_matmul` (the bmm layout) against conv2d: outputs and both gradients within 1e-5 in
+    relative norm (measured ≤ 8e-7: the same sums in another order)."""
+    from pipeline.training.stack import conv2d_as_matmul
+
+    torch.manual_seed(0)
+    x = torch.randn(3, conv.in_channels, 28, 28, requires_grad=True)
+    mine, theirs = conv2d_as_matmul(conv, x), conv(x)
+    assert mine.shape == theirs.shape
+    assert_close_in_norm(mine, theirs, f"{conv} output")
+    for a, b, what in zip(torch.autograd.grad(mine.square().sum(), [x, conv.weight]),
+                          torch.autograd.grad(theirs.square().sum(), [x, conv.weight]), ("input", "weight")):
+        assert_close_in_norm(a, b, f"{conv} {what} gradient")
+
+
+@pytest.mark.parametrize("variant", ["capsnet_r3_recon", "baseline_cnn"])
+def test_the_bmm_layout_trains_as_separate_runs(variant, tmp_path, small_cnns, monkeypatch):
+    """train.stack_layout: bmm (every convolution a batched matrix product over the seeds) gives
+    each seed its separate run, as the fused layout does."""
+    from pipeline.training import stack
+
+    entered = []
+    as_matmul = stack.convs_as_matmul
+    monkeypatch.setattr(stack, "convs_as_matmul", lambda model: entered.append(1) or as_matmul(model))
+    small = variant.startswith("capsnet")
+    cfg = config(variant, batch_size=12, stack_layout="bmm") if small else config(variant, stack_layout="bmm")
+    data = data_for(cfg, n_train=24 if small else 48)
+    cfgs = [dataclasses.replace(cfg, seed=s) for s in SEEDS[:2]]
+    stacked = train_group(cfgs, data, tmp_path / "stack.pt")
+    assert len(entered) == 4  # every step of the stack took the bmm path: 2 epochs of 2 steps
+    for k, c in enumerate(cfgs):
+        assert_same_run(stacked[k], train(dataclasses.replace(c, stack_layout="fused"), data, tmp_path / f"{k}.pt"),
+                        f"{variant} seed {c.seed}")
+
+
 def test_a_seed_that_stops_early_freezes_while_the_others_train_on(tmp_path, monkeypatch):
     """§5.2's early stopping per seed: a constructed error sequence stops seed 1 after epoch 1; it
     ends with its separate run's epoch-1 weights, the others train every epoch."""
@@ -153,11 +194,11 @@ def test_a_group_must_share_everything_but_the_seed():
         train_module.group_config([cfg, cfg])
 
 
-@pytest.mark.parametrize("layout", ["fused", "loop"])
-def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient(layout):
+@pytest.mark.parametrize("layout", ["fused", "bmm", "loop"])
+def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient(layout, monkeypatch):
     """Adam sees each seed's own gradient only if the loop backpropagates the sum: the stack's
     per-seed losses, differentiated, give each slice its separate model's gradient on that seed's
-    own batch, in either layout (`bench --stack`)."""
+    own batch, in every layout (`bench --stack`); the bmm layout runs no convolution kernel."""
     from pipeline.models.capsnet import CapsNet
     from pipeline.training.experiment import Batch
     from pipeline.training.stack import SeedStack, compute_loss, stack_batches
@@ -170,7 +211,12 @@ def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient(layout):
     x, y = images.unsqueeze(1).float() / 255, labels.long()
     batches = [Batch(x[4 * k:4 * k + 4], y[4 * k:4 * k + 4], None) for k in range(len(SEEDS))]
     stack = SeedStack([m for m in models], "paper", layout)
+    convolutions = []
+    conv2d = torch.nn.functional.conv2d
+    monkeypatch.setattr(torch.nn.functional, "conv2d", lambda *a, **k: convolutions.append(1) or conv2d(*a, **k))
     parts = stack(stack_batches(batches), None)  # (S, 3)
+    monkeypatch.undo()
+    assert (len(convolutions) == 0) == (layout == "bmm")
     parts[:, 0].sum().backward()
     for k, (m, batch) in enumerate(zip(models, batches)):
         alone = compute_loss(m, batch.x, batch.labels, "paper")[0]

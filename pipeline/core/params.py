@@ -34,6 +34,7 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
 
 PROFILES = ("paper", "paper-gpu", "gpu", "smoke")
 MODELS = ("baseline_cnn", "capsnet", "pooling_cnn", "multimnist_cnn")
+STACK_LAYOUTS = ("fused", "bmm", "loop")  # how stacked seeds run: pipeline.training.stack.SeedStack
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 RECIPES = ("paper", "official")  # pipeline.models.capsnet.RECIPES (kept here so params.py does not import torch)
 
@@ -93,6 +94,9 @@ class TrainParams:
     # torch.compile's mode (a speed lever, not mathematics): default | reduce-overhead (CUDA graphs) |
     # max-autotune | max-autotune-no-cudagraphs; `capsnet bench --mode` times them
     compile_mode: str = "default"
+    # how stacked seeds run (pipeline.training.stack): fused (vmap: grouped convolutions), bmm (vmap, the
+    # convolutions as batched matrix products) or loop (each seed's kernels in turn); a speed lever
+    stack_layout: str = "fused"
     # convolution weights and activations in NHWC (channels_last): a memory layout, not mathematics;
     # cuDNN's bf16 convolutions are expected to be faster in it, not yet measured (`capsnet bench --mode bf16-cl`)
     channels_last: bool = False
@@ -106,6 +110,8 @@ class TrainParams:
     def check(self, where: str) -> None:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ParamsError(f"{where}.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.stack_layout not in STACK_LAYOUTS:
+            raise ParamsError(f"{where}.stack_layout must be one of {', '.join(STACK_LAYOUTS)}, got {self.stack_layout!r}")
         if self.compile_mode not in COMPILE_MODES:
             raise ParamsError(f"{where}.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
 

@@ -13,18 +13,25 @@ that seed's own gradient; an average would scale it by 1/S, which changes Adam's
 and Adam is elementwise, so one Adam over (S, …) tensors is S Adams. S = 1 is a separate run:
 the same code without vmap.
 
-Grouped convolutions have been reported slower than separate ones on some GPUs (pytorch#73764), so
-the layout is a choice: ``fused`` (vmap, as above) or ``loop`` (each seed's model in turn, its own
-kernels, still one process, one backward and one Adam step); `capsnet bench --stack` times both.
+Grouped convolutions have been reported slower than separate ones on some GPUs (pytorch#73764:
+256 channels, 3.32 ms grouped against 2.48 ms separate), and PrimaryCaps (256→256, 9×9) is 94 % of
+a CapsNet's FLOPs, so the layout is a choice (train.stack_layout; `capsnet bench --stack` times
+each): ``fused`` (vmap, as above), ``bmm`` (vmap, but every convolution as im2col and one matrix
+product, `conv2d_as_matmul`, which under vmap is a batched matmul over the seeds, no grouped
+kernel), or ``loop`` (each seed's model in turn, its own kernels, still one process, one backward
+and one Adam step).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from pipeline.core.params import STACK_LAYOUTS
 from pipeline.models.capsnet import capsnet_loss, margin_loss
 from pipeline.training.experiment import Batch
 
@@ -77,7 +84,38 @@ def stack_batches(batches: list[Batch]) -> Batch:
     return Batch(*(None if parts[0] is None else torch.stack(parts) for parts in zip(*batches)))
 
 
-STACK_LAYOUTS = ("fused", "loop")
+
+
+def conv2d_as_matmul(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)`` as im2col and a matrix product: (B, C, H, W) -> (B, O, H', W').
+
+    Unfold gathers every k×k patch, (B, C·k·k, L) with L = H'·W', and the flattened kernel (O, C·k·k)
+    multiplies it. Under vmap over seeds, where weight and input are both batched, the product is
+    one batched matmul instead of a grouped convolution. The same sums in another order: within
+    float rounding of conv2d (tests/test_stack.py states the bound)."""
+    if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        raise ValueError(f"conv2d_as_matmul takes ungrouped, zero-padded convolutions with numeric padding, not {conv}")
+    b, _, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = conv.kernel_size, conv.stride, conv.padding, conv.dilation
+    cols = F.unfold(x, (kh, kw), dilation=conv.dilation, padding=conv.padding, stride=conv.stride)  # (B, C·k·k, L)
+    out = conv.weight.flatten(1) @ cols  # (B, O, L)
+    if conv.bias is not None:
+        out = out + conv.bias[:, None]
+    h_out, w_out = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return out.view(b, -1, h_out, w_out)  # (B, O, H', W')
+
+
+@contextlib.contextmanager
+def convs_as_matmul(model: nn.Module):
+    """Every Conv2d of ``model`` computes through `conv2d_as_matmul` for the block."""
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    for conv in convs:
+        conv.forward = lambda x, conv=conv: conv2d_as_matmul(conv, x)
+    try:
+        yield
+    finally:
+        for conv in convs:
+            del conv.forward
 
 
 class SeedStack(nn.Module):
@@ -86,7 +124,8 @@ class SeedStack(nn.Module):
     ``models``: the seeds' initialised models, in seed order, on the training device (each built
     after its own `torch.manual_seed`, as a separate run builds it). The first is kept, unregistered,
     as the architecture `functional_call` runs; `seed_weights(k)` gives seed k's state dict back.
-    ``layout``: "fused" evaluates the seeds at once (vmap), "loop" one after another.
+    ``layout``: "fused" evaluates the seeds at once (vmap), "bmm" too with the convolutions as
+    matrix products, "loop" one after another.
     """
 
     def __init__(self, models: list[nn.Module], recipe: str | None, layout: str = "fused"):
@@ -137,4 +176,5 @@ class SeedStack(nn.Module):
                                           None if keep is None else keep[k]) for k in range(self.seeds)])  # (S, 3)
         weights = {n: w for n, w in zip(self.names, self.weights)}
         in_dims = (0, 0, 0, None if batch.targets is None else 0, None if keep is None else 0)
-        return vmap(self._one, in_dims=in_dims)(weights, batch.x, batch.labels, batch.targets, keep)  # (S, 3)
+        with convs_as_matmul(self.template) if self.layout == "bmm" else contextlib.nullcontext():
+            return vmap(self._one, in_dims=in_dims)(weights, batch.x, batch.labels, batch.targets, keep)  # (S, 3)

@@ -98,6 +98,7 @@ class RunConfig:
     channels_last: bool = False  # NHWC convolutions: a memory layout, so outside the digest
     lr_schedule_epochs: int = 0  # 0: the decay at its own pace; E: E epochs' decay compressed into `epochs`
     compile_mode: str = "default"  # torch.compile's mode: a speed lever, so outside the digest
+    stack_layout: str = "fused"  # how stacked seeds run (pipeline.training.stack): a speed lever too
     experiment: str = ""  # pipeline.core.registry's name; "" in records from before the key (image_size says)
 
     @property
@@ -111,7 +112,8 @@ class RunConfig:
     def digest(self) -> str:
         """Hash of the fields that change the mathematics (a checkpoint resumes only on a match)."""
         fields = dataclasses.asdict(self) | {"adam_eps": ADAM_EPS}
-        for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every", "channels_last", "compile_mode"):
+        for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every", "channels_last", "compile_mode",
+                         "stack_layout"):
             fields.pop(cosmetic)
         if not getattr(self.experiment_module(), "USES_EPOCH_SIZE", False):  # unused: digests (checkpoints)
             fields.pop("multimnist_epoch_size")  # from before MultiMNIST stay valid
@@ -342,7 +344,7 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
     for c in cfgs:
         torch.manual_seed(c.seed)
         models.append(place_model(build_model(c), c, device))
-    stack = SeedStack(models, loss_recipe(cfg))
+    stack = SeedStack(models, loss_recipe(cfg), cfg.stack_layout)
     optimizer, scheduler = make_optimizer(stack, cfg, device)
     generators = [torch.Generator(device=device).manual_seed(c.seed) for c in cfgs]
     exp = cfg.experiment_module().Training(cfg, data, device)

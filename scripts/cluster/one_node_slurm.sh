@@ -45,6 +45,6 @@ chown -R munge:munge /etc/munge /run/munge /var/log/munge 2>/dev/null || true
 pgrep -x munged >/dev/null || munged --force
 pkill -x slurmd || true; pkill -x slurmctld || true; sleep 1
 slurmctld && slurmd
-for _ in $(seq 30); do sinfo -h -o %t 2>/dev/null | grep -q idle && break; sleep 1; done
+for _ in $(seq 30); do [[ $(sinfo -h -o %t 2>/dev/null) == *idle* ]] && break; sleep 1; done
 sinfo
 srun -n1 --gres=gpu:1 bash -c 'echo "a task sees CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES on $(hostname)"'
