@@ -122,3 +122,21 @@ def test_an_unregistered_experiment_is_one_clear_params_error(tmp_path):
     (tmp_path / "params.yaml").write_text(text)
     with pytest.raises(ParamsError, match=f"unknown experiment '{NAME}'; known: table1, affnist, multimnist"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_the_registry_index_is_what_each_module_says():
+    """params check variants against the registry's index so that reading params.yaml imports no
+    experiment (nor torch); the index must be what the modules themselves declare."""
+    for name, entry in registry.EXPERIMENTS.items():
+        module = registry.load(name)
+        assert (module.NAME, module.IMAGE_SIZE, tuple(module.MODELS)) == (name, entry.image_size, entry.models)
+
+
+def test_reading_params_imports_no_experiment_and_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipeline.core.params import load_params; load_params('params.yaml'); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('pipeline.experiments')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -138,18 +138,18 @@ class VariantParams:
             raise ParamsError(f"{where}: recipe {self.recipe!r} is for CapsNets; {self.model} has only recipe: paper")
         if not self.experiment and self.image_size not in registry.LEGACY_IMAGE_SIZES:
             raise ParamsError(f"{where}.experiment is missing: name one of {', '.join(registry.names())}")
+        name = registry.of_record(self.experiment, self.image_size)
         try:
-            experiment = registry.load(registry.of_record(self.experiment, self.image_size))
+            experiment = registry.entry(name)
         except UserError as err:
             raise ParamsError(f"{where}.experiment: {err}") from err
-        if self.image_size and self.image_size != experiment.IMAGE_SIZE:
-            raise ParamsError(f"{where}.image_size is {self.image_size} but experiment {experiment.NAME} takes "
-                              f"{experiment.IMAGE_SIZE}×{experiment.IMAGE_SIZE} images; drop image_size")
-        if self.model not in experiment.MODELS:
-            raise ParamsError(f"{where}: experiment {experiment.NAME} trains {', '.join(experiment.MODELS)}, "
-                              f"not {self.model}")
-        object.__setattr__(self, "experiment", experiment.NAME)  # frozen: settled once, here
-        object.__setattr__(self, "image_size", experiment.IMAGE_SIZE)
+        if self.image_size and self.image_size != experiment.image_size:
+            raise ParamsError(f"{where}.image_size is {self.image_size} but experiment {name} takes "
+                              f"{experiment.image_size}×{experiment.image_size} images; drop image_size")
+        if self.model not in experiment.models:
+            raise ParamsError(f"{where}: experiment {name} trains {', '.join(experiment.models)}, not {self.model}")
+        object.__setattr__(self, "experiment", name)  # frozen: settled once, here
+        object.__setattr__(self, "image_size", experiment.image_size)
         if self.model == "capsnet" and self.routing_iterations < 1:
             raise ParamsError(f"{where}.routing_iterations must be >= 1, got {self.routing_iterations}")
         if self.model != "capsnet" and (self.routing_iterations or self.reconstruction):

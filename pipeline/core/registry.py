@@ -1,8 +1,9 @@
 """The experiments a variant can name: params.yaml's ``experiment:`` key, to the module that owns it.
 
-This module holds names and where each experiment lives, never an experiment's code: `load`
-imports the module when something needs it, so params can check a name and the stages can run
-any experiment without naming one. What a module provides: pipeline/experiments/base.py.
+This module holds names, where each experiment lives and the two facts params check a variant
+against (its image size, its models), never an experiment's code: `load` imports the module when
+a stage needs it, so reading params.yaml imports no torch, and the stages run any experiment
+without naming one. What a module provides: pipeline/experiments/base.py.
 
 A new experiment is one module and one line in EXPERIMENTS, or `register(module)` from anywhere
 (a plug-in, a test) before the stages run.
@@ -10,15 +11,31 @@ A new experiment is one module and one line in EXPERIMENTS, or `register(module)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
 
 from pipeline.core.errors import UserError
 
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where an experiment lives and what params check a variant against, without importing it
+    (the module itself is the source: tests/test_extension.py keeps this index equal to it)."""
+
+    module: str
+    image_size: int
+    models: tuple[str, ...]
+
+
 EXPERIMENTS = {  # report order: each experiment's section follows the one before it
-    "table1": "pipeline.experiments.table1",  # §5.1: shifted MNIST, the affine-shifted column
-    "affnist": "pipeline.experiments.affnist",  # §5.2: the 40×40 canvas, expanded MNIST, affNIST
-    "multimnist": "pipeline.experiments.multimnist",  # §6: two overlapping digits on 36×36
+    # §5.1: shifted MNIST, the affine-shifted column
+    "table1": Entry("pipeline.experiments.table1", 28, ("capsnet", "baseline_cnn", "pooling_cnn")),
+    # §5.2: the 40×40 canvas, expanded MNIST, affNIST
+    "affnist": Entry("pipeline.experiments.affnist", 40, ("capsnet", "baseline_cnn", "pooling_cnn")),
+    # §6: two overlapping digits on 36×36
+    "multimnist": Entry("pipeline.experiments.multimnist", 36, ("capsnet", "multimnist_cnn")),
 }
 # run records and params written before the key existed: the image size said which experiment
 LEGACY_IMAGE_SIZES = {28: "table1", 40: "affnist", 36: "multimnist"}
@@ -45,7 +62,17 @@ def load(name: str) -> ModuleType:
         return _registered[name]
     if name not in EXPERIMENTS:
         raise UserError(f"unknown experiment {name!r}; known: {', '.join(names())}")
-    return import_module(EXPERIMENTS[name])
+    return import_module(EXPERIMENTS[name].module)
+
+
+def entry(name: str) -> Entry:
+    """What params check a variant of ``name`` against, importing nothing for a built-in one."""
+    if name in _registered:
+        module = _registered[name]
+        return Entry(module.__name__, module.IMAGE_SIZE, tuple(module.MODELS))
+    if name not in EXPERIMENTS:
+        raise UserError(f"unknown experiment {name!r}; known: {', '.join(names())}")
+    return EXPERIMENTS[name]
 
 
 def of_record(experiment: str | None, image_size: int | None) -> str:
