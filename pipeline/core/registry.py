@@ -18,7 +18,6 @@ from types import ModuleType
 from pipeline.core.errors import UserError
 
 
-
 @dataclass(frozen=True)
 class Entry:
     """Where an experiment lives and what params check a variant against, without importing it
