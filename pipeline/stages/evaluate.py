@@ -61,9 +61,9 @@ def run(model_dir: Path, data_dir: Path, out: Path, params: Params | None = None
 
 def log_evaluation(saved: dict, model_dir: Path, out: Path, metrics: dict[str, float], artifacts: list[str],
                    datasets: list[dict]) -> None:
-    """Log the evaluation to the model's training run, the test sets (`data.dataset_input`) as its
-    dataset inputs (a set
-    the run has already, as training's clean test set, stays as it was); where the store does not
+    """Log the evaluation to the model's training run, the test sets as its dataset inputs
+    (`pipeline.data.splits.dataset_input`; a set the run has already, as training's clean test set,
+    stays as it was); where the store does not
     hold that run (the model was trained against another store), say so and leave the written
     evaluation as it is."""
     tracker = tracking.open_tracker(saved["config"].get("profile", "paper"))
