@@ -212,6 +212,14 @@ def evaluate(model: torch.nn.Module, cfg, data_dir: Path, out: Path) -> base.Eva
     return base.evaluate_sets(TEST_SETS, model, cfg, data_dir, out)
 
 
+def deviations_of(p: Params) -> list[str]:
+    """§5.2's deviations from the profile: an affNIST-style set with fewer transforms than affNIST's 32."""
+    if p.prepare.affnist_transforms == 32:
+        return []
+    return [f"affNIST-style set: {p.prepare.affnist_transforms} transform(s) per test digit "
+            "(affNIST has 32; prepare.affnist_transforms)."]
+
+
 def report(runs: list[Run], ctx: Context) -> Section:
     """§5.2's section: both models' expanded-MNIST and affNIST(-style) accuracy against the paper's,
     the CapsNet − CNN gap with its interval and claim, accuracy by transform parameter, the montage,
@@ -219,14 +227,14 @@ def report(runs: list[Run], ctx: Context) -> Section:
     bins = ctx.fig_dir / "affnist_bins.png"
     if not runs:
         figures.placeholder("No §5.2 (40×40) variant in this report", bins)
-        return Section(tables={"affnist.csv": ""})
+        return Section(tables={"affnist.csv": ""}, deviations=deviations_of(ctx.params))
     gap = ra.affnist_gap(runs, ctx.reference, ctx.bench)
     table = ra.with_gap(ra.affnist_summary(runs, ctx.reference), gap)
     shown = {"§5.2 test sets": f"figures/{MONTAGE}"} if (ctx.fig_dir / MONTAGE).is_file() else {}
     figures.accuracy_by_transform(ra.transform_bins(runs, TEST_SETS[1]),
                                   "§5.2: affNIST(-style) accuracy by transform parameter", bins)
     shown["§5.2: accuracy by transform parameter"] = f"figures/{bins.name}"
-    return Section(lines=ra.render_affnist(table, gap, ctx.reference),
+    return Section(lines=ra.render_affnist(table, gap, ctx.reference), deviations=deviations_of(ctx.params),
                    claims=rc.gap_claim(gap) if gap is not None else None, figures=shown,
                    tables={"affnist.csv": table.to_csv(index=False, float_format="%.4f")},
                    headline={} if gap is None else {"affnist_gap_pp": {k: round(gap[k], 4) for k in

@@ -299,9 +299,6 @@ def deviations(params: Params, reference: dict) -> list[str]:
     if params.prepare.train_subset or params.prepare.test_subset:
         out.append(f"Data subsets: first {params.prepare.train_subset or 'all'} training and "
                    f"{params.prepare.test_subset or 'all'} test digits (prepare.*_subset).")
-    if params.prepare.affnist_transforms != 32:
-        out.append(f"affNIST-style set: {params.prepare.affnist_transforms} transform(s) per test digit "
-                   "(affNIST has 32; prepare.affnist_transforms).")
     return out
 
 
