@@ -60,8 +60,10 @@ def configure(cfg, data_dir: Path):
     return cfg
 
 
-def training_data(test_set: str, data_dir: Path, cfg) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """MNIST's training split and the per-epoch ``test_set``, and the two as dataset inputs."""
+def training_data(test_set: str, data_dir: Path, cfg, test_extras: tuple[str, ...] = ()
+                  ) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """MNIST's training split and the per-epoch ``test_set``, and the two as dataset inputs;
+    ``test_extras``: further tensors of the test split, as ``test_<name>`` (MultiMNIST's recipes)."""
     train_path, test_path = data_dir / "train.safetensors", data_dir / f"{test_set}.safetensors"
     train_split, test_split = load_split(train_path), load_split(test_path)
     n = train_split["images"].shape[0]
@@ -69,7 +71,8 @@ def training_data(test_set: str, data_dir: Path, cfg) -> tuple[dict[str, torch.T
         raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images in {data_dir}; "
                         "lower train.batch_size or raise prepare.train_subset")
     data = {"train_images": train_split["images"], "train_labels": train_split["labels"],
-            "test_images": test_split["images"], "test_labels": test_split["labels"]}
+            "test_images": test_split["images"], "test_labels": test_split["labels"],
+            **{f"test_{name}": test_split[name] for name in test_extras}}
     return data, [dataset_input(train_path, train_split, "training"), dataset_input(test_path, test_split, "testing")]
 
 

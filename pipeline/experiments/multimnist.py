@@ -33,6 +33,7 @@ from pipeline.data.idx import MNIST_SIZE
 from pipeline.data.splits import dataset_input, load_split, save_split, split_metadata
 from pipeline.data.transforms import translate
 from pipeline.experiments import multimnist_report as rm
+from pipeline.experiments import base
 from pipeline.experiments.base import Evaluation
 from pipeline.models import baseline
 from pipeline.report import figures
@@ -249,16 +250,7 @@ def configure(cfg, data_dir: Path):
 def training_data(data_dir: Path, cfg) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """MNIST's training digits (the pairs are drawn from them) and the test recipes with the 28×28
     test digits they index."""
-    train_path, test_path = data_dir / "train.safetensors", data_dir / f"{TEST_SETS[0]}.safetensors"
-    train_split, test_split = load_split(train_path), load_split(test_path)
-    n = train_split["images"].shape[0]
-    if n < cfg.batch_size:
-        raise UserError(f"train.batch_size {cfg.batch_size} exceeds the {n} training images in {data_dir}; "
-                        "lower train.batch_size or raise prepare.train_subset")
-    data = {"train_images": train_split["images"], "train_labels": train_split["labels"],
-            "test_images": test_split["images"], "test_labels": test_split["labels"],
-            "test_pairs": test_split["pairs"], "test_shifts": test_split["shifts"]}
-    return data, [dataset_input(train_path, train_split, "training"), dataset_input(test_path, test_split, "testing")]
+    return base.training_data(TEST_SETS[0], data_dir, cfg, test_extras=("pairs", "shifts"))
 
 
 def synthetic_data(cfg, n: int, device: torch.device) -> dict[str, torch.Tensor]:

@@ -14,9 +14,9 @@ and Adam is elementwise, so one Adam over (S, …) tensors is S Adams. S = 1 is 
 the same code without vmap.
 
 Grouped convolutions have been reported slower than separate ones on some GPUs (pytorch#73764:
-256 channels, 3.32 ms grouped against 2.48 ms separate), and PrimaryCaps (256→256, 9×9) is 94 % of
-a CapsNet's FLOPs, so the layout is a choice (train.stack_layout; `capsnet bench --stack` times
-each): ``fused`` (vmap, as above), ``bmm`` (vmap, but every convolution as im2col and one matrix
+256 channels, 3.32 ms grouped against 2.48 ms separate, as that issue reports it), and PrimaryCaps
+(256→256, 9×9) does most of a CapsNet's arithmetic, so the layout is a choice (train.stack_layout;
+`capsnet bench --stack` times each): ``fused`` (vmap, as above), ``bmm`` (vmap, but every convolution as im2col and one matrix
 product, `conv2d_as_matmul`, which under vmap is a batched matmul over the seeds, no grouped
 kernel), or ``loop`` (each seed's model in turn, its own kernels, still one process, one backward
 and one Adam step).
@@ -24,7 +24,7 @@ and one Adam step).
 
 from __future__ import annotations
 
-import contextlib
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -105,17 +105,13 @@ def conv2d_as_matmul(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return out.view(b, -1, h_out, w_out)  # (B, O, H', W')
 
 
-@contextlib.contextmanager
-def convs_as_matmul(model: nn.Module):
-    """Every Conv2d of ``model`` computes through `conv2d_as_matmul` for the block."""
-    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
-    for conv in convs:
-        conv.forward = lambda x, conv=conv: conv2d_as_matmul(conv, x)
-    try:
-        yield
-    finally:
-        for conv in convs:
-            del conv.forward
+def convs_as_matmul(model: nn.Module) -> nn.Module:
+    """``model`` with every Conv2d computing through `conv2d_as_matmul` (set once: no per-step patching,
+    nothing for torch.compile to guard on)."""
+    for conv in model.modules():
+        if isinstance(conv, nn.Conv2d):
+            conv.forward = lambda x, conv=conv: conv2d_as_matmul(conv, x)
+    return model
 
 
 class SeedStack(nn.Module):
@@ -139,6 +135,9 @@ class SeedStack(nn.Module):
             raise ValueError(f"{type(models[0]).__name__} has dropout but no dropout_keep(batch, generator): its masks "
                              "would come from the global generator, which neither stacking nor resume reproduces")
         self.__dict__["template"] = models[0]  # not a submodule: its own weights are not trained
+        # what the stacked forward calls: the template itself, or (bmm) a copy whose convolutions are
+        # matrix products; scoring and saving (`seed_model`) keep the template's own convolutions
+        self.__dict__["stacked"] = convs_as_matmul(copy.deepcopy(models[0])) if layout == "bmm" else models[0]
         self.recipe, self.seeds = recipe, len(models)
         self.names = [name for name, _ in models[0].named_parameters()]
         per_model = [dict(m.named_parameters()) for m in models]
@@ -163,8 +162,8 @@ class SeedStack(nn.Module):
         draw = getattr(self.template, "dropout_keep", None)
         return None if draw is None else draw(batch, generator)
 
-    def _one(self, weights: dict, x, y, targets, keep) -> torch.Tensor:
-        model = lambda *args: functional_call(self.template, weights, args)  # noqa: E731
+    def _one(self, weights: dict, x, y, targets, keep, template: nn.Module | None = None) -> torch.Tensor:
+        model = lambda *args: functional_call(template or self.template, weights, args)  # noqa: E731
         return torch.stack(compute_loss(model, x, y, self.recipe, targets, keep))  # (3,)
 
     def forward(self, batch: Batch, keep: torch.Tensor | None) -> torch.Tensor:
@@ -176,5 +175,5 @@ class SeedStack(nn.Module):
                                           None if keep is None else keep[k]) for k in range(self.seeds)])  # (S, 3)
         weights = {n: w for n, w in zip(self.names, self.weights)}
         in_dims = (0, 0, 0, None if batch.targets is None else 0, None if keep is None else 0)
-        with convs_as_matmul(self.template) if self.layout == "bmm" else contextlib.nullcontext():
-            return vmap(self._one, in_dims=in_dims)(weights, batch.x, batch.labels, batch.targets, keep)  # (S, 3)
+        one = lambda *args: self._one(*args, template=self.stacked)  # noqa: E731
+        return vmap(one, in_dims=in_dims)(weights, batch.x, batch.labels, batch.targets, keep)  # (S, 3)
