@@ -21,6 +21,10 @@ SEEDS = (0, 1, 2)
 # gradient's own scale, so an element whose gradient is near 0 can move by a visibly different
 # amount (measured: capsnet_r3_recon's digits.W 4.4e-6 in norm, 5e-4 of its largest element).
 WEIGHT_RTOL = 1e-5
+# the bmm layout sums every convolution in another order than conv2d, and 4 Adam steps carry that
+# into the weights: up to 1.9e-5 measured on this project's AVX2 CPU (capsnet_r3_recon's digits.W,
+# behind routing's squashes; 2026-11-25), within 1e-5 on the AVX512 machine before it
+BMM_WEIGHT_RTOL = 5e-5
 
 
 def assert_close_in_norm(mine: torch.Tensor, theirs: torch.Tensor, where: str, bound: float = WEIGHT_RTOL) -> None:
@@ -52,15 +56,15 @@ def data_for(cfg, n_train: int = 48) -> dict[str, torch.Tensor]:
     return data
 
 
-def assert_same_run(stacked, separate, where: str) -> None:
+def assert_same_run(stacked, separate, where: str, bound: float = WEIGHT_RTOL) -> None:
     """One seed's stacked result against its separate run: weights, history, test predictions."""
     mine, theirs = stacked.model.state_dict(), separate.model.state_dict()
     assert mine.keys() == theirs.keys()
     for name, value in theirs.items():
-        assert_close_in_norm(mine[name], value, f"{where}: {name}")
+        assert_close_in_norm(mine[name], value, f"{where}: {name}", bound)
     assert [h["test_error_pct"] for h in stacked.history] == [h["test_error_pct"] for h in separate.history], where
     assert [h["train_loss"] for h in stacked.history] == pytest.approx(
-        [h["train_loss"] for h in separate.history], rel=WEIGHT_RTOL), where
+        [h["train_loss"] for h in separate.history], rel=bound), where
     assert stacked.stop_reason == separate.stop_reason and stacked.steps == separate.steps, where
 
 
@@ -126,7 +130,7 @@ def test_the_bmm_layout_trains_as_separate_runs(variant, tmp_path, small_cnns, m
     assert len(entered) == 4 * n_convs  # every step of the stack took the bmm path: 2 epochs of 2 steps
     for k, c in enumerate(cfgs):
         assert_same_run(stacked[k], train(dataclasses.replace(c, stack_layout="fused"), data, tmp_path / f"{k}.pt"),
-                        f"{variant} seed {c.seed}")
+                        f"{variant} seed {c.seed}", BMM_WEIGHT_RTOL)
 
 
 def test_a_seed_that_stops_early_freezes_while_the_others_train_on(tmp_path, monkeypatch):
