@@ -18,7 +18,8 @@ from pipeline.core.errors import Terminated, UserError
 from pipeline.core.params import Params, load_params
 
 # `capsnet bench --mode`: the keys of pipeline.training.bench.MODES (listed here so the CLI starts without torch)
-BENCH_MODES = ["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs", "bf16-cl", "bf16-compile-cl", "bf16-autotune"]
+BENCH_MODES = ["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs", "bf16-cl", "bf16-compile-cl", "bf16-autotune",
+               "bf16-capture", "bf16-compile-capture"]
 PARAMS_OPTION = click.option("--params", "params_path", default="params.yaml", show_default=True,
                              type=click.Path(dir_okay=False), help="params.yaml to read")
 
@@ -220,8 +221,9 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
 @click.option("--batch", "batch_sizes", type=click.IntRange(min=1), multiple=True, default=[128], show_default=True,
               help="batch size (repeat for several)")
 @click.option("--mode", "modes", type=click.Choice(BENCH_MODES), multiple=True, default=["fp32"], show_default=True,
-              help="eager fp32, bf16 autocast (CUDA), torch.compile of model + loss, both, both + CUDA graphs; "
-                   "-cl: convolutions in NHWC, train.channels_last (repeat for several)")
+              help="eager fp32, bf16 autocast (CUDA), torch.compile of model + loss, both, both + compile's CUDA "
+                   "graphs; -cl: convolutions in NHWC (train.channels_last); -autotune: compile's max-autotune "
+                   "without graphs; -capture: the whole step as one CUDA graph (train.cuda_graph) (repeat for several)")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="timed training steps")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="untimed steps first (compilation included)")
 @click.option("--reference/--no-reference", default=True, show_default=True,

@@ -56,7 +56,7 @@ fi
 say "data ready"
 
 # the test files holding CUDA-only tests (tests/test_wiring.py checks that this list names every one)
-CUDA_TEST_FILES="tests/test_gpu.py tests/test_wiring.py tests/test_multimnist.py"
+CUDA_TEST_FILES="tests/test_gpu.py tests/test_capture_gpu.py tests/test_wiring.py tests/test_multimnist.py"
 if [ "$TESTS" = 1 ]; then
   rm -f "$OUT/gpu_diffs.jsonl"
   CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" python3 -m pytest -m cuda $CUDA_TEST_FILES -n 8 -p no:cacheprovider -v \

@@ -46,6 +46,7 @@ STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
 POWER = "tests/test_power.py"
 WARM = "tests/test_warm.py"
+CAPTURED = "tests/test_steps.py::test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains[baseline_cnn-3seeds]"
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -88,7 +89,7 @@ MUTATIONS = [
              "        torch.manual_seed(c.seed)\n", "        torch.manual_seed(cfg.seed)\n", (STACK,)),
     Mutation("dropout masks from the global generator", "pipeline/training/stack.py",
              'draw = getattr(self.template, "dropout_keep", None)', "draw = None", (STACK,)),
-    Mutation("stacked losses averaged over the seeds", "pipeline/training/train.py",
+    Mutation("stacked losses averaged over the seeds", "pipeline/training/steps.py",
              "(parts[:, 0] * active).sum().backward()", "(parts[:, 0] * active).mean().backward()", (STACK,)),
     Mutation("a seed that stopped early keeps its last weights, not its stopping epoch's", "pipeline/training/train.py",
              "        if seed.weights is not None:\n            model.load_state_dict(seed.weights)\n", "", (STACK,)),
@@ -238,6 +239,35 @@ MUTATIONS = [
     Mutation("Table 1's shifts one pixel short (training computes something else)", "pipeline/data/transforms.py",
              "torch.randint(-max_shift, max_shift + 1, (b, 2)", "torch.randint(-max_shift, max_shift, (b, 2)",
              (FINGERPRINT,)),
+    # --- the capturable step (train.cuda_graph, #37) against the eager step ---
+    Mutation("the captured step's learning rate frozen at its first value", "pipeline/training/steps.py",
+             "self.lr.copy_(self.lr_table.index_select(0, self.global_step.view(1)).squeeze(0))",
+             "self.lr.copy_(self.lr_table[0])", (CAPTURED,)),
+    Mutation("the captured step draws every seed from one generator", "pipeline/training/steps.py",
+             "draw_step(self.exp, self.stack, orders, self.step, self.generators)",
+             "draw_step(self.exp, self.stack, orders, self.step, [self.generators[0]] * len(self.generators))",
+             (CAPTURED,)),
+    Mutation("the captured step's order buffer not refreshed at an epoch", "pipeline/training/steps.py",
+             "                self.orders.copy_(new)\n", "                pass\n", (CAPTURED,)),
+    Mutation("the captured step's counter not advanced", "pipeline/training/steps.py",
+             "        self.step.add_(1)\n", "", (CAPTURED,)),
+    Mutation("the captured step's global counter not set at an epoch (a resume restarts the schedule)",
+             "pipeline/training/steps.py", "self.global_step.fill_(epoch * self.steps_per_epoch)",
+             "self.global_step.add_(0)", (CAPTURED,)),
+    Mutation("Adam reads its float learning rate, not the captured step's", "pipeline/training/steps.py",
+             "with tensor_lr(self.optimizer, self.lr):", "with contextlib.nullcontext():", (CAPTURED,)),
+    Mutation("the scheduler left behind the captured step", "pipeline/training/steps.py",
+             "        self.scheduler.step()\n", "        pass\n", (CAPTURED,)),
+    Mutation("the captured step's loss parts overwritten, not summed", "pipeline/training/steps.py",
+             "self.sums.add_(parts)", "self.sums.copy_(parts)", (CAPTURED,)),
+    Mutation("train.cuda_graph never reaches the loop", "pipeline/training/train.py",
+             "    if not cfg.cuda_graph:\n", "    if True:\n", (CAPTURED,)),
+    Mutation("a failed capture goes on with the generators it moved", "pipeline/training/steps.py",
+             "                generator.set_state(state)\n", "                pass\n",
+             ("tests/test_steps.py::test_a_failed_capture_says_so_and_trains_on_uncaptured_from_the_same_state",)),
+    Mutation("Table 1's batch ignores the step's place in the order", "pipeline/experiments/table1.py",
+             "idx = order[step * self.batch_size + self.offsets]", "idx = order[step + self.offsets]",
+             ("tests/test_steps.py::test_a_batch_drawn_for_a_device_counter_is_the_batch_drawn_for_the_step",)),
     Mutation("the fingerprint hashes the first seed only", "pipeline/training/fingerprint.py",
              "for k, model in enumerate(models):", "for k, model in enumerate(models[:1]):", (FINGERPRINT,)),
     Mutation("the fingerprint leaves the process on one thread", "pipeline/training/fingerprint.py",

@@ -122,3 +122,17 @@ def test_a_batch_larger_than_the_subset_fails_at_validation():
         parse_params(raw)
     raw["train"]["batch_size"] = 64
     parse_params(raw)
+
+
+def test_the_captured_step_refuses_a_compile_mode_with_cuda_graphs_of_its_own():
+    """train.cuda_graph captures the whole step; torch.compile's reduce-overhead and max-autotune modes
+    capture graphs of their own inside it, which one capture cannot hold: refused, naming both keys.
+    Without compile the mode is unused, and max-autotune-no-cudagraphs is fine."""
+    raw = with_change("train.cuda_graph", True)
+    raw["train"].update(compile=True, compile_mode="reduce-overhead")
+    with pytest.raises(ParamsError, match="train.cuda_graph captures the whole step, which cannot hold compile_mode "
+                                          "'reduce-overhead'"):
+        parse_params(raw)
+    for compile_, mode in ((False, "reduce-overhead"), (True, "max-autotune-no-cudagraphs"), (True, "default")):
+        raw["train"].update(compile=compile_, compile_mode=mode)
+        assert parse_params(raw).train.cuda_graph is True

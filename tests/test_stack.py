@@ -11,6 +11,7 @@ from pipeline.core.params import load_params
 from pipeline.experiments import multimnist as mm
 from pipeline.experiments.affnist import expanded_mnist
 from pipeline.models import baseline
+from pipeline.training import steps
 from pipeline.training import train as train_module
 from pipeline.training.train import predict, run_config, train, train_group
 
@@ -163,7 +164,7 @@ def test_a_stacked_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp
     cfgs = [dataclasses.replace(config("baseline_cnn", epochs=3), seed=s) for s in SEEDS]
     data = tiny_data()
     straight = train_group(cfgs, data, tmp_path / "a.pt")
-    real, calls = train_module.training_step, {"n": 0}
+    real, calls = steps.training_step, {"n": 0}
 
     def killed(*args):
         calls["n"] += 1
@@ -171,10 +172,10 @@ def test_a_stacked_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp
             raise KeyboardInterrupt("simulated kill")
         return real(*args)
 
-    monkeypatch.setattr(train_module, "training_step", killed)
+    monkeypatch.setattr(steps, "training_step", killed)
     with pytest.raises(KeyboardInterrupt):
         train_group(cfgs, data, tmp_path / "b.pt")
-    monkeypatch.setattr(train_module, "training_step", real)
+    monkeypatch.setattr(steps, "training_step", real)
     recorders = [Recorder() for _ in SEEDS]
     resumed = train_group(cfgs, data, tmp_path / "b.pt", loggers=recorders)
     assert [[e for e, _ in r.epochs] for r in recorders] == [[2, 3]] * 3

@@ -36,6 +36,7 @@ PROFILES = ("paper", "paper-gpu", "gpu", "smoke")
 MODELS = ("baseline_cnn", "capsnet", "pooling_cnn", "multimnist_cnn")
 STACK_LAYOUTS = ("fused", "bmm", "loop")  # how stacked seeds run: pipeline.training.stack.SeedStack
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+GRAPHED_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # the modes that capture CUDA graphs of their own
 RECIPES = ("paper", "official")  # pipeline.models.capsnet.RECIPES (kept here so params.py does not import torch)
 
 
@@ -97,6 +98,9 @@ class TrainParams:
     # how stacked seeds run (pipeline.training.stack): fused (vmap: grouped convolutions), bmm (vmap, the
     # convolutions as batched matrix products) or loop (each seed's kernels in turn); a speed lever
     stack_layout: str = "fused"
+    # the whole optimiser step of every seed captured once as one CUDA graph and replayed
+    # (pipeline.training.steps.CapturedStep): a speed lever; on a CPU the same step runs uncaptured
+    cuda_graph: bool = False
     # convolution weights and activations in NHWC (channels_last): a memory layout, not mathematics;
     # cuDNN's bf16 convolutions are expected to be faster in it, not yet measured (`capsnet bench --mode bf16-cl`)
     channels_last: bool = False
@@ -114,6 +118,10 @@ class TrainParams:
             raise ParamsError(f"{where}.stack_layout must be one of {', '.join(STACK_LAYOUTS)}, got {self.stack_layout!r}")
         if self.compile_mode not in COMPILE_MODES:
             raise ParamsError(f"{where}.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+        if self.cuda_graph and self.compile and self.compile_mode in GRAPHED_COMPILE_MODES:
+            raise ParamsError(f"{where}.cuda_graph captures the whole step, which cannot hold compile_mode "
+                              f"{self.compile_mode!r}'s own CUDA graphs; set {where}.compile_mode to default or "
+                              f"max-autotune-no-cudagraphs, or {where}.cuda_graph to false")
 
 
 @dataclass(frozen=True)

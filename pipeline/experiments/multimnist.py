@@ -205,7 +205,10 @@ class Training:
     """MultiMNIST's training (§6; pipeline.training.experiment.Experiment): every example of every step a
     fresh pair and fresh shifts composed on the device, an epoch ``cfg.multimnist_epoch_size``
     examples; the targets are each digit alone (the decoder reconstructs both). Scored each epoch
-    by the pair error on the first CURVE_RECIPES test recipes. ``cfg`` is a pipeline.training.train.RunConfig."""
+    by the pair error on the first CURVE_RECIPES test recipes. ``cfg`` is a pipeline.training.train.RunConfig.
+    Capturable: every draw is on the device, none reads the step."""
+
+    capturable = True
 
     def __init__(self, cfg, data: dict[str, torch.Tensor], device: torch.device):
         self.images = data["train_images"].to(device)  # (N, 28, 28) uint8
@@ -221,7 +224,7 @@ class Training:
     def epoch_order(self, generator: torch.Generator) -> None:
         return None  # every batch is drawn fresh
 
-    def batch(self, order: None, step: int, generator: torch.Generator) -> Batch:
+    def batch(self, order: None, step: int | torch.Tensor, generator: torch.Generator) -> Batch:
         pairs, shifts = sample_pairs(self.index, self.batch_size, self.max_shift, generator)  # (B, 2), (B, 2, 2)
         merged, digits = compose(self.images, pairs, shifts)  # (B, 36, 36), (B, 2, 36, 36)
         return Batch(to_float(merged), self.index.labels[pairs], digits.unsqueeze(2).float().div_(255))

@@ -75,7 +75,10 @@ class Training:
     """Table 1's training (pipeline.training.experiment.Experiment): every epoch a fresh
     permutation of the training digits (the last partial batch dropped), every step a batch
     shifted by up to ±max_shift px with zero fill; scored each epoch by the error on the clean test
-    set. ``cfg`` is a pipeline.training.train.RunConfig."""
+    set. ``cfg`` is a pipeline.training.train.RunConfig. Capturable: a batch is gathered from the
+    order by the step (an int or a device counter), with no host read."""
+
+    capturable = True
 
     def __init__(self, cfg, data: dict[str, torch.Tensor], device: torch.device):
         self.images = data["train_images"].to(device)  # (N, 28, 28) uint8
@@ -85,6 +88,7 @@ class Training:
         self.batch_size, self.max_shift, self.image_size = cfg.batch_size, cfg.max_shift, cfg.image_size
         self.examples_per_epoch = self.images.shape[0]
         self.steps_per_epoch = self.examples_per_epoch // cfg.batch_size
+        self.offsets = torch.arange(cfg.batch_size, device=device)  # (B,) a batch's places in the order
 
     def epoch_order(self, generator: torch.Generator) -> torch.Tensor:
         return torch.randperm(self.images.shape[0], generator=generator, device=self.images.device)  # (N,)
@@ -93,8 +97,8 @@ class Training:
         """(B, 28, 28) uint8 -> (B, S, S): Table 1's ±max_shift px shift."""
         return random_shift(images, self.max_shift, generator)
 
-    def batch(self, order: torch.Tensor, step: int, generator: torch.Generator) -> Batch:
-        idx = order[step * self.batch_size:(step + 1) * self.batch_size]  # (B,)
+    def batch(self, order: torch.Tensor, step: int | torch.Tensor, generator: torch.Generator) -> Batch:
+        idx = order[step * self.batch_size + self.offsets]  # (B,) the step's slice of the order, by gather
         return Batch(to_float(self.augment(self.images[idx], generator)), self.labels[idx], None)
 
     def test_error(self, model: torch.nn.Module, batch_size: int, amp: bool) -> float:

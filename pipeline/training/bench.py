@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import resource
 import time
+from typing import NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -21,18 +22,30 @@ from torchvision.transforms import v2
 from pipeline.data.idx import MNIST_SIZE
 from pipeline.training.stack import SeedStack
 from pipeline.training.train import (
-    RunConfig, build_model, compute_loss, configure_backends, draw_step, loss_recipe, make_optimizer, place_model,
-    predict, resolve_device, training_step,
+    RunConfig, build_model, compute_loss, configure_backends, loss_recipe, make_optimizer, make_step, place_model, predict,
+    resolve_device,
 )
 
 EPOCH_IMAGES = 60_000
-# --mode: (bf16 autocast, torch.compile mode or None, channels_last). "graphs" adds CUDA graphs
-# (reduce-overhead); "autotune" searches kernels without graphs (max-autotune-no-cudagraphs); "cl" puts
-# the convolutions in NHWC (train.channels_last). Each compile mode is train.compile_mode's value.
-MODES = {"fp32": (False, None, False), "bf16": (True, None, False), "compile": (False, "default", False),
-         "bf16-compile": (True, "default", False), "bf16-graphs": (True, "reduce-overhead", False),
-         "bf16-cl": (True, None, True), "bf16-compile-cl": (True, "default", True),
-         "bf16-autotune": (True, "max-autotune-no-cudagraphs", False)}
+
+
+class Mode(NamedTuple):
+    """What a `capsnet bench --mode` sets: the train.* settings of that name."""
+
+    amp: bool  # bf16 autocast
+    compile_mode: str | None  # torch.compile's mode (train.compile_mode), None: eager
+    channels_last: bool = False  # NHWC convolutions
+    cuda_graph: bool = False  # the whole step captured as one CUDA graph (pipeline.training.steps)
+
+
+# "graphs" adds torch.compile's own CUDA graphs (reduce-overhead); "autotune" searches kernels without
+# graphs (max-autotune-no-cudagraphs); "cl" puts the convolutions in NHWC; "capture" captures the whole
+# step, Adam and the batch draws included, as one CUDA graph (train.cuda_graph).
+MODES = {"fp32": Mode(False, None), "bf16": Mode(True, None), "compile": Mode(False, "default"),
+         "bf16-compile": Mode(True, "default"), "bf16-graphs": Mode(True, "reduce-overhead"),
+         "bf16-cl": Mode(True, None, True), "bf16-compile-cl": Mode(True, "default", True),
+         "bf16-autotune": Mode(True, "max-autotune-no-cudagraphs"),
+         "bf16-capture": Mode(True, None, cuda_graph=True), "bf16-compile-capture": Mode(True, "default", cuda_graph=True)}
 
 
 def _sync(device: torch.device) -> None:
@@ -65,13 +78,14 @@ def random_data(cfg: RunConfig, n: int, device: torch.device) -> dict[str, torch
 
 def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
                compile_mode: str = "default", seeds: int = 1, layout: str = "fused") -> dict:
-    """Time the training step `capsnet train` runs (draw every seed's batch, one stacked step) and
-    inference, on random uint8 data; ``seeds`` seeds stacked (1: a separate run) in ``layout``
-    (`pipeline.training.stack.SeedStack`).
+    """Time the training step `capsnet train` runs (`train.make_step`: every seed's batch drawn, one
+    stacked step; captured as one CUDA graph under cfg.cuda_graph) and inference, on random uint8
+    data; ``seeds`` seeds stacked (1: a separate run) in ``layout`` (`pipeline.training.stack.SeedStack`).
 
     The first warm-up step includes compilation; its wall time is returned as first_step_s (None
-    without warm-up steps: then the timed steps include it).
-    train_images_per_s counts every seed's images (aggregate); per_seed_images_per_s one seed's.
+    without warm-up steps: then the timed steps include it). A captured step is captured after
+    its own eager warm-up steps (pipeline.training.steps.WARMUP_STEPS), within ``warmup`` when it
+    is larger. train_images_per_s counts every seed's images (aggregate); per_seed_images_per_s one seed's.
     """
     device = resolve_device(cfg.device)
     amp = cfg.amp and device.type == "cuda"
@@ -86,27 +100,24 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     generators = [torch.Generator(device=device).manual_seed(generator_seed + k) for k in range(seeds)]
     n = cfg.batch_size * (steps + warmup)
     exp = cfg.experiment_module().Training(cfg, random_data(cfg, n, device), device)
-    orders = [exp.epoch_order(g) for g in generators]
-    active = torch.ones(seeds, device=device)
-
-    def step(k: int) -> None:
-        batch, keep = draw_step(exp, stack, orders, k, generators)
-        training_step(loss_fn, optimizer, scheduler, batch, keep, active, amp)
+    step = make_step(cfg, exp, stack, loss_fn, optimizer, scheduler, generators, amp, device)
+    step.begin_epoch(0, [exp.epoch_order(g) for g in generators], torch.ones(seeds, device=device))
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0, first_step_s = time.perf_counter(), None
     for k in range(warmup):
-        step(k)
+        step()
         if k == 0:
             _sync(device)
             first_step_s = time.perf_counter() - t0
     _sync(device)
     t0 = time.perf_counter()
-    for k in range(warmup, warmup + steps):
-        step(k)
+    for _ in range(steps):
+        step()
     _sync(device)
     train_seconds = time.perf_counter() - t0
+    captured = getattr(step, "graph", None) is not None
     # whole eval batches only: a last partial batch is a new shape, and cuDNN autotuning (deterministic:
     # false) would time its algorithm search
     images = exp.test_images  # (n, S, S); MultiMNIST's are the 28×28 digits its recipes index
@@ -124,7 +135,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     return {"seeds": seeds, "train_images_per_s": images_per_s, "per_seed_images_per_s": images_per_s / seeds,
             "ms_per_step": 1000 * train_seconds / steps, "s_per_epoch": seeds * EPOCH_IMAGES / images_per_s,
             "peak_memory_mb": _peak_memory_mb(device), "inference_images_per_s": infer.shape[0] / infer_seconds,
-            "first_step_s": first_step_s}
+            "first_step_s": first_step_s, "captured": captured}
 
 
 class _TensorDigits(Dataset):
@@ -202,9 +213,9 @@ def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ..
             ref = bench_reference(dataclasses.replace(base, batch_size=batch), steps, warmup)
             yield row({"mode": "reference", "batch": batch, **ref})
         for mode in modes:
-            amp, compile_mode, channels_last = MODES[mode]
+            amp, compile_mode, channels_last, cuda_graph = MODES[mode]
             cfg = dataclasses.replace(base, batch_size=batch, amp=amp and dev.type == "cuda",
-                                      compile=compile_mode is not None, channels_last=channels_last)
+                                      compile=compile_mode is not None, channels_last=channels_last, cuda_graph=cuda_graph)
             single = None
             for s, layout in [(s, layout) for s in seeds for layout in (layouts if s > 1 else ("fused",))]:
                 result = bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default", seeds=s,

@@ -28,12 +28,17 @@ class Experiment(Protocol):
 
     steps_per_epoch: int  # optimiser steps per epoch
     examples_per_epoch: int  # what an epoch draws from (the error message when a batch is larger)
+    # True when `batch` takes its step as a device counter too and reads nothing back to the host, so
+    # that train.cuda_graph can capture it (pipeline.training.steps); optional: without it (False), training
+    # runs uncaptured, saying so
+    capturable: bool
 
     def epoch_order(self, generator: torch.Generator) -> Any:
         """Draw what the epoch's batches follow (a permutation; None when every batch is fresh)."""
 
-    def batch(self, order: Any, step: int, generator: torch.Generator) -> Batch:
-        """Step ``step``'s batch of the epoch, augmented with draws from ``generator``."""
+    def batch(self, order: Any, step: int | torch.Tensor, generator: torch.Generator) -> Batch:
+        """Step ``step``'s batch of the epoch (an int, or a 0-d long device tensor: the captured
+        step's counter), augmented with draws from ``generator``."""
 
     def test_error(self, model: torch.nn.Module, batch_size: int, amp: bool) -> float:
         """The per-epoch test error (%) of ``model``: the learning curve and early stopping read it."""

@@ -57,7 +57,7 @@ def fingerprint_config(cfg: RunConfig) -> RunConfig:
         lr_decay_rate=0.5, lr_decay_steps=1, lr_min=1e-4, lr_schedule_epochs=3, target_accuracy_pct=0.0,
         amp=False, compile=False, deterministic=True, log_every=1, eval_batch_size=EXAMPLES, device="cpu",
         checkpoint_every=2, multimnist_epoch_size=EXAMPLES, channels_last=False, compile_mode="default",
-        stack_layout="fused")
+        stack_layout="fused", cuda_graph=False)
 
 
 def weights_digest(models: list[torch.nn.Module]) -> str:

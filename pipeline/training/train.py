@@ -5,7 +5,8 @@ computation (pipeline.training.stack); `train(config, …)` is the one-seed case
 `capsnet train` stage wraps. How a batch is drawn and augmented, the loss's targets and how a
 model is scored each epoch belong to the variant's experiment (pipeline.core.registry). The
 data sits on the device as uint8; shuffling, augmentation and batching happen there; the loss
-is read back only every `log_every` steps (no per-step host sync).
+is read back only every `log_every` steps (no per-step host sync). One optimiser step is
+pipeline.training.steps' (`make_step`): eager, or under train.cuda_graph captured as one CUDA graph.
 An atomic checkpoint every `checkpoint_every` epochs (and after the last) makes a killed run
 resumable; in deterministic CPU mode
 the resumed run ends with exactly the weights of an uninterrupted one.
@@ -44,6 +45,7 @@ from pipeline.models.capsnet import CapsNet
 from pipeline.training.experiment import Batch, Experiment, predict, to_float  # noqa: F401 (to_float, predict: re-exported)
 from pipeline.training.stack import (LossOf, SeedStack, compute_loss, loss_function, loss_recipe,  # noqa: F401 (re-exported)
                             stack_batches)
+from pipeline.training.steps import CapturedStep, EagerStep, draw_step, training_step  # noqa: F401 (re-exported)
 
 ADAM_EPS = 1e-8  # TF1's tf.train.AdamOptimizer default, which the official code uses (1e-7 is Keras')
 DEVIATIONS = [
@@ -99,6 +101,7 @@ class RunConfig:
     lr_schedule_epochs: int = 0  # 0: the decay at its own pace; E: E epochs' decay compressed into `epochs`
     compile_mode: str = "default"  # torch.compile's mode: a speed lever, so outside the digest
     stack_layout: str = "fused"  # how stacked seeds run (pipeline.training.stack): a speed lever too
+    cuda_graph: bool = False  # the whole step captured as one CUDA graph (pipeline.training.steps): a speed lever
     experiment: str = ""  # pipeline.core.registry's name; "" in records from before the key (image_size says)
 
     @property
@@ -113,7 +116,7 @@ class RunConfig:
         """Hash of the fields that change the mathematics (a checkpoint resumes only on a match)."""
         fields = dataclasses.asdict(self) | {"adam_eps": ADAM_EPS}
         for cosmetic in ("log_every", "eval_batch_size", "profile", "checkpoint_every", "channels_last", "compile_mode",
-                         "stack_layout"):
+                         "stack_layout", "cuda_graph"):
             fields.pop(cosmetic)
         if not getattr(self.experiment_module(), "USES_EPOCH_SIZE", False):  # unused: digests (checkpoints)
             fields.pop("multimnist_epoch_size")  # from before MultiMNIST stay valid
@@ -200,6 +203,13 @@ def _lr_lambda(cfg: RunConfig):
     return lambda step: max(cfg.lr_decay_rate ** (step / cfg.lr_decay_steps * pace), floor)
 
 
+def schedule(cfg: RunConfig, steps: int) -> list[float]:
+    """The learning rate of global steps 0 … ``steps``, as LambdaLR computes it (lr · λ(step), the
+    same float): the table a captured step reads its learning rate from."""
+    decay = _lr_lambda(cfg)
+    return [cfg.lr * decay(step) for step in range(steps + 1)]
+
+
 def configure_backends(cfg: RunConfig, device: torch.device) -> None:
     """Deterministic algorithms, or (deterministic: false) cuDNN autotuning for speed."""
     if cfg.compile:  # the public switch also sets inductor's kernels, importing torch._inductor
@@ -208,33 +218,6 @@ def configure_backends(cfg: RunConfig, device: torch.device) -> None:
         torch._C._set_deterministic_algorithms(cfg.deterministic, warn_only=True)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = not cfg.deterministic
-
-
-def training_step(loss_fn: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: Batch,
-                  keep: torch.Tensor | None, active: torch.Tensor, amp: bool) -> torch.Tensor:
-    """One optimiser step of every seed: loss, backward of the **sum** of the active seeds' losses,
-    Adam, lr decay. ``loss_fn`` is a `SeedStack` (compiled or not), ``batch`` the seeds' stacked
-    batches, ``active`` (S,) 1.0 for a seed still training, 0.0 for one early stopping has
-    finished. Returns each seed's (total, margin or cross-entropy, reconstruction) (S, 3), detached
-    on the device (no sync). The same function runs in `capsnet train` and `capsnet bench`."""
-    with torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=amp):
-        parts = loss_fn(batch, keep)  # (S, 3)
-    optimizer.zero_grad(set_to_none=True)
-    (parts[:, 0] * active).sum().backward()
-    optimizer.step()
-    scheduler.step()
-    return parts.detach()
-
-
-def draw_step(exp: Experiment, stack: SeedStack, orders: list, step: int,
-              generators: list[torch.Generator]) -> tuple[Batch, torch.Tensor | None]:
-    """Every seed's batch and dropout mask for ``step``, each from its own generator in the order a
-    separate run draws them: the batch (and its augmentation), then the mask."""
-    batches, keeps = [], []
-    for order, generator in zip(orders, generators):
-        batches.append(exp.batch(order, step, generator))
-        keeps.append(stack.dropout_keep(batches[-1].x.shape[0], generator))
-    return stack_batches(batches), None if keeps[0] is None else torch.stack(keeps)  # (S, B, F)
 
 
 def assert_finite_weights(weights: dict[str, torch.Tensor], what: str) -> None:
@@ -368,6 +351,7 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
                  for s in state["seeds"]]
 
     loss_fn = torch.compile(stack, mode=cfg.compile_mode) if cfg.compile else stack
+    step_fn = make_step(cfg, exp, stack, loss_fn, optimizer, scheduler, generators, amp, device)
     name = f"{cfg.variant} seed{'s ' + ','.join(str(c.seed) for c in cfgs) if n_seeds > 1 else cfg.seed}"
     stack.train()
     for epoch in range(start_epoch, cfg.epochs):
@@ -375,30 +359,25 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
         if not bool(active.any()):
             break
         t0 = time.perf_counter()
-        sums = torch.zeros(n_seeds, 3, device=device)  # per seed: total, margin, reconstruction
-        first_bad = torch.full((n_seeds,), -1, device=device, dtype=torch.long)
-        step_dev = torch.full((), epoch * steps_per_epoch, device=device, dtype=torch.long)
-        orders = [exp.epoch_order(g) for g in generators]
+        step_fn.begin_epoch(epoch, [exp.epoch_order(g) for g in generators], active)
         bar = tqdm(range(steps_per_epoch), desc=f"{name} epoch {epoch + 1}/{cfg.epochs}",
                    leave=False, mininterval=1.0, disable=None)
         for step in bar:
-            batch, keep = draw_step(exp, stack, orders, step, generators)
-            parts = training_step(loss_fn, optimizer, scheduler, batch, keep, active, amp)  # (S, 3)
-            bad = ~torch.isfinite(parts[:, 0]) & (active > 0) & (first_bad < 0)  # (S,)
-            first_bad = torch.where(bad, step_dev, first_bad)
-            sums += parts
-            step_dev += 1
+            step_fn()
             if (step + 1) % cfg.log_every == 0 or step + 1 == steps_per_epoch:
+                first_bad = step_fn.first_bad
                 if bool((first_bad >= 0).any()):  # one host read every log_every steps
                     k = int((first_bad >= 0).nonzero()[0])
                     raise NonFiniteLossError(
                         f"{cfg.variant} seed {cfgs[k].seed}: non-finite loss at step {int(first_bad[k])} "
                         f"(epoch {epoch + 1}); the last good checkpoint is {checkpoint_path}")
                 seconds = time.perf_counter() - t0
-                bar.set_postfix(loss=f"{float((sums[:, 0] * active).sum() / active.sum()) / (step + 1):.4f}",
-                                lr=f"{scheduler.get_last_lr()[0]:.2e}",
+                bar.set_postfix(loss=f"{float((step_fn.sums[:, 0] * active).sum() / active.sum()) / (step + 1):.4f}",
+                                lr=f"{step_fn.last_lr(epoch * steps_per_epoch + step + 1):.2e}",
                                 img_s=f"{(step + 1) * cfg.batch_size * n_seeds / seconds:.0f}")
         bar.close()
+        step_fn.end_epoch((epoch + 1) * steps_per_epoch)
+        sums = step_fn.sums
         totals = (sums / steps_per_epoch).tolist()  # (S, 3)
         seconds = time.perf_counter() - t0
         scored = []  # (k, metrics, stopped now) of the seeds this epoch trained
@@ -446,6 +425,24 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
         results.append(TrainResult(model, seed.history, len(seed.history) * steps_per_epoch, start_epoch,
                                    seed.resumed_at, seed.stop_reason))
     return results
+
+
+def make_step(cfg: RunConfig, exp: Experiment, stack: SeedStack, loss_fn, optimizer, scheduler,
+              generators: list[torch.Generator], amp: bool, device: torch.device) -> EagerStep | CapturedStep:
+    """The step the loop runs (pipeline.training.steps): `CapturedStep` under train.cuda_graph (captured
+    on CUDA, run uncaptured elsewhere), else `EagerStep`. An experiment whose Training does not say
+    ``capturable = True`` trains uncaptured, saying so."""
+    args = (exp, stack, loss_fn, optimizer, scheduler, generators, amp, exp.steps_per_epoch, device)
+    if not cfg.cuda_graph:
+        return EagerStep(*args)
+    if not getattr(exp, "capturable", False):
+        warnings.warn(f"train.cuda_graph: experiment {cfg.experiment_name}'s Training does not say capturable = True "
+                      "(batches drawn from a device step counter, no host reads); training uncaptured", stacklevel=3)
+        return EagerStep(*args)
+    if device.type != "cuda":
+        warnings.warn(f"train.cuda_graph is on but the device is {device.type}: the capturable step runs "
+                      "uncaptured (the same arithmetic, no speed-up)", stacklevel=3)
+    return CapturedStep(*args, schedule(cfg, cfg.epochs * exp.steps_per_epoch))
 
 
 def target_reached(test_error_pct: float, target_accuracy_pct: float) -> bool:
