@@ -8,6 +8,8 @@
 #                    with seeds stacked as V@mode#1,3 (one seed, then three stacked: bench --seeds;
 #                    V@mode#1,3+loop+bmm also times the stack's loop and bmm layouts beside the fused one);
 #                    a bench this warm machine already ran (logs/bench/) is not run again
+#   --levers         after the bench, train each benched model with the fastest bench mode that passed its
+#                    CUDA tests (scripts/gpu_levers.py writes params.gpu.<model>.yaml; the others keep the profile)
 #   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile ("V:0,1,2": three seeds
 #                     stacked in one process, issue #23), --parallel at
 #                    a time, each started only while --deadline leaves time and stopped at it
@@ -20,10 +22,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
-TESTS=0 BENCH="" TRAIN="" PARALLEL=4 BUDGET=560
+TESTS=0 BENCH="" TRAIN="" PARALLEL=4 BUDGET=560 LEVERS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) TESTS=1 ;;
+    --levers) LEVERS=1 ;;
     --bench) BENCH="$2"; shift ;;
     --train) TRAIN="$2"; shift ;;
     --parallel) PARALLEL="$2"; shift ;;
@@ -62,6 +65,7 @@ if [ "$TESTS" = 1 ]; then
   CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" python3 -m pytest -m cuda $CUDA_TEST_FILES -n 8 -p no:cacheprovider -v \
     >"$OUT/gpu_tests.txt" 2>&1
   say "gpu tests exit $?: $(tail -1 "$OUT/gpu_tests.txt")"
+  cp "$OUT/gpu_tests.txt" logs/gpu_tests.txt  # the warm machine's later calls pick levers from it
 fi
 
 mkdir -p logs/bench
@@ -86,6 +90,12 @@ for entry in $BENCH; do
   say "bench $entry exit $status"
 done
 
+rm -f params.gpu.*.yaml
+if [ "$LEVERS" = 1 ]; then
+  python3 scripts/gpu_levers.py --bench logs/bench --tests logs/gpu_tests.txt --params params.gpu.yaml 2>&1 \
+    | while read -r line; do say "levers: $line"; done
+fi
+
 # Evaluations go to gpu_results/ (git-ignored), packed as results/: the device tool re-sends the
 # working tree each call and deletes files there that are not git-ignored, which the committed
 # results/**/metrics.json are (a 2026-11-23 session lost every earlier call's metrics.json that way).
@@ -95,8 +105,11 @@ job() {  # one variant's seeds "V:S" or "V:S1,S2,S3" (stacked in one process): t
   for s in ${seeds//,/ }; do [ -f "gpu_results/$variant/seed$s/metrics.json" ] || todo=1; done
   if [ -z "$todo" ]; then echo "$1 done before"; return 0; fi
   if [ "$left" -lt 60 ]; then echo "$1 not started: ${left}s left"; return 0; fi
+  local model params=params.gpu.yaml  # or the levers scripts/gpu_levers.py picked for the variant's model
+  model=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open("params.gpu.yaml"))["variants"][sys.argv[1]]["model"])' "$variant")
+  [ -f "params.gpu.$model.yaml" ] && params="params.gpu.$model.yaml"
   timeout "$left" python3 -m pipeline.cli train "$variant" "$seeds" data/prepared "models/$variant/seed{seed}" \
-      --checkpoint "checkpoints/$variant/seed${seeds//,/-}.pt" --params params.gpu.yaml >>"logs/$tag.log" 2>&1
+      --checkpoint "checkpoints/$variant/seed${seeds//,/-}.pt" --params "$params" >>"logs/$tag.log" 2>&1
   local status=$?
   for s in ${seeds//,/ }; do
     [ $status = 0 ] && timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pipeline.cli \

@@ -136,6 +136,7 @@ def test_gpu_session_writes_only_git_ignored_paths():
     script = (REPO / "scripts" / "gpu_session.sh").read_text()
     written = ["models/v/seed0/model.safetensors", "checkpoints/v/seed0.pt", "gpu_results/v/seed0/metrics.json",
                "logs/bench/v@bf16-graphs.jsonl", "journal/run.jsonl", "logs/v-0.log", "params.gpu.yaml",
+               "params.gpu.$model.yaml", "logs/gpu_tests.txt",
                "data/prepared/train.safetensors"]
     for path in written:
         assert path.split("/")[0] in script, path
@@ -199,3 +200,57 @@ def test_the_gpu_scripts_call_capsnet_with_options_it_has():
             continue  # `capsnet` in prose, or another program's word
         known = {o for p in main.commands[command].params for o in p.opts}
         assert set(options) <= known, f"{script}: capsnet {command} has no {sorted(set(options) - known)}"
+
+
+def test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove(tmp_path):
+    """scripts/gpu_levers.py (gpu_session.sh --levers): per benched model, the fastest bench row of
+    three stacked seeds whose mode every proving CUDA test passed; a faster mode no CUDA test proves
+    (compile's own CUDA graphs), a captured mode the bench ran uncaptured, and a mode whose test
+    failed are passed over; the written params file is the profile's with those levers and loads."""
+    import json
+
+    from pipeline.core.params import load_params
+
+    params = tmp_path / "params.gpu.yaml"
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
+                    "--write", str(params)], check=True, cwd=REPO)
+
+    def row(variant, mode, rate, seeds=3, stack="fused", **more):
+        return {"variant": variant, "mode": mode, "seeds": seeds, "train_images_per_s": rate,
+                **({"stack": stack} if seeds > 1 else {}), **more}
+
+    rows = [row("capsnet_r3_recon", "bf16-compile", 60_000), row("capsnet_r3_recon", "bf16-compile", 90_000, seeds=1),
+            row("capsnet_r3_recon", "bf16-compile-capture", 150_000, stack="bmm", captured=True),
+            row("capsnet_r3_recon", "bf16-compile-capture", 120_000, captured=True),
+            row("capsnet_r3_recon", "bf16-graphs", 400_000),  # faster, but no CUDA test proves it
+            row("capsnet_r3_recon", "bf16-capture", 300_000, captured=False),  # fell back uncaptured
+            row("baseline_cnn", "bf16", 30_000), row("baseline_cnn", "bf16-capture", 50_000, captured=True)]
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    capture = "tests/test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+    log = "\n".join([
+        "tests/test_gpu.py::test_bf16_compiled_step_matches_eager_fp32[capsnet_r3_recon] PASSED [ 1%]",
+        "tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon] PASSED [ 2%]",
+        f"{capture}[capsnet_r3_recon-bf16-compiled-fused-3seed] PASSED [ 3%]",
+        f"{capture}[capsnet_r3_recon-bf16-compiled-fused-1seed] PASSED [ 4%]",
+        f"{capture}[capsnet_r3_recon-bf16-eager-fused-3seed] PASSED [ 5%]",
+        f"{capture}[baseline_cnn-bf16-eager-fused-3seed] FAILED [ 6%]"])
+    (tmp_path / "tests.txt").write_text(log)
+
+    def levers():
+        out = subprocess.run([sys.executable, "scripts/gpu_levers.py", "--bench", str(tmp_path / "bench"), "--tests",
+                              str(tmp_path / "tests.txt"), "--params", str(params)],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+        return out, tmp_path / "params.gpu.capsnet.yaml", tmp_path / "params.gpu.baseline_cnn.yaml"
+
+    out, capsnet, cnn = levers()
+    assert "capsnet: bf16-compile-capture, stack bmm: 150,000 images/s" in out and "bf16-compile: 60,000" in out
+    assert "baseline_cnn: bf16, stack fused: 30,000" in out and cnn.exists()
+    chosen = load_params(capsnet).train
+    assert (chosen.cuda_graph, chosen.compile, chosen.stack_layout, chosen.amp, chosen.epochs) == (True, True, "bmm",
+                                                                                               True, 50)
+    assert load_params(cnn).train.cuda_graph is False  # its capture test failed: the profile's eager bf16 wins
+    (tmp_path / "tests.txt").write_text(log.replace("PASSED", "FAILED"))
+    out, capsnet, _ = levers()
+    assert "capsnet: bf16, " not in out and not capsnet.exists()  # nothing proven: the profile stays, no file
+    assert "no bench mode of capsnet_r3_recon passed its CUDA tests" in out

@@ -1,0 +1,129 @@
+"""Pick the speed levers a GPU window trains with (issue #36, item 2): for each model the bench timed,
+the fastest bench mode whose CUDA tests passed, written as a params file of its own.
+
+    python3 scripts/gpu_levers.py --bench logs/bench --tests logs/gpu_tests.txt --params params.gpu.yaml
+
+Reads every `capsnet bench` row under --bench (JSON lines) and the `pytest -v` log of the CUDA
+tests (--tests), and for each model whose variant was benched (capsnet_r3_recon stands for every
+CapsNet, baseline_cnn for the Table 1 CNN) writes params.gpu.<model>.yaml beside --params: the
+profile's params with the train.* levers of the fastest eligible row (compile, compile_mode,
+channels_last, cuda_graph, stack_layout). Eligible: the row's precision is the profile's (train.amp
+is protocol, never a lever), it trained the seeds a window stacks (3, else 1), a captured mode
+really captured, and every CUDA test that proves that mode on that variant passed (MODE_TESTS;
+a mode no CUDA test proves, such as torch.compile's own CUDA graphs, is never picked). The
+profile's own setting competes as the row of its mode, so nothing is picked that the bench did not
+show faster. A model with no eligible row keeps the profile. Prints one line per model saying what
+it picked, from what, and why. Needs only PyYAML (the GPU machine has no DVC or MLflow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+BENCHED = {"capsnet": "capsnet_r3_recon", "baseline_cnn": "baseline_cnn"}  # model: the variant timed for it
+# a bench mode: its levers (train.*) and the CUDA tests (pytest id prefixes, "{v}" the variant) that
+# prove it computes the same step; a mode of the profile's own settings needs none
+MODES = {
+    "bf16": ({"compile": False, "compile_mode": "default", "channels_last": False, "cuda_graph": False}, []),
+    "bf16-compile": ({"compile": True, "compile_mode": "default", "channels_last": False, "cuda_graph": False},
+                     ["test_gpu.py::test_bf16_compiled_step_matches_eager_fp32[{v}]",
+                      "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"]),
+    "bf16-cl": ({"compile": False, "compile_mode": "default", "channels_last": True, "cuda_graph": False},
+                ["test_gpu.py::test_bf16_channels_last_step_matches_eager_fp32[{v}]"]),
+    "bf16-compile-cl": ({"compile": True, "compile_mode": "default", "channels_last": True, "cuda_graph": False},
+                        ["test_gpu.py::test_bf16_channels_last_step_matches_eager_fp32[{v}]",
+                         "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"]),
+    "bf16-capture": ({"compile": False, "compile_mode": "default", "channels_last": False, "cuda_graph": True},
+                     ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes[{v}-bf16-eager"]),
+    "bf16-compile-capture": ({"compile": True, "compile_mode": "default", "channels_last": False, "cuda_graph": True},
+                             ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+                              "[{v}-bf16-compiled",
+                              "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"]),
+}
+STACKED = 3  # the seeds a window trains in one process (scripts/gpu_queue.py --stack)
+
+
+def test_outcomes(log: str) -> dict[str, str]:
+    """{test id (from its file name on): PASSED | FAILED | ERROR | SKIPPED} from a `pytest -v` log."""
+    found = re.findall(r"(test_\w+\.py::\S+) (PASSED|FAILED|ERROR|SKIPPED)", log)
+    return {test: outcome for test, outcome in found}
+
+
+def proven(mode: str, variant: str, outcomes: dict[str, str]) -> tuple[bool, str]:
+    """Whether every CUDA test proving ``mode`` on ``variant`` ran and passed; why not, if not."""
+    for prefix in MODES[mode][1]:
+        prefix = prefix.format(v=variant)
+        ran = {t: o for t, o in outcomes.items() if t.startswith(prefix)}
+        if not ran:
+            return False, f"{prefix}… did not run"
+        bad = [t for t, o in ran.items() if o != "PASSED"]
+        if bad:
+            return False, f"{bad[0]} {ran[bad[0]]}"
+    return True, ""
+
+
+def profile_mode(train: dict, model: str) -> str:
+    """The bench mode of the profile's own settings for ``model`` (bf16 or bf16-compile)."""
+    compiled = train["compile"] and (model == "capsnet" or train.get("compile_cnns", True))
+    return "bf16-compile" if compiled else "bf16"
+
+
+def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) -> tuple[dict | None, str]:
+    """The fastest eligible row for ``model`` (see the module) and a line saying why; None: keep the profile."""
+    variant = BENCHED[model]
+    mine = [r for r in rows if r.get("variant") == variant and r.get("mode") in MODES]
+    seeds = STACKED if any(r.get("seeds") == STACKED for r in mine) else 1
+    mine = [r for r in mine if r.get("seeds", 1) == seeds]
+    if not mine:
+        return None, f"{model}: no bench row of {variant}; the profile's settings stay"
+    eligible, refused = [], []
+    for row in mine:
+        ok, why = proven(row["mode"], variant, outcomes)
+        if row["mode"].endswith("-capture") and not row.get("captured"):
+            ok, why = False, "the bench ran it uncaptured"
+        (eligible if ok else refused).append((row, why))
+    if not eligible:
+        return None, f"{model}: no bench mode of {variant} passed its CUDA tests ({refused[0][0]['mode']}: " \
+                     f"{refused[0][1]}); the profile's settings stay"
+    best = max(eligible, key=lambda rw: rw[0]["train_images_per_s"])[0]
+    default = [r for r, _ in eligible if r["mode"] == profile_mode(train, model) and r.get("stack", "fused") == "fused"]
+    than = f"; the profile's {default[0]['mode']}: {default[0]['train_images_per_s']:,.0f}" if default else ""
+    line = (f"{model}: {best['mode']}, stack {best.get('stack', 'fused')}: {best['train_images_per_s']:,.0f} "
+            f"images/s ({variant}, {seeds} seed{'s' if seeds > 1 else ''}{than}; "
+            f"{len(refused)} mode(s) not proven on CUDA)")
+    return {**MODES[best["mode"]][0], "stack_layout": best.get("stack", "fused")}, line
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="a folder of bench JSON lines, or one file")
+    parser.add_argument("--tests", type=Path, default=Path("logs/gpu_tests.txt"), help="the CUDA tests' pytest -v log")
+    parser.add_argument("--params", type=Path, default=Path("params.gpu.yaml"), help="the profile's params")
+    args = parser.parse_args()
+    if not args.params.is_file():
+        sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
+    files = sorted(args.bench.glob("*.jsonl")) if args.bench.is_dir() else [args.bench] if args.bench.is_file() else []
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.startswith("{")]
+    outcomes = test_outcomes(args.tests.read_text()) if args.tests.is_file() else {}
+    raw = yaml.safe_load(args.params.read_text())
+    for model in BENCHED:
+        out = args.params.with_name(f"{args.params.stem}.{model}.yaml")
+        levers, line = choose(rows, outcomes, raw["train"], model)
+        print(line)
+        if levers is None:
+            out.unlink(missing_ok=True)
+            continue
+        chosen = {**raw, "train": {**raw["train"], **levers}}
+        if model != "capsnet":
+            chosen["train"]["compile_cnns"] = levers["compile"]
+        out.write_text(yaml.safe_dump(chosen, sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()
