@@ -23,9 +23,9 @@ TIMING = ("epoch_seconds", "train_images_per_second")  # the only history keys a
 
 
 def config(variant: str, **changes):
-    """Two steps of 4 an epoch, two epochs, the learning rate decaying at every step (a frozen or
+    """Two steps of 4 an epoch, three epochs, the learning rate decaying at every step (a frozen or
     misindexed rate shows), deterministic fp32 on the CPU."""
-    cfg = run_config(load_params(REPO / "params.yaml"), variant, 0, device="cpu", epochs=2, batch_size=4,
+    cfg = run_config(load_params(REPO / "params.yaml"), variant, 0, device="cpu", epochs=3, batch_size=4,
                      compile=False, amp=False, deterministic=True, log_every=1, eval_batch_size=64,
                      multimnist_epoch_size=8, lr_decay_steps=1, lr_decay_rate=0.7, checkpoint_every=1)
     return dataclasses.replace(cfg, **changes)
@@ -66,9 +66,9 @@ def assert_same_training(mine, theirs, state_mine: dict, state_theirs: dict, whe
 def test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains(variant, seeds, tmp_path, monkeypatch,
                                                                            small_cnns):
     """capsnet_r1_recon: a CapsNet with reconstruction; baseline_cnn: dropout; cnn_affnist: §5.2's
-    40×40 canvas; multimnist_r1_recon: pairs and two reconstructions. The captured run crosses the
-    epoch boundary, is killed in epoch 2's last step and resumed (its counters and order buffer set
-    afresh from the checkpoint)."""
+    40×40 canvas; multimnist_r1_recon: pairs and two reconstructions. The captured run is killed in
+    epoch 2's first step and resumed from epoch 1's checkpoint (its counters and order buffer set
+    afresh), and the resumed process crosses from epoch 2 to 3 (the order buffer refilled)."""
     cfgs = [config(variant, seed=s) for s in seeds]
     data = data_for(cfgs[0], n_train=8)
     eager = train_group(cfgs, data, tmp_path / "eager.pt")
@@ -78,12 +78,12 @@ def test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains(varia
     monkeypatch.setattr(steps.CapturedStep, "run", lambda self: ran.__setitem__("n", ran["n"] + 1) or run(self))
     graphed = [dataclasses.replace(c, cuda_graph=True) for c in cfgs]
     real = steps.training_step
-    kill_at(monkeypatch, 4)
+    kill_at(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         train_group(graphed, data, tmp_path / "captured.pt")
     monkeypatch.setattr(steps, "training_step", real)
     resumed = train_group(graphed, data, tmp_path / "captured.pt")
-    assert ran["n"] == 4 + 2  # every step the captured runs took went through CapturedStep.run
+    assert ran["n"] == 3 + 4  # every step the captured runs took went through CapturedStep.run
     assert [r.resumed_at for r in resumed] == [[1]] * len(seeds)
     assert_same_training(resumed, eager, torch.load(tmp_path / "captured.pt", weights_only=False),
                          torch.load(tmp_path / "eager.pt", weights_only=False), f"{variant} seeds {seeds}")
