@@ -50,9 +50,15 @@ STACKED = 3  # the seeds a window trains in one process (scripts/gpu_queue.py --
 
 
 def test_outcomes(log: str) -> dict[str, str]:
-    """{test id (from its file name on): PASSED | FAILED | ERROR | SKIPPED} from a `pytest -v` log."""
-    found = re.findall(r"(test_\w+\.py::\S+) (PASSED|FAILED|ERROR|SKIPPED)", log)
-    return {test: outcome for test, outcome in found}
+    """{test id (from its file name on): PASSED | FAILED | ERROR | SKIPPED} from a `pytest -v` log, as
+    pytest writes it ("tests/t.py::id PASSED [ 5%]") or with pytest-xdist's -n ("[gw0] [ 5%] PASSED
+    tests/t.py::id"); a test reported twice (a failure's summary line too) keeps its worse outcome."""
+    outcomes: dict[str, str] = {}
+    for test, outcome in [*re.findall(r"(test_\w+\.py::\S+) (PASSED|FAILED|ERROR|SKIPPED)\b", log),
+                          *[(t, o) for o, t in re.findall(r"\b(PASSED|FAILED|ERROR|SKIPPED) \S*?(test_\w+\.py::\S+)", log)]]:
+        if outcomes.get(test, "PASSED") == "PASSED":
+            outcomes[test] = outcome
+    return outcomes
 
 
 def proven(mode: str, variant: str, outcomes: dict[str, str]) -> tuple[bool, str]:

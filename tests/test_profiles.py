@@ -233,8 +233,9 @@ def test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove(tmp_path):
         "tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon] PASSED [ 2%]",
         f"{capture}[capsnet_r3_recon-bf16-compiled-fused-3seed] PASSED [ 3%]",
         f"{capture}[capsnet_r3_recon-bf16-compiled-fused-1seed] PASSED [ 4%]",
-        f"{capture}[capsnet_r3_recon-bf16-eager-fused-3seed] PASSED [ 5%]",
-        f"{capture}[baseline_cnn-bf16-eager-fused-3seed] FAILED [ 6%]"])
+        f"[gw3] [  5%] PASSED {capture}[capsnet_r3_recon-bf16-eager-fused-3seed] ",  # pytest-xdist's -n
+        f"[gw1] [  6%] FAILED {capture}[baseline_cnn-bf16-eager-fused-3seed] ",
+        f"FAILED {capture}[baseline_cnn-bf16-eager-fused-3seed] - AssertionError: grads"])
     (tmp_path / "tests.txt").write_text(log)
 
     def levers():
