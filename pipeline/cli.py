@@ -15,11 +15,10 @@ from pathlib import Path
 import click
 
 from pipeline.core.errors import Terminated, UserError
+from pipeline.core.params import BENCH_MODES as SPEED_MODES
 from pipeline.core.params import Params, load_params
 
-# `capsnet bench --mode`: the keys of pipeline.training.bench.MODES (listed here so the CLI starts without torch)
-BENCH_MODES = ["fp32", "bf16", "compile", "bf16-compile", "bf16-graphs", "bf16-cl", "bf16-compile-cl", "bf16-autotune",
-               "bf16-capture", "bf16-compile-capture"]
+BENCH_MODES = list(SPEED_MODES)  # `capsnet bench --mode`: pipeline.training.bench.MODES, read without torch
 PARAMS_OPTION = click.option("--params", "params_path", default="params.yaml", show_default=True,
                              type=click.Path(dir_okay=False), help="params.yaml to read")
 

@@ -13,7 +13,8 @@ really captured, and every CUDA test that proves that mode on that variant passe
 a mode no CUDA test proves, such as torch.compile's own CUDA graphs, is never picked). The
 profile's own setting competes as the row of its mode, so nothing is picked that the bench did not
 show faster. A model with no eligible row keeps the profile. Prints one line per model saying what
-it picked, from what, and why. Needs only PyYAML (the GPU machine has no DVC or MLflow).
+it picked, from what, and why. Needs PyYAML and this repository on the path (gpu_session.sh sets
+PYTHONPATH), not torch, DVC or MLflow.
 """
 
 from __future__ import annotations
@@ -26,27 +27,31 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.core.params import BENCH_MODES
+
 BENCHED = {"capsnet": "capsnet_r3_recon", "baseline_cnn": "baseline_cnn"}  # model: the variant timed for it
-# a bench mode: its levers (train.*) and the CUDA tests (pytest id prefixes, "{v}" the variant) that
-# prove it computes the same step; a mode of the profile's own settings needs none
-MODES = {
-    "bf16": ({"compile": False, "compile_mode": "default", "channels_last": False, "cuda_graph": False}, []),
-    "bf16-compile": ({"compile": True, "compile_mode": "default", "channels_last": False, "cuda_graph": False},
-                     ["test_gpu.py::test_bf16_compiled_step_matches_eager_fp32[{v}]",
-                      "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"]),
-    "bf16-cl": ({"compile": False, "compile_mode": "default", "channels_last": True, "cuda_graph": False},
-                ["test_gpu.py::test_bf16_channels_last_step_matches_eager_fp32[{v}]"]),
-    "bf16-compile-cl": ({"compile": True, "compile_mode": "default", "channels_last": True, "cuda_graph": False},
-                        ["test_gpu.py::test_bf16_channels_last_step_matches_eager_fp32[{v}]",
-                         "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"]),
-    "bf16-capture": ({"compile": False, "compile_mode": "default", "channels_last": False, "cuda_graph": True},
-                     ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes[{v}-bf16-eager"]),
-    "bf16-compile-capture": ({"compile": True, "compile_mode": "default", "channels_last": False, "cuda_graph": True},
-                             ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
-                              "[{v}-bf16-compiled",
-                              "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"]),
+# the CUDA tests (pytest id prefixes, "{v}" the variant) that prove a bench mode computes the same step;
+# a mode of the profile's own settings needs none; a mode not listed is proven by none
+PROOFS = {
+    "bf16": [],
+    "bf16-compile": ["test_gpu.py::test_bf16_compiled_step_matches_eager_fp32[{v}]",
+                     "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"],
+    "bf16-cl": ["test_gpu.py::test_bf16_channels_last_step_matches_eager_fp32[{v}]"],
+    "bf16-compile-cl": ["test_gpu.py::test_bf16_channels_last_step_matches_eager_fp32[{v}]",
+                        "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"],
+    "bf16-capture": ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes[{v}-bf16-eager"],
+    "bf16-compile-capture": ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+                             "[{v}-bf16-compiled",
+                             "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"],
 }
 STACKED = 3  # the seeds a window trains in one process (scripts/gpu_queue.py --stack)
+
+
+def levers(mode: str) -> dict:
+    """The train.* speed settings of a bench mode (pipeline.core.params.BENCH_MODES)."""
+    m = BENCH_MODES[mode]
+    return {"compile": m.compile_mode is not None, "compile_mode": m.compile_mode or "default",
+            "channels_last": m.channels_last, "cuda_graph": m.cuda_graph}
 
 
 def test_outcomes(log: str) -> dict[str, str]:
@@ -63,7 +68,7 @@ def test_outcomes(log: str) -> dict[str, str]:
 
 def proven(mode: str, variant: str, outcomes: dict[str, str]) -> tuple[bool, str]:
     """Whether every CUDA test proving ``mode`` on ``variant`` ran and passed; why not, if not."""
-    for prefix in MODES[mode][1]:
+    for prefix in PROOFS[mode]:
         prefix = prefix.format(v=variant)
         ran = {t: o for t, o in outcomes.items() if t.startswith(prefix)}
         if not ran:
@@ -83,7 +88,8 @@ def profile_mode(train: dict, model: str) -> str:
 def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) -> tuple[dict | None, str]:
     """The fastest eligible row for ``model`` (see the module) and a line saying why; None: keep the profile."""
     variant = BENCHED[model]
-    mine = [r for r in rows if r.get("variant") == variant and r.get("mode") in MODES]
+    mine = [r for r in rows if r.get("variant") == variant and r.get("mode") in PROOFS
+            and BENCH_MODES[r["mode"]].amp == train["amp"]]  # bf16 autocast is protocol, never a lever
     seeds = STACKED if any(r.get("seeds") == STACKED for r in mine) else 1
     mine = [r for r in mine if r.get("seeds", 1) == seeds]
     if not mine:
@@ -103,7 +109,7 @@ def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) 
     line = (f"{model}: {best['mode']}, stack {best.get('stack', 'fused')}: {best['train_images_per_s']:,.0f} "
             f"images/s ({variant}, {seeds} seed{'s' if seeds > 1 else ''}{than}; "
             f"{len(refused)} mode(s) not proven on CUDA)")
-    return {**MODES[best["mode"]][0], "stack_layout": best.get("stack", "fused")}, line
+    return {**levers(best["mode"]), "stack_layout": best.get("stack", "fused")}, line
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
 POWER = "tests/test_power.py"
 WARM = "tests/test_warm.py"
+TALLY = "tests/test_steps.py::test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_step"
 CAPTURED = "tests/test_steps.py::test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains[baseline_cnn-3seeds]"
 
 MUTATIONS = [
@@ -84,7 +85,7 @@ MUTATIONS = [
              "generator.set_state(saved)", "pass", (RESUME,)),
     Mutation("stacked seeds share one generator", "pipeline/training/train.py",
              "generators = [torch.Generator(device=device).manual_seed(c.seed) for c in cfgs]",
-             "generators = [torch.Generator(device=device).manual_seed(cfg.seed)] * n_seeds", (STACK,)),
+             "generators = [torch.Generator(device=device).manual_seed(cfg.seed)] * len(cfgs)", (STACK,)),
     Mutation("stacked seeds built from one initialisation", "pipeline/training/train.py",
              "        torch.manual_seed(c.seed)\n", "        torch.manual_seed(cfg.seed)\n", (STACK,)),
     Mutation("dropout masks from the global generator", "pipeline/training/stack.py",
@@ -244,11 +245,11 @@ MUTATIONS = [
              "self.lr.copy_(self.lr_table.index_select(0, self.global_step.view(1)).squeeze(0))",
              "self.lr.copy_(self.lr_table[0])", (CAPTURED,)),
     Mutation("the captured step draws every seed from one generator", "pipeline/training/steps.py",
-             "draw_step(self.exp, self.stack, orders, self.step, self.generators)",
-             "draw_step(self.exp, self.stack, orders, self.step, [self.generators[0]] * len(self.generators))",
+             "draw_step(self.exp, self.stack, self.order_rows, self.step, self.generators)",
+             "draw_step(self.exp, self.stack, self.order_rows, self.step, [self.generators[0]] * len(self.generators))",
              (CAPTURED,)),
     Mutation("the captured step's order buffer not refreshed at an epoch", "pipeline/training/steps.py",
-             "                self.orders.copy_(new)\n", "                pass\n", (CAPTURED,)),
+             "            torch.stack(orders, out=self.orders)\n", "            pass\n", (CAPTURED,)),
     Mutation("the captured step's counter not advanced", "pipeline/training/steps.py",
              "        self.step.add_(1)\n", "", (CAPTURED,)),
     Mutation("the captured step's global counter not set at an epoch (a resume restarts the schedule)",
@@ -258,8 +259,10 @@ MUTATIONS = [
              "with tensor_lr(self.optimizer, self.lr):", "with contextlib.nullcontext():", (CAPTURED,)),
     Mutation("the scheduler left behind the captured step", "pipeline/training/steps.py",
              "        self.scheduler.step()\n", "        pass\n", (CAPTURED,)),
-    Mutation("the captured step's loss parts overwritten, not summed", "pipeline/training/steps.py",
-             "self.sums.add_(parts)", "self.sums.copy_(parts)", (CAPTURED,)),
+    Mutation("a step's loss parts overwrite the epoch's, not summed", "pipeline/training/steps.py",
+             "self.sums.add_(parts)", "self.sums.copy_(parts)", (TALLY,)),
+    Mutation("a later non-finite step overwrites the first", "pipeline/training/steps.py",
+             "& (self.first_bad < 0)  # (S,)", "  # (S,)", (TALLY,)),
     Mutation("train.cuda_graph never reaches the loop", "pipeline/training/train.py",
              "    if not cfg.cuda_graph:\n", "    if True:\n", (CAPTURED,)),
     Mutation("a failed capture goes on with the generators it moved", "pipeline/training/steps.py",
@@ -269,7 +272,7 @@ MUTATIONS = [
              "idx = order[step * self.batch_size + self.offsets]", "idx = order[step + self.offsets]",
              ("tests/test_steps.py::test_a_batch_drawn_for_a_device_counter_is_the_batch_drawn_for_the_step",)),
     Mutation("the gpu levers pick a mode no CUDA test proves", "scripts/gpu_levers.py",
-             "    for prefix in MODES[mode][1]:", "    for prefix in []:",
+             "    for prefix in PROOFS[mode]:", "    for prefix in []:",
              ("tests/test_profiles.py::test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove",)),
     Mutation("the fingerprint hashes the first seed only", "pipeline/training/fingerprint.py",
              "for k, model in enumerate(models):", "for k, model in enumerate(models[:1]):", (FINGERPRINT,)),

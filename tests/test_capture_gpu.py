@@ -27,8 +27,7 @@ from test_gpu import BF16_LAYER_BOUNDS, FP32_LAYER_BOUND, config, family, tf32_o
 
 from pipeline.experiments import multimnist as mm
 from pipeline.training import steps
-from pipeline.training.stack import SeedStack, loss_recipe
-from pipeline.training.train import build_model, configure_backends, make_optimizer, place_model, schedule
+from pipeline.training.train import build_group, configure_backends, schedule
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -38,14 +37,9 @@ WEIGHT_BOUNDS = {"fp32": 1e-3, "bf16": 1e-2}
 
 
 def side(cfg, seeds: tuple[int, ...], device: torch.device):
-    """One side's stack (each seed built after its own manual_seed), optimiser, scheduler, generators."""
-    models = []
-    for seed in seeds:
-        torch.manual_seed(seed)
-        models.append(place_model(build_model(cfg), cfg, device).train())
-    stack = SeedStack(models, loss_recipe(cfg), cfg.stack_layout)
-    optimizer, scheduler = make_optimizer(stack, cfg, device)
-    generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+    """One side's stack, its loss (compiled when cfg.compile), optimiser, scheduler and generators, as
+    `train_group` builds them."""
+    stack, optimizer, scheduler, generators = build_group([dataclasses.replace(cfg, seed=s) for s in seeds], device)
     return stack, (torch.compile(stack) if cfg.compile else stack), optimizer, scheduler, generators
 
 

@@ -47,11 +47,13 @@ def kill_at(monkeypatch, call: int):
 def assert_same_training(mine, theirs, state_mine: dict, state_theirs: dict, where: str) -> None:
     """Two runs' results and final checkpoints: every weight, history entry (but timings), Adam
     moment and step, the scheduler's position and rate, and every generator state, equal."""
+    def untimed(history: list[dict]) -> list[dict]:
+        return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+
     for a, b in zip(mine, theirs):
         for name, value in b.model.state_dict().items():
             assert torch.equal(a.model.state_dict()[name], value), f"{where}: {name}"
-        strip = [lambda h: {k: v for k, v in h.items() if k not in TIMING}] * 2
-        assert [strip[0](h) for h in a.history] == [strip[1](h) for h in b.history], where
+        assert untimed(a.history) == untimed(b.history), where
     for i, moments in state_theirs["optimizer"]["state"].items():
         for key, value in moments.items():
             assert torch.equal(state_mine["optimizer"]["state"][i][key], value), f"{where}: Adam {i} {key}"
@@ -87,6 +89,25 @@ def test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains(varia
     assert [r.resumed_at for r in resumed] == [[1]] * len(seeds)
     assert_same_training(resumed, eager, torch.load(tmp_path / "captured.pt", weights_only=False),
                          torch.load(tmp_path / "eager.pt", weights_only=False), f"{variant} seeds {seeds}")
+
+
+def test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_step():
+    """What both steps keep on the device for the loop (`_Step._tally`): per seed the sum of its
+    steps' loss parts, and the global step of its first non-finite loss while it is active (a
+    stopped seed's NaN is no error, a later one does not replace the first)."""
+    step = steps.EagerStep(None, None, None, None, None, [None, None, None], False, 10, torch.device("cpu"))
+    step.begin_epoch(2, [None] * 3, torch.tensor([1.0, 1.0, 0.0]))
+    nan = float("nan")
+    parts = [torch.tensor([[1.0, 0.5, 0.5], [2.0, 2.0, 0.0], [nan, nan, 0.0]]),
+             torch.tensor([[3.0, 1.5, 1.5], [nan, nan, 0.0], [nan, nan, 0.0]]),
+             torch.tensor([[5.0, 2.5, 2.5], [nan, nan, 0.0], [1.0, 1.0, 0.0]])]
+    for p in parts:
+        step._tally(p)
+    assert step.sums[0].tolist() == [9.0, 4.5, 4.5]
+    assert step.first_bad.tolist() == [-1, 21, -1]  # epoch 2 of 10 steps: its second step is global step 21
+    assert int(step.global_step) == 23
+    step.begin_epoch(3, [None] * 3, torch.ones(3))
+    assert step.sums.abs().sum() == 0 and step.first_bad.tolist() == [-1] * 3 and int(step.global_step) == 30
 
 
 def test_a_checkpoint_of_the_capturable_step_resumes_eagerly_and_back(tmp_path, monkeypatch):

@@ -9,3 +9,10 @@ class UserError(Exception):
 class Terminated(BaseException):
     """SIGTERM arrived (DVC, a scheduler or `kill` stopping a stage): unwind, marking runs FAILED.
     A BaseException, like KeyboardInterrupt, so no `except Exception` swallows it."""
+
+
+def first_line(err: BaseException, limit: int = 160) -> str:
+    """An exception as one short line for a one-line message: its message's first line, cut at
+    ``limit`` characters, or its type's name when it has no message."""
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else type(err).__name__

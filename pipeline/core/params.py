@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -38,6 +38,29 @@ STACK_LAYOUTS = ("fused", "bmm", "loop")  # how stacked seeds run: pipeline.trai
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 GRAPHED_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # the modes that capture CUDA graphs of their own
 RECIPES = ("paper", "official")  # pipeline.models.capsnet.RECIPES (kept here so params.py does not import torch)
+
+
+class BenchMode(NamedTuple):
+    """The train.* speed settings a `capsnet bench --mode` times (pipeline.training.bench)."""
+
+    amp: bool  # bf16 autocast
+    compile_mode: str | None  # torch.compile's mode (train.compile_mode), None: eager
+    channels_last: bool = False  # NHWC convolutions
+    cuda_graph: bool = False  # the whole step captured as one CUDA graph (pipeline.training.steps)
+
+
+# "graphs" adds torch.compile's own CUDA graphs (reduce-overhead); "autotune" searches kernels without
+# graphs (max-autotune-no-cudagraphs); "cl" puts the convolutions in NHWC; "capture" captures the whole
+# step, Adam and the batch draws included, as one CUDA graph (train.cuda_graph). Here, not beside the
+# bench, so that the CLI and scripts/gpu_levers.py read them without importing torch.
+BENCH_MODES = {
+    "fp32": BenchMode(False, None), "bf16": BenchMode(True, None), "compile": BenchMode(False, "default"),
+    "bf16-compile": BenchMode(True, "default"), "bf16-graphs": BenchMode(True, "reduce-overhead"),
+    "bf16-cl": BenchMode(True, None, True), "bf16-compile-cl": BenchMode(True, "default", True),
+    "bf16-autotune": BenchMode(True, "max-autotune-no-cudagraphs"),
+    "bf16-capture": BenchMode(True, None, cuda_graph=True),
+    "bf16-compile-capture": BenchMode(True, "default", cuda_graph=True),
+}
 
 
 @dataclass(frozen=True)

@@ -12,40 +12,23 @@ from __future__ import annotations
 import dataclasses
 import resource
 import time
-from typing import NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.transforms import v2
 
+from pipeline.core.params import BENCH_MODES
 from pipeline.data.idx import MNIST_SIZE
-from pipeline.training.stack import SeedStack
 from pipeline.training.train import (
-    RunConfig, build_model, compute_loss, configure_backends, loss_recipe, make_optimizer, make_step, place_model, predict,
-    resolve_device,
+    RunConfig, build_group, build_model, compute_loss, configure_backends, loss_recipe, make_optimizer, make_step,
+    predict, resolve_device,
 )
 
 EPOCH_IMAGES = 60_000
 
 
-class Mode(NamedTuple):
-    """What a `capsnet bench --mode` sets: the train.* settings of that name."""
-
-    amp: bool  # bf16 autocast
-    compile_mode: str | None  # torch.compile's mode (train.compile_mode), None: eager
-    channels_last: bool = False  # NHWC convolutions
-    cuda_graph: bool = False  # the whole step captured as one CUDA graph (pipeline.training.steps)
-
-
-# "graphs" adds torch.compile's own CUDA graphs (reduce-overhead); "autotune" searches kernels without
-# graphs (max-autotune-no-cudagraphs); "cl" puts the convolutions in NHWC; "capture" captures the whole
-# step, Adam and the batch draws included, as one CUDA graph (train.cuda_graph).
-MODES = {"fp32": Mode(False, None), "bf16": Mode(True, None), "compile": Mode(False, "default"),
-         "bf16-compile": Mode(True, "default"), "bf16-graphs": Mode(True, "reduce-overhead"),
-         "bf16-cl": Mode(True, None, True), "bf16-compile-cl": Mode(True, "default", True),
-         "bf16-autotune": Mode(True, "max-autotune-no-cudagraphs"),
-         "bf16-capture": Mode(True, None, cuda_graph=True), "bf16-compile-capture": Mode(True, "default", cuda_graph=True)}
+MODES = BENCH_MODES  # --mode: the train.* speed settings of each name
 
 
 def _sync(device: torch.device) -> None:
@@ -90,14 +73,9 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     device = resolve_device(cfg.device)
     amp = cfg.amp and device.type == "cuda"
     configure_backends(cfg, device)
-    models = []
-    for k in range(seeds):
-        torch.manual_seed(generator_seed + k)
-        models.append(place_model(build_model(cfg), cfg, device))
-    stack = SeedStack(models, loss_recipe(cfg), layout)
-    optimizer, scheduler = make_optimizer(stack, cfg, device)
+    cfgs = [dataclasses.replace(cfg, seed=generator_seed + k, stack_layout=layout) for k in range(seeds)]
+    stack, optimizer, scheduler, generators = build_group(cfgs, device)
     loss_fn = torch.compile(stack, mode=compile_mode) if cfg.compile else stack
-    generators = [torch.Generator(device=device).manual_seed(generator_seed + k) for k in range(seeds)]
     n = cfg.batch_size * (steps + warmup)
     exp = cfg.experiment_module().Training(cfg, random_data(cfg, n, device), device)
     step = make_step(cfg, exp, stack, loss_fn, optimizer, scheduler, generators, amp, device)
@@ -117,7 +95,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
         step()
     _sync(device)
     train_seconds = time.perf_counter() - t0
-    captured = getattr(step, "graph", None) is not None
+    captured = step.graph is not None
     # whole eval batches only: a last partial batch is a new shape, and cuDNN autotuning (deterministic:
     # false) would time its algorithm search
     images = exp.test_images  # (n, S, S); MultiMNIST's are the 28×28 digits its recipes index

@@ -26,6 +26,7 @@ import warnings
 
 import torch
 
+from pipeline.core.errors import first_line
 from pipeline.training.experiment import Batch, Experiment
 from pipeline.training.stack import SeedStack, stack_batches
 
@@ -62,28 +63,50 @@ def draw_step(exp: Experiment, stack: SeedStack, orders: list, step: int | torch
     return stack_batches(batches), None if keeps[0] is None else torch.stack(keeps)  # (S, B, F)
 
 
-class EagerStep:
-    """The step as the loop has always run it: host integers, LambdaLR stepped after Adam."""
+class _Step:
+    """What both steps share: their parts, and the epoch's tallies the loop reads back, kept on the
+    device in buffers that live as long as the process: each active seed's summed loss parts and the
+    global step of its first non-finite loss, the global step counter itself."""
+
+    graph = None  # the captured CUDA graph (a `CapturedStep` on CUDA, once captured)
 
     def __init__(self, exp: Experiment, stack: SeedStack, loss_fn, optimizer, scheduler,
                  generators: list[torch.Generator], amp: bool, steps_per_epoch: int, device: torch.device):
         self.exp, self.stack, self.loss_fn, self.optimizer, self.scheduler = exp, stack, loss_fn, optimizer, scheduler
         self.generators, self.amp, self.steps_per_epoch, self.device = generators, amp, steps_per_epoch, device
+        n_seeds = len(generators)
+        self.active = torch.ones(n_seeds, device=device)  # (S,) 1.0 while a seed trains, 0.0 once it stopped
+        self.sums = torch.zeros(n_seeds, 3, device=device)  # (S, 3) per seed: total, margin, reconstruction
+        self.first_bad = torch.full((n_seeds,), -1, device=device, dtype=torch.long)  # (S,) -1: none yet
+        self.global_step = torch.zeros((), dtype=torch.long, device=device)
 
     def begin_epoch(self, epoch: int, orders: list, active: torch.Tensor) -> None:
-        n_seeds = len(self.generators)
-        self.orders, self.active, self.i = orders, active, 0
-        self.sums = torch.zeros(n_seeds, 3, device=self.device)  # per seed: total, margin, reconstruction
-        self.first_bad = torch.full((n_seeds,), -1, device=self.device, dtype=torch.long)
-        self.step_dev = torch.full((), epoch * self.steps_per_epoch, device=self.device, dtype=torch.long)
+        """The epoch's active seeds, its tallies at zero, the global counter at its first step."""
+        self.active.copy_(active)
+        self.sums.zero_()
+        self.first_bad.fill_(-1)
+        self.global_step.fill_(epoch * self.steps_per_epoch)
+
+    def _tally(self, parts: torch.Tensor) -> None:
+        """A step's (S, 3) loss parts into the epoch's sums, the first non-finite step of each active
+        seed kept, the global counter advanced; on the device, no sync."""
+        bad = ~torch.isfinite(parts[:, 0]) & (self.active > 0) & (self.first_bad < 0)  # (S,)
+        self.first_bad.copy_(torch.where(bad, self.global_step, self.first_bad))
+        self.sums.add_(parts)
+        self.global_step.add_(1)
+
+
+class EagerStep(_Step):
+    """The step as the loop has always run it: the step within the epoch a host integer, LambdaLR
+    stepped after Adam."""
+
+    def begin_epoch(self, epoch: int, orders: list, active: torch.Tensor) -> None:
+        super().begin_epoch(epoch, orders, active)
+        self.orders, self.i = orders, 0
 
     def __call__(self) -> None:
         batch, keep = draw_step(self.exp, self.stack, self.orders, self.i, self.generators)
-        parts = training_step(self.loss_fn, self.optimizer, self.scheduler, batch, keep, self.active, self.amp)  # (S, 3)
-        bad = ~torch.isfinite(parts[:, 0]) & (self.active > 0) & (self.first_bad < 0)  # (S,)
-        self.first_bad = torch.where(bad, self.step_dev, self.first_bad)
-        self.sums += parts
-        self.step_dev += 1
+        self._tally(training_step(self.loss_fn, self.optimizer, self.scheduler, batch, keep, self.active, self.amp))
         self.i += 1
 
     def last_lr(self, steps_done: int) -> float:
@@ -108,7 +131,7 @@ def tensor_lr(optimizer: torch.optim.Optimizer, lr: torch.Tensor):
             group["lr"] = value
 
 
-class CapturedStep:
+class CapturedStep(_Step):
     """train.cuda_graph: the whole step as a function of static buffers (module docstring); captured
     on CUDA, run eagerly elsewhere. ``lr_values``: the learning rate of every global step of the
     run (and one past the last), `pipeline.training.train.schedule`."""
@@ -116,52 +139,38 @@ class CapturedStep:
     def __init__(self, exp: Experiment, stack: SeedStack, loss_fn, optimizer, scheduler,
                  generators: list[torch.Generator], amp: bool, steps_per_epoch: int, device: torch.device,
                  lr_values: list[float]):
-        self.exp, self.stack, self.loss_fn, self.optimizer, self.scheduler = exp, stack, loss_fn, optimizer, scheduler
-        self.generators, self.amp, self.steps_per_epoch, self.device = generators, amp, steps_per_epoch, device
-        n_seeds = len(generators)
+        super().__init__(exp, stack, loss_fn, optimizer, scheduler, generators, amp, steps_per_epoch, device)
         self.capture = device.type == "cuda"
         self.lr_values = lr_values
         self.lr_table = torch.tensor(lr_values, dtype=torch.float64, device=device)  # (T + 1,)
         # fused Adam on CUDA reads a float32 learning rate; the CPU's reads the double the table holds
         self.lr = torch.zeros((), dtype=torch.float32 if self.capture else torch.float64, device=device)
         self.step = torch.zeros((), dtype=torch.long, device=device)  # within the epoch
-        self.global_step = torch.zeros((), dtype=torch.long, device=device)
-        self.active = torch.ones(n_seeds, device=device)  # (S,)
-        self.sums = torch.zeros(n_seeds, 3, device=device)  # (S, 3) per seed: total, margin, reconstruction
-        self.first_bad = torch.full((n_seeds,), -1, device=device, dtype=torch.long)  # (S,)
         self.orders: torch.Tensor | None = None  # (S, N), allocated by the first epoch, refilled by the next
-        self.graph, self.eager_steps = None, 0
+        self.order_rows: list = [None] * len(generators)  # each seed's row of it (views)
+        self.eager_steps = 0
         if self.capture:
             for group in optimizer.param_groups:
                 group["capturable"] = True  # a checkpoint's param groups may have said otherwise
 
     def begin_epoch(self, epoch: int, orders: list, active: torch.Tensor) -> None:
         """The epoch's orders, the active seeds and the counters into the static buffers (outside the graph)."""
-        if orders[0] is not None:
-            new = torch.stack(orders)  # (S, N)
-            if self.orders is None:
-                self.orders = new
-            else:
-                self.orders.copy_(new)
-        self.active.copy_(active)
-        self.sums.zero_()
-        self.first_bad.fill_(-1)
+        super().begin_epoch(epoch, orders, active)
+        if orders[0] is not None and self.orders is None:  # None: every batch is drawn fresh
+            self.orders = torch.stack(orders)  # (S, N)
+            self.order_rows = list(self.orders.unbind(0))
+        elif orders[0] is not None:
+            torch.stack(orders, out=self.orders)
         self.step.zero_()
-        self.global_step.fill_(epoch * self.steps_per_epoch)
 
     def run(self) -> None:
         """The step itself: what is captured, and what runs eagerly on the CPU."""
-        orders = [None] * len(self.generators) if self.orders is None else list(self.orders.unbind(0))
-        batch, keep = draw_step(self.exp, self.stack, orders, self.step, self.generators)
+        batch, keep = draw_step(self.exp, self.stack, self.order_rows, self.step, self.generators)
         self.lr.copy_(self.lr_table.index_select(0, self.global_step.view(1)).squeeze(0))
         with tensor_lr(self.optimizer, self.lr):
-            parts = training_step(self.loss_fn, self.optimizer, None, batch, keep, self.active, self.amp,
-                                  cache=False)  # (S, 3)
-        bad = ~torch.isfinite(parts[:, 0]) & (self.active > 0) & (self.first_bad < 0)  # (S,)
-        self.first_bad.copy_(torch.where(bad, self.global_step, self.first_bad))
-        self.sums.add_(parts)
+            self._tally(training_step(self.loss_fn, self.optimizer, None, batch, keep, self.active, self.amp,
+                                      cache=False))
         self.step.add_(1)
-        self.global_step.add_(1)
 
     def __call__(self) -> None:
         if self.graph is not None:
@@ -198,8 +207,7 @@ class CapturedStep:
         except Exception as err:  # noqa: BLE001 (any failure: the step is not capturable here)
             for generator, state in zip(self.generators, saved):
                 generator.set_state(state)
-            reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-            warnings.warn(f"train.cuda_graph: capturing the step failed ({reason}); training on uncaptured, "
+            warnings.warn(f"train.cuda_graph: capturing the step failed ({first_line(err)}); training on uncaptured, "
                           "the same step run eagerly", stacklevel=3)
             self.capture = False
             for group in self.optimizer.param_groups:

@@ -37,14 +37,13 @@ import torch
 from tqdm.auto import tqdm
 
 from pipeline.core import registry
-from pipeline.core.errors import UserError
+from pipeline.core.errors import UserError, first_line
 from pipeline.core.files import atomic_path
 from pipeline.core.params import Params
 from pipeline.models.baseline import BaselineCNN, MultiMNISTCNN, PoolingCNN
 from pipeline.models.capsnet import CapsNet
-from pipeline.training.experiment import Batch, Experiment, predict, to_float  # noqa: F401 (to_float, predict: re-exported)
-from pipeline.training.stack import (LossOf, SeedStack, compute_loss, loss_function, loss_recipe,  # noqa: F401 (re-exported)
-                            stack_batches)
+from pipeline.training.experiment import Experiment, predict, to_float  # noqa: F401 (to_float, predict: re-exported)
+from pipeline.training.stack import LossOf, SeedStack, compute_loss, loss_function, loss_recipe  # noqa: F401 (re-exported)
 from pipeline.training.steps import CapturedStep, EagerStep, draw_step, training_step  # noqa: F401 (re-exported)
 
 ADAM_EPS = 1e-8  # TF1's tf.train.AdamOptimizer default, which the official code uses (1e-7 is Keras')
@@ -266,7 +265,7 @@ def load_checkpoint(path: str | Path, cfgs: RunConfig | list[RunConfig]) -> dict
     except Exception as err:  # cut short (a full disk), overwritten, or not a checkpoint at all
         aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
         os.replace(path, aside)
-        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        reason = first_line(err, 120)
         warnings.warn(f"checkpoint {path} is unreadable ({reason}); moved aside to {aside} (delete it once "
                       "you have looked) and training starts afresh", stacklevel=2)
         return None
@@ -288,6 +287,21 @@ class _Seed:
     resumed_at: list[int] = dataclasses.field(default_factory=list)
     extra: dict = dataclasses.field(default_factory=dict)
     weights: dict[str, torch.Tensor] | None = None  # frozen at early stopping (the stack trains on)
+
+
+def build_group(cfgs: list[RunConfig], device: torch.device):
+    """A seed group's stack (each seed's model built after its own `torch.manual_seed(seed)`, as a
+    separate run builds it; cfg.stack_layout), its Adam and learning-rate schedule, and each seed's
+    own device generator: (stack, optimizer, scheduler, generators)."""
+    cfg = cfgs[0]
+    models = []
+    for c in cfgs:
+        torch.manual_seed(c.seed)
+        models.append(place_model(build_model(c), c, device))
+    stack = SeedStack(models, loss_recipe(cfg), cfg.stack_layout)
+    optimizer, scheduler = make_optimizer(stack, cfg, device)
+    generators = [torch.Generator(device=device).manual_seed(c.seed) for c in cfgs]
+    return stack, optimizer, scheduler, generators
 
 
 def train(cfg: RunConfig, data: dict[str, torch.Tensor], checkpoint_path: str | Path,
@@ -323,13 +337,7 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
     if cfg.amp and not amp:
         warnings.warn("train.amp is on but the device is not CUDA: training in fp32", stacklevel=2)
     configure_backends(cfg, device)
-    models = []
-    for c in cfgs:
-        torch.manual_seed(c.seed)
-        models.append(place_model(build_model(c), c, device))
-    stack = SeedStack(models, loss_recipe(cfg), cfg.stack_layout)
-    optimizer, scheduler = make_optimizer(stack, cfg, device)
-    generators = [torch.Generator(device=device).manual_seed(c.seed) for c in cfgs]
+    stack, optimizer, scheduler, generators = build_group(cfgs, device)
     exp = cfg.experiment_module().Training(cfg, data, device)
     steps_per_epoch = exp.steps_per_epoch
     if steps_per_epoch == 0:
@@ -377,8 +385,7 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
                                 img_s=f"{(step + 1) * cfg.batch_size * n_seeds / seconds:.0f}")
         bar.close()
         step_fn.end_epoch((epoch + 1) * steps_per_epoch)
-        sums = step_fn.sums
-        totals = (sums / steps_per_epoch).tolist()  # (S, 3)
+        totals = (step_fn.sums / steps_per_epoch).tolist()  # (S, 3)
         seconds = time.perf_counter() - t0
         scored = []  # (k, metrics, stopped now) of the seeds this epoch trained
         for k, seed in enumerate(seeds):
