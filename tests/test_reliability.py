@@ -13,7 +13,7 @@ from conftest import tiny_pipeline
 from pipeline.core import tracking
 from pipeline.core.files import atomic_path, file_lock
 from pipeline.stages import train as train_stage
-from pipeline.training.train import NonFiniteLossError, _save_checkpoint
+from pipeline.training.checkpoint import NonFiniteLossError, save_checkpoint
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_a_batch_larger_than_the_data_stops_before_any_run(stage):
 def test_non_finite_weights_are_never_checkpointed(tmp_path):
     weights = {"w": torch.tensor([1.0, float("nan")]), "steps": torch.tensor([3])}
     with pytest.raises(NonFiniteLossError, match="non-finite weights in w"):
-        _save_checkpoint(tmp_path / "c.pt", {"stack": weights}, weights)
+        save_checkpoint(tmp_path / "c.pt", {"stack": weights}, weights)
     assert list(tmp_path.iterdir()) == []
 
 

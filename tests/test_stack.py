@@ -12,7 +12,7 @@ from pipeline.experiments import multimnist as mm
 from pipeline.experiments.affnist import expanded_mnist
 from pipeline.models import baseline
 from pipeline.training import steps
-from pipeline.training import train as train_module
+from pipeline.training import checkpoint
 from pipeline.training.train import predict, run_config, train, train_group
 
 SEEDS = (0, 1, 2)
@@ -189,15 +189,15 @@ def test_a_group_checkpoint_does_not_resume_another_group(tmp_path):
     cfg = config("capsnet_r1", epochs=1)
     train_group([dataclasses.replace(cfg, seed=s) for s in (0, 1)], tiny_data(), tmp_path / "g.pt")
     with pytest.warns(UserWarning, match="another configuration"):
-        assert train_module.load_checkpoint(tmp_path / "g.pt", [dataclasses.replace(cfg, seed=s) for s in (0, 2)]) is None
+        assert checkpoint.load_checkpoint(tmp_path / "g.pt", [dataclasses.replace(cfg, seed=s) for s in (0, 2)]) is None
 
 
 def test_a_group_must_share_everything_but_the_seed():
     cfg = config("capsnet_r1")
     with pytest.raises(ValueError, match="every setting but the seed"):
-        train_module.group_config([cfg, dataclasses.replace(cfg, seed=1, lr=2e-3)])
+        checkpoint.group_config([cfg, dataclasses.replace(cfg, seed=1, lr=2e-3)])
     with pytest.raises(Exception, match="repeat"):
-        train_module.group_config([cfg, cfg])
+        checkpoint.group_config([cfg, cfg])
 
 
 @pytest.mark.parametrize("layout", ["fused", "bmm", "loop"])

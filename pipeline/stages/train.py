@@ -29,8 +29,8 @@ from pipeline.core.files import atomic_path, file_lock, writable_dir, write_json
 from pipeline.core.params import Params, cpu_epoch_seconds
 from pipeline.report import figures
 from pipeline.training.fingerprint import fingerprint_environment, training_fingerprint
-from pipeline.training.train import (ADAM_EPS, RunConfig, assert_finite_weights, count_params, load_checkpoint, resolve_device,
-                                     run_config, train_group)
+from pipeline.training.checkpoint import assert_finite_weights, load_checkpoint
+from pipeline.training.train import ADAM_EPS, RunConfig, count_params, resolve_device, run_config, train_group
 
 ARTIFACTS = ("model.safetensors", "learning_curve.png", "history.csv", "config.json")
 

@@ -7,9 +7,8 @@ model is scored each epoch belong to the variant's experiment (pipeline.core.reg
 data sits on the device as uint8; shuffling, augmentation and batching happen there; the loss
 is read back only every `log_every` steps (no per-step host sync). One optimiser step is
 pipeline.training.steps' (`make_step`): eager, or under train.cuda_graph captured as one CUDA graph.
-An atomic checkpoint every `checkpoint_every` epochs (and after the last) makes a killed run
-resumable; in deterministic CPU mode
-the resumed run ends with exactly the weights of an uninterrupted one.
+A checkpoint every `checkpoint_every` epochs (and after the last; pipeline.training.checkpoint)
+makes a killed run resumable; in deterministic CPU mode the resumed run ends with exactly the weights of an uninterrupted one.
 
 DEVIATIONS (printed by the report):
 - Each epoch is floor(N / batch) steps (the last partial batch is dropped, a different one each
@@ -25,7 +24,6 @@ import copy
 import dataclasses
 import hashlib
 import json
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -37,11 +35,11 @@ import torch
 from tqdm.auto import tqdm
 
 from pipeline.core import registry
-from pipeline.core.errors import UserError, first_line
-from pipeline.core.files import atomic_path
+from pipeline.core.errors import UserError
 from pipeline.core.params import Params
 from pipeline.models.baseline import BaselineCNN, MultiMNISTCNN, PoolingCNN
 from pipeline.models.capsnet import CapsNet
+from pipeline.training.checkpoint import NonFiniteLossError, group_config, group_digest, load_checkpoint, save_checkpoint
 from pipeline.training.experiment import Experiment, predict, to_float  # noqa: F401 (to_float, predict: re-exported)
 from pipeline.training.stack import LossOf, SeedStack, compute_loss, loss_function, loss_recipe  # noqa: F401 (re-exported)
 from pipeline.training.steps import CapturedStep, EagerStep, draw_step, training_step  # noqa: F401 (re-exported)
@@ -61,10 +59,6 @@ BF16_NOTE = (
     "variant; gradients within 0.8 % relative norm for the CapsNets but 7.4 % (baseline_cnn) and 9.7 % "
     "(cnn_affnist) for the CNNs, whose deep wide layers accumulate bf16 rounding (eager bf16 on CPU gives the "
     "same 7.4 %, so it is the precision, not torch.compile).")
-
-
-class NonFiniteLossError(UserError, RuntimeError):
-    """The training loss became NaN or infinite; the message names the first such step."""
 
 
 @dataclass(frozen=True)
@@ -219,65 +213,6 @@ def configure_backends(cfg: RunConfig, device: torch.device) -> None:
         torch.backends.cudnn.benchmark = not cfg.deterministic
 
 
-def assert_finite_weights(weights: dict[str, torch.Tensor], what: str) -> None:
-    """Refuse to save non-finite weights: a NaN checkpoint would poison every resume after it."""
-    bad = [k for k, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise NonFiniteLossError(f"{what}: non-finite weights in {', '.join(bad[:3])}"
-                                 f"{' …' if len(bad) > 3 else ''}; nothing saved (the last good checkpoint is kept)")
-
-
-def _save_checkpoint(path: Path, state: dict, weights: dict[str, torch.Tensor]) -> None:
-    """Write ``state`` atomically after checking ``weights`` (what a resume would train on) are finite."""
-    assert_finite_weights(weights, f"checkpoint {path}")
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-
-
-def group_config(cfgs: RunConfig | list[RunConfig]) -> list[RunConfig]:
-    """The seeds of one training process: configurations equal but for distinct seeds."""
-    cfgs = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
-    if not cfgs:
-        raise ValueError("no seeds to train")
-    seeds = [c.seed for c in cfgs]
-    if len(set(seeds)) != len(seeds):
-        raise UserError(f"{cfgs[0].variant}: seeds {seeds} repeat one; give each seed once")
-    if any(dataclasses.replace(c, seed=cfgs[0].seed) != cfgs[0] for c in cfgs):
-        raise ValueError(f"{cfgs[0].variant}: stacked seeds must share every setting but the seed")
-    return cfgs
-
-
-def group_digest(cfgs: list[RunConfig]) -> str:
-    """The checkpoint key of a seed group: one seed's own digest (so a separate run's checkpoint
-    keeps its key), else the hash of every seed's."""
-    if len(cfgs) == 1:
-        return cfgs[0].digest()
-    return hashlib.sha256(" ".join(c.digest() for c in cfgs).encode()).hexdigest()[:16]
-
-
-def load_checkpoint(path: str | Path, cfgs: RunConfig | list[RunConfig]) -> dict | None:
-    """The checkpoint at ``path`` if it belongs to ``cfgs`` (one run, or a seed group); else None."""
-    path, cfgs = Path(path), group_config(cfgs)
-    if not path.is_file():
-        return None
-    try:  # tensors, numbers, strings, lists and dicts only: nothing in a checkpoint runs code when read
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # cut short (a full disk), overwritten, or not a checkpoint at all
-        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(path, aside)
-        reason = first_line(err, 120)
-        warnings.warn(f"checkpoint {path} is unreadable ({reason}); moved aside to {aside} (delete it once "
-                      "you have looked) and training starts afresh", stacklevel=2)
-        return None
-    if state.get("digest") != group_digest(cfgs):
-        warnings.warn(f"{path} belongs to another configuration; starting afresh", stacklevel=2)
-        return None
-    if "stack" not in state:
-        warnings.warn(f"{path} was written by an older trainer (one seed, no stack); starting afresh", stacklevel=2)
-        return None
-    return state
-
-
 @dataclass
 class _Seed:
     """One seed's progress in a group: what its checkpoint and outputs carry."""
@@ -407,7 +342,7 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
         if finished or (epoch + 1) % cfg.checkpoint_every == 0:  # before logging: a kill there loses nothing
             live = {f"seed{c.seed}.{n}": w for k, c in enumerate(cfgs) if seeds[k].stop_reason != "target"
                     for n, w in stack.seed_weights(k).items()}
-            _save_checkpoint(checkpoint_path, {
+            save_checkpoint(checkpoint_path, {
                 "digest": group_digest(cfgs), "epoch": epoch, "seeds": [dataclasses.asdict(s) for s in seeds],
                 "stack": stack.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "generators": [g.get_state() for g in generators],
