@@ -142,7 +142,8 @@ def test_rows_never_pool_protocols_or_commits(tmp_path):
     assert list(summary.protocol.str.split(":").str[1].str.split("×").str[0]) == [" 640 epochs "] + [" 2 epochs "] * 4
     table = t1.effects(runs, REFERENCE).set_index("effect")
     routing = table.loc["routing 3 vs 1, no reconstruction"]
-    assert routing.status.startswith("confounded: capsnet_r3 trained at bbbbbbb (Adam ε not recorded), capsnet_r1 at aaaaaaa")
+    assert routing.status == ("confounded: capsnet_r3 trained at bbbbbbb (Adam ε not recorded), capsnet_r1 at aaaaaaa "
+                              "(Adam ε 1e-08), no commit in common")
     assert math.isnan(routing.ci_low) and routing.our_delta == pytest.approx(0.5)
     assert "routing 3 vs 1, with reconstruction" not in table.index  # r1_recon trained under another protocol
     text = markdown(summary, t1.effects(runs, REFERENCE), profile="gpu", deviations=["d"], provenance={},
@@ -156,24 +157,39 @@ def test_rows_never_pool_protocols_or_commits(tmp_path):
 
 def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):
     """A run that records its training fingerprint is compared by it, not by its commit: the same
-    fingerprint at two commits is one row (its cell naming both commits, its effects with an
-    interval); another fingerprint at the same commit is another row."""
+    fingerprint at two commits is one row (its cell naming both commits); another fingerprint at the
+    same commit is another row. Two variants' fingerprints always differ (the model is part of what
+    is fingerprinted): their rows compare through a commit whose code trained runs of both (an
+    effect with an interval, one README line), and are confounded where they share none."""
     for seed, commit in ((0, "aaaaaaa1111"), (1, "bbbbbbb2222"), (2, "bbbbbbb2222")):
         fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit=commit, fingerprint="1234abcd5678ef90")
         fabricate(tmp_path, "capsnet_r3", seed, 0.9 + seed / 10, n=1000, commit="aaaaaaa1111",
-                  fingerprint="1234abcd5678ef90")
+                  fingerprint="3333cccc3333cccc")
+        fabricate(tmp_path, "capsnet_r3_recon", seed, 0.8 + seed / 10, n=1000, commit="ccccccc3333",
+                  fingerprint="5555eeee5555eeee")
     fabricate(tmp_path, "capsnet_r1_recon", 0, 1.0, n=1000, commit="aaaaaaa1111", fingerprint="feedfacefeedface")
     fabricate(tmp_path, "capsnet_r1_recon", 1, 1.2, n=1000, commit="aaaaaaa1111", fingerprint="0000aaaa0000aaaa")
-    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1, 2]) + load(tmp_path, ["capsnet_r1_recon"], [0, 1])
+    runs = (load(tmp_path, ["capsnet_r1", "capsnet_r3", "capsnet_r3_recon"], [0, 1, 2])
+            + load(tmp_path, ["capsnet_r1_recon"], [0, 1]))
     summary = t1.summarize(runs, REFERENCE).set_index("variant")
     assert summary.loc["capsnet_r1"].n_seeds == 3 and summary.loc["capsnet_r1"].commit == "fp 1234abcd: aaaaaaa, bbbbbbb"
     assert list(summary.loc["capsnet_r1_recon"].n_seeds) == [1, 1]  # two fingerprints, one commit: two rows
-    routing = t1.effects(runs, REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
-    assert not math.isnan(routing.ci_low) and routing.our_delta == pytest.approx(-0.1)  # one code, not confounded
+    effects = t1.effects(runs, REFERENCE).set_index("effect")
+    routing = effects.loc["routing 3 vs 1, no reconstruction"]
+    assert not math.isnan(routing.ci_low) and routing.our_delta == pytest.approx(-0.1)  # aaaaaaa trained both
+    assert routing.commit == "aaaaaaa"
+    recon = effects.loc["reconstruction on vs off, routing 3"]  # r3_recon only at ccccccc, r3 only at aaaaaaa
+    assert math.isnan(recon.ci_low) and recon.status == (
+        "confounded: capsnet_r3_recon trained at fp 5555eeee: ccccccc (Adam ε 1e-08), capsnet_r3 at "
+        "fp 3333cccc: aaaaaaa (Adam ε 1e-08), no commit in common")
     text = markdown(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE), profile="gpu", deviations=[],
                     provenance={}, figures={}, reference=REFERENCE, run_table=rr.run_provenance(runs))
     assert "| capsnet_r1 | paper | 1 | yes | fp 1234abcd: aaaaaaa, bbbbbbb | 3 |" in text
     assert "| capsnet_r1 | 1 | bbbbbbb2222 | 1234abcd5678ef90 |" in text  # each run's own record names both
+    readme = t1.readme_lines(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE))
+    lines = [line for line in readme if line.startswith("| paper recipe")]
+    assert [line.split(" | ")[0] for line in lines] == ["| paper recipe (aaaaaaa)", "| paper recipe (ccccccc)"]
+    assert lines[0].count(": ") == 4 and lines[1].count(": ") == 1  # r1, r1_recon twice, r3; then r3_recon
     t1.dvc_plot_data(runs, t1.summarize(runs, REFERENCE), tmp_path / "results", tmp_path)  # rows find their runs
     assert len(pd.read_csv(tmp_path / "confusion.csv")) == 1000
 
@@ -298,7 +314,18 @@ def test_affnist_gap_across_commits_is_confounded(tmp_path):
                   image_size=40, commit="bbbbbbb")
     gap = ra.affnist_gap(load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1]), REFERENCE)
     assert gap["gap"] == pytest.approx(15.0) and math.isnan(gap["ci_low"])
-    assert gap["verdict"] == "confounded (protocols or commits differ: aaaaaaa, bbbbbbb)"
+    assert gap["verdict"] == "confounded (protocols or training code differ: aaaaaaa, bbbbbbb)"
+
+
+def test_affnist_gap_of_two_fingerprints_from_one_commit_has_an_interval(tmp_path):
+    """The two models' fingerprints always differ; runs of both from one commit's code compare."""
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_affnist", seed, 1.0, affine_pct=21.0 + seed, image_size=40, commit="aaaaaaa1",
+                  fingerprint="1111aaaa1111aaaa")
+        fabricate(tmp_path, "cnn_affnist", seed, 1.0, affine_pct=36.0 + seed, model="pooling_cnn", recon=False,
+                  image_size=40, commit="bbbbbbb2" if seed else "aaaaaaa1", fingerprint="2222bbbb2222bbbb")
+    gap = ra.affnist_gap(load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1]), REFERENCE)
+    assert not math.isnan(gap["ci_low"]) and "confounded" not in gap["verdict"]
 
 
 def test_transform_bins_average_over_seeds(tmp_path):

@@ -16,7 +16,7 @@ from pipeline.report import claims as rc
 from pipeline.report import costs
 from pipeline.report import stats
 from pipeline.report.document import fmt_pct
-from pipeline.report.runs import Run, group, row_commit, short
+from pipeline.report.runs import Run, group, row_commit, shared_commit, short
 
 REAL_AFFNIST = "affNIST test set"  # how a set's source line starts when it is the real affNIST
 
@@ -84,7 +84,9 @@ def affnist_gap(runs: list[Run], reference: dict, bench: list[costs.BenchRow] = 
     cnn = [r for r in cnns if r.variant == cnn_variant]
     ref = reference["affnist"]
     paper_gap = ref["capsnet"]["affnist_accuracy_pct"] - ref["cnn"]["affnist_accuracy_pct"]
-    origin = {(r.protocol_key, r.commit_key) for r in caps + cnn}
+    # one protocol, one training code per model, and a commit whose code trained both (runs.shared_commit)
+    one_origin = (len({r.protocol_key for r in caps + cnn}) == 1 and len({r.commit_key for r in caps}) == 1
+                  and len({r.commit_key for r in cnn}) == 1 and shared_commit(caps, cnn) is not None)
     groups = caps[0].digit_index.get("affnist_test")  # None for the real affNIST: images resampled
     out = {"capsnet": caps_variant, "cnn": cnn_variant, "seeds": sorted({r.seed for r in caps + cnn}),
            "paper_gap": paper_gap, "commits": ", ".join(sorted({short(r.commit) for r in caps + cnn})),
@@ -99,10 +101,10 @@ def affnist_gap(runs: list[Run], reference: dict, bench: list[costs.BenchRow] = 
             "gpu_hours": settle["gpu_hours"], "cost_source": settle["cost_source"],
             "set": "real affNIST" if str(caps[0].breakdown["sources"].get("affnist_test", "")).startswith(REAL_AFFNIST)
             else "affNIST-style set"}
-    if len(origin) > 1:  # different protocols or commits: an estimate, no interval
+    if not one_origin:  # different protocols or training code: an estimate, no interval
         gap = float(100 * (err_cnn.mean() - err_caps.mean()))
         return out | {"gap": gap, "ci_low": math.nan, "ci_high": math.nan,
-                      "verdict": f"confounded (protocols or commits differ: {out['commits']})"}
+                      "verdict": f"confounded (protocols or training code differ: {out['commits']})"}
     interval = stats.interval_of(parts)
     return out | {"gap": interval.estimate, "ci_low": interval.lo, "ci_high": interval.hi,
                   "verdict": gap_verdict(interval.lo, interval.hi, paper_gap)}

@@ -100,8 +100,10 @@ def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.
     """The paper's ablation effects per protocol, with seed-aware intervals (pipeline.report.stats.effect)
     and what would settle them (report_claims.effect_settling, GPU time from ``bench``).
 
-    Only runs of one protocol and one training commit are compared; where A and B share no commit
-    the row says `confounded` and carries no interval (its seed variances still plan the re-run)."""
+    Only runs of one protocol are compared, and only rows of A and B trained by one commit's code
+    (`runs.shared_commit`: the same commit, or, for rows grouped by training fingerprint, a commit
+    both rows' runs came from); where none is shared the row says `confounded` and carries no
+    interval (its seed variances still plan the re-run)."""
     rows = []
     table1 = reference["table1"]
     for key in protocols(runs):
@@ -115,26 +117,28 @@ def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.
                 continue
             paper = table1[a]["test_error_pct"] - table1[b]["test_error_pct"] if a in table1 and b in table1 else math.nan
             row = {"protocol": label, "effect": what, "a": a, "b": b, "paper_delta": paper}
-            common = [c for c in by_variant[a] if c in by_variant[b] and c != NOT_RECORDED]
-            ra, rb = (by_variant[a][common[0]], by_variant[b][common[0]]) if common else (
+            pair = next(((ka, kb, c) for ka in by_variant[a] for kb in by_variant[b]
+                         if (c := rr.shared_commit(by_variant[a][ka], by_variant[b][kb]))), None)
+            ra, rb = (by_variant[a][pair[0]], by_variant[b][pair[1]]) if pair else (
                 next(iter(by_variant[a].values())), next(iter(by_variant[b].values())))
             err_a = np.stack([~r.correct["test"] for r in ra])  # (m, N)
             err_b = np.stack([~r.correct["test"] for r in rb])  # (n, N)
             parts = stats.effect_parts(err_a, err_b)
             row |= {"n_seeds": min(len(ra), len(rb))} | rc.effect_settling(parts, paper, ra, rb, list(bench))
             row |= rc.equivalence_settling(parts, ra, rb, list(bench)) if math.isnan(paper) else {}
-            if not common:
+            if not pair:
                 rows.append(row | {
                     "commit": "", "our_delta": _mean_error(ra) - _mean_error(rb), "ci_low": math.nan, "ci_high": math.nan,
                     "per_seed": "", "mde": math.nan, "equivalence_margin": math.nan,
-                    "status": (f"confounded: {a} trained at {', '.join(by_variant[a])} (Adam ε "
-                               f"{_recorded([r.adam_eps for r in ra])}), {b} at "
-                               f"{', '.join(by_variant[b])} (Adam ε {_recorded([r.adam_eps for r in rb])})")})
+                    "status": (f"confounded: {a} trained at {'; '.join(short(row_commit(g)) for g in by_variant[a].values())} "
+                               f"(Adam ε {_recorded([r.adam_eps for r in ra])}), {b} at "
+                               f"{'; '.join(short(row_commit(g)) for g in by_variant[b].values())} "
+                               f"(Adam ε {_recorded([r.adam_eps for r in rb])}), no commit in common")})
                 continue
             interval = stats.interval_of(parts)  # the parts above: per-image arrays read once
             seeds_b = {r.seed: r.metrics["error_pct"] for r in rb}
             per_seed = " ".join(f"{r.metrics['error_pct'] - seeds_b[r.seed]:+.2f}" for r in ra if r.seed in seeds_b)
-            rows.append(row | {"commit": common[0], "our_delta": interval.estimate, "ci_low": interval.lo,
+            rows.append(row | {"commit": pair[2], "our_delta": interval.estimate, "ci_low": interval.lo,
                                "ci_high": interval.hi, "per_seed": per_seed, "status": stats.effect_words(interval)})
     return pd.DataFrame(rows, columns=["protocol", "effect", "a", "b", "paper_delta", "commit", "our_delta",
                                        "ci_low", "ci_high", "per_seed", "status", "n_seeds", "mde", "seeds_needed",
@@ -327,8 +331,8 @@ def readme_lines(results: pd.DataFrame, effect_table: pd.DataFrame) -> list[str]
              "| | " + " | ".join(name for name, _ in README_COLUMNS) + " |", "|---|" + "---|" * len(README_COLUMNS)]
     for recipe in dict.fromkeys(rows.recipe):
         mine = rows[rows.recipe == recipe]
-        for commit in dict.fromkeys(mine.commit):
-            by = {r.variant: r for r in mine[mine.commit == commit].itertuples()}
+        for commit, labels in rr.cohorts(list(mine.commit)):  # rows trained by one commit's code on a line
+            by = {r.variant: r for r in mine[mine.commit.isin(labels)].itertuples()}
             cells = [by.get(v if recipe == "paper" or v == "baseline_cnn" else f"{v}_official") for _, v in README_COLUMNS]
             lines.append(f"| {recipe} recipe ({short(commit)}) | "
                          + " | ".join("–" if c is None else f"{_cell(c)}: {c.verdict}" for c in cells) + " |")

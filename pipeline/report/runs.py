@@ -196,6 +196,47 @@ def row_commit(runs: list[Run]) -> str:
     return f"{runs[0].commit_key}: {', '.join(dict.fromkeys(short(r.commit) for r in runs))}"
 
 
+def commits_of(runs: list[Run]) -> list[str]:
+    """The commits (7 characters) a row's runs came from, in order, NOT_RECORDED left out."""
+    return list(dict.fromkeys(short(r.commit) for r in runs if r.commit != NOT_RECORDED))
+
+
+def row_commits(label: str) -> list[str]:
+    """`commits_of` a row, read from its `row_commit` label."""
+    if label.startswith("fp "):
+        return label.split(": ", 1)[1].split(", ") if ": " in label else []
+    return [] if label == NOT_RECORDED else [short(label)]
+
+
+def shared_commit(a: list[Run], b: list[Run]) -> str | None:
+    """A commit that runs of both rows came from, or None. A row holds one variant's runs of one
+    training fingerprint (or one commit where none was recorded), and two variants' fingerprints
+    never agree, so rows of two variants compare through a commit they share: that commit's code
+    computed both fingerprints, and every run of either row computes what that code computes.
+    Not transitive: rows A and C that each share a commit with B need not share one."""
+    theirs = set(commits_of(b))
+    return next((c for c in commits_of(a) if c in theirs), None)
+
+
+def cohorts(labels: list[str]) -> list[tuple[str, list[str]]]:
+    """Row labels (`row_commit`) in groups that share one commit, the commit most of them share
+    first: [(commit, labels)]. A row sharing no commit with another is a group of its own."""
+    left, out = list(dict.fromkeys(labels)), []
+    while left:
+        counts: dict[str, int] = {}
+        for label in left:
+            for c in row_commits(label):
+                counts[c] = counts.get(c, 0) + 1
+        if not counts:
+            out += [(label, [label]) for label in left]
+            break
+        commit = max(counts, key=counts.get)  # the first of the most shared
+        group = [label for label in left if commit in row_commits(label)]
+        out.append((commit, group))
+        left = [label for label in left if label not in group]
+    return out
+
+
 def row_key(commit: str) -> str:
     """The `Run.commit_key` of a row's runs, from the row's `row_commit`."""
     return commit.split(":")[0] if commit.startswith("fp ") else short(commit)
