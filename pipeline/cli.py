@@ -161,6 +161,38 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str, params_path: str) -> N
 
 
 @main.command()
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--variant", "variants", multiple=True,
+              help="a variant of params.yaml (repeat for several)  [default: every variant]")
+@PARAMS_OPTION
+@user_errors
+def fingerprint(out: str, variants: tuple[str, ...], params_path: str) -> None:
+    """Write OUT (JSON): each variant's training fingerprint as this checkout's code computes it, with
+    the commit and the CPU environment.
+
+    The fingerprint its train stage would record (pipeline.training.fingerprint), a few seconds of
+    one CPU thread per variant. `capsnet report --fingerprints DIR` reads such tables: rows of two
+    variants trained at two commits compare where one commit's table computes both rows'
+    fingerprints. The GPU session writes one per window (scripts/gpu_session.sh).
+    """
+    from tqdm.auto import tqdm
+
+    from pipeline.core.files import write_json
+    from pipeline.core.tracking import git_commit, repo_root
+    from pipeline.training.fingerprint import fingerprint_environment, fingerprint_table
+
+    params = load_params(params_path)
+    names = list(variants) or list(params.variants)
+    for name in names:
+        params.variant(name)  # an unknown name: one line naming the variants there are
+    with tqdm(total=len(names), desc="fingerprints", unit="variant", file=sys.stderr) as bar:
+        table = fingerprint_table(params, names, lambda done, variant: bar.update(1))
+    write_json(out, {"commit": git_commit(repo_root()), "environment": fingerprint_environment(),
+                     "fingerprints": table})
+    click.echo(f"{len(table)} training fingerprint(s) of {git_commit(repo_root())[:7]} to {out}")
+
+
+@main.command()
 @click.argument("models_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
@@ -170,10 +202,13 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str, params_path: str) -> N
               help="also rewrite this README's generated results block from the written tables")
 @click.option("--benchmarks", type=click.Path(dir_okay=False), default="reports/benchmarks.md", show_default=True,
               help="measured training speeds: what settling each claim would cost in GPU time (none if missing)")
+@click.option("--fingerprints", type=click.Path(file_okay=False), default=None,
+              help="a folder of `capsnet fingerprint` tables: rows trained at different commits compare where "
+                   "one commit's table computes both rows' fingerprints (none if missing)")
 @PARAMS_OPTION
 @user_errors
 def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme: str | None, benchmarks: str,
-           params_path: str) -> None:
+           fingerprints: str | None, params_path: str) -> None:
     """Write OUT_DIR/ablation.md, results.csv, effects.csv, affnist.csv, metrics/<variant>.json and
     figures/ from every evaluation.
 
@@ -186,7 +221,8 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme
 
     params = load_params(params_path)
     path = report_stage.run(params, Path(models_dir), Path(results_dir), Path(out_dir), missing,
-                            Path(readme) if readme else None, Path(benchmarks))
+                            Path(readme) if readme else None, Path(benchmarks),
+                            Path(fingerprints) if fingerprints else None)
     click.echo(f"report written to {path}")
 
 

@@ -22,6 +22,10 @@ cp -r .gpu/import/models .gpu/import/results .
 BIN=.venv/bin
 $BIN/capsnet track sync .gpu/import/journal
 $BIN/capsnet publish .gpu/import/models .gpu/import/results reports/runs
-$BIN/python -m pipeline.profiles gpu --write reports/runs/params.yaml
+$BIN/python -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write reports/runs/params.yaml  # another: a rehearsal
 mkdir -p reports/runs/journal && cp .gpu/import/journal/*.jsonl reports/runs/journal/
-$BIN/capsnet report reports/runs/models reports/runs/results reports --params reports/runs/params.yaml --missing list --readme README.md
+if ls .gpu/import/fingerprints/*.json >/dev/null 2>&1; then  # each window's commit: every variant's fingerprint
+  mkdir -p reports/runs/fingerprints && cp .gpu/import/fingerprints/*.json reports/runs/fingerprints/
+fi
+$BIN/capsnet report reports/runs/models reports/runs/results reports --params reports/runs/params.yaml --missing list --readme README.md \
+  --fingerprints reports/runs/fingerprints

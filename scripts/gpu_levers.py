@@ -93,7 +93,8 @@ def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) 
     seeds = STACKED if any(r.get("seeds") == STACKED for r in mine) else 1
     mine = [r for r in mine if r.get("seeds", 1) == seeds]
     if not mine:
-        return None, f"{model}: no bench row of {variant}; the profile's settings stay"
+        precision = "bf16" if train["amp"] else "fp32"
+        return None, f"{model}: no bench row of {variant} in a proven mode at the profile's {precision}; the profile's settings stay"
     eligible, refused = [], []
     for row in mine:
         ok, why = proven(row["mode"], variant, outcomes)

@@ -27,8 +27,9 @@
 # into the gpu profile itself by a commit, once reports/benchmarks.md holds its rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pipeline.profiles gpu --write params.gpu.yaml
-BENCH="capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs,bf16-autotune baseline_cnn@bf16-cl"
+# CAPSNET_GPU_PROFILE and CAPSNET_GPU_BENCH are for scripts/gpu_rehearse.sh (this window rehearsed on a CPU)
+python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml
+BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs,bf16-autotune baseline_cnn@bf16-cl"}
 TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack)
 TESTS=()
 mkdir -p logs

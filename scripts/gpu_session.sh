@@ -15,6 +15,7 @@
 #                    a time, each started only while --deadline leaves time and stopped at it
 #                    (a stopped run resumes from its checkpoint if the same machine runs it again)
 # Tracking is journalled (no MLflow there); everything comes back in $OUT (runs-*.tar.gz split
+# (with the commit's fingerprint table, fingerprints/)
 # under 16 MiB, bench.jsonl, gpu_tests.txt, gpu_diffs.jsonl, session.log, inductor-cache.tar.gz).
 # Here: `bash scripts/gpu_fetch_mnist.sh` once, then the device tool runs, with carry [".gpu"]:
 #   bash scripts/gpu_session.sh --tests --bench "capsnet_r3_recon" --train "capsnet_r3_recon:0"
@@ -50,7 +51,7 @@ CLI="python3 -m pipeline.cli"
 if [ -f .gpu/inductor-cache.tar.gz ] && [ ! -d .gpu/inductor ]; then
   tar xzf .gpu/inductor-cache.tar.gz -C .gpu && say "inductor cache unpacked"
 fi
-python3 -m pipeline.profiles gpu --write params.gpu.yaml || exit 1
+python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml || exit 1  # another: a rehearsal
 if [ ! -f data/prepared/train.safetensors ]; then
   CAPSNET_MNIST_MIRROR=$PWD/.gpu/mnist $CLI download data/raw/mnist >>"$LOG" 2>&1 || { say "download failed"; exit 1; }
   $CLI prepare data/raw/mnist data/prepared --figures reports/figures --params params.gpu.yaml >>"$LOG" 2>&1 \
@@ -58,11 +59,22 @@ if [ ! -f data/prepared/train.safetensors ]; then
 fi
 say "data ready"
 
+# every variant's training fingerprint as this commit's code computes it, once per commit, on the CPU
+# beside the GPU work: rows trained at two windows' commits compare through it (capsnet report --fingerprints)
+FP_TABLE="fingerprints/${CAPSNET_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}.json" FP_PID=""
+if [ ! -s "$FP_TABLE" ] && [ "$FP_TABLE" != fingerprints/unknown.json ]; then
+  mkdir -p fingerprints
+  timeout "$((DEADLINE - $(date +%s)))" $CLI fingerprint "$FP_TABLE" --params params.gpu.yaml >>"$LOG" 2>&1 &
+  FP_PID=$!
+fi
+
 # the test files holding CUDA-only tests (tests/test_wiring.py checks that this list names every one)
 CUDA_TEST_FILES="tests/test_gpu.py tests/test_capture_gpu.py tests/test_wiring.py tests/test_multimnist.py"
 if [ "$TESTS" = 1 ]; then
   rm -f "$OUT/gpu_diffs.jsonl"
-  CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" python3 -m pytest -m cuda $CUDA_TEST_FILES -n 8 -p no:cacheprovider -v \
+  workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")  # pytest-xdist is on the GPU image; else one by one
+  # shellcheck disable=SC2086
+  CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" python3 -m pytest -m cuda $CUDA_TEST_FILES $workers -p no:cacheprovider -v \
     >"$OUT/gpu_tests.txt" 2>&1
   say "gpu tests exit $?: $(tail -1 "$OUT/gpu_tests.txt")"
   cp "$OUT/gpu_tests.txt" logs/gpu_tests.txt  # the warm machine's later calls pick levers from it
@@ -82,8 +94,11 @@ for entry in $BENCH; do
   for mode in ${modes//,/ }; do mode_args+=(--mode "$mode"); done
   for s in ${seeds//,/ }; do mode_args+=(--seeds "$s"); done
   for layout in $layouts; do mode_args+=(--stack "$layout"); done
-  $CLI bench --variant "$variant" "${mode_args[@]}" --steps 40 --warmup 5 --params params.gpu.yaml \
-    >"$done_file.tmp" 2>>"$LOG"
+  # stopped at the deadline like a training run: rows stream out, so one cut short keeps what it
+  # measured and runs again on the next call; CAPSNET_GPU_BENCH_ARGS: a rehearsal's smaller bench
+  # shellcheck disable=SC2086
+  timeout "$((DEADLINE - $(date +%s)))" $CLI bench --variant "$variant" "${mode_args[@]}" --steps 40 --warmup 5 \
+    --params params.gpu.yaml ${CAPSNET_GPU_BENCH_ARGS:-} >"$done_file.tmp" 2>>"$LOG"
   status=$?
   cat "$done_file.tmp" >>"$OUT/bench.jsonl"
   [ "$status" = 0 ] && mv "$done_file.tmp" "$done_file"
@@ -123,10 +138,11 @@ if [ -n "$TRAIN" ]; then
   printf '%s\n' $TRAIN | xargs -P "$PARALLEL" -I{} bash -c 'job "$1"' _ {} | tee -a "$LOG"
 fi
 
+if [ -n "$FP_PID" ]; then wait "$FP_PID"; say "fingerprint table $FP_TABLE: exit $?"; fi
 say "packing"
 shopt -s nullglob
 runs=(models/*/seed*/config.json models/*/seed*/history.csv models/*/seed*/learning_curve.png)
-for dir in gpu_results journal logs; do [ -d "$dir" ] && runs+=("$dir"); done
+for dir in gpu_results journal logs fingerprints; do [ -d "$dir" ] && runs+=("$dir"); done
 if [ ${#runs[@]} -gt 0 ]; then
   tar czf - --transform "s,^gpu_results,results," "${runs[@]}" params.gpu.yaml | split -b 15m - "$OUT/runs-$START.tar.gz.part-"
 fi

@@ -96,3 +96,17 @@ def test_the_train_stage_records_it_in_config_and_mlflow(tmp_path, monkeypatch):
     assert config["environment"]["fingerprint_environment"] == fp.fingerprint_environment()
     run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(outcome.run_id)
     assert run.data.tags["training_fingerprint"] == expected
+    # `capsnet fingerprint`'s table (what the GPU session writes once per commit, bridging its rows
+    # in the report) holds what the stage records, with its commit and environment
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    monkeypatch.setenv("CAPSNET_GIT_COMMIT", "abcdef0123456789")
+    done = CliRunner().invoke(main, ["fingerprint", str(tmp_path / "table.json"), "--variant", "capsnet_r1",
+                                     "--variant", "capsnet_r3_recon", "--params", str(tmp_path / "params.yaml")])
+    assert done.exit_code == 0, done.output
+    table = json.loads((tmp_path / "table.json").read_text())
+    assert table["commit"] == "abcdef0123456789" and table["environment"] == fp.fingerprint_environment()
+    assert table["fingerprints"]["capsnet_r1"] == expected and len(table["fingerprints"]) == 2
+    assert table["fingerprints"]["capsnet_r3_recon"] == fp.training_fingerprint(run_config(params, "capsnet_r3_recon", 0))

@@ -136,7 +136,7 @@ def test_gpu_session_writes_only_git_ignored_paths():
     script = (REPO / "scripts" / "gpu_session.sh").read_text()
     written = ["models/v/seed0/model.safetensors", "checkpoints/v/seed0.pt", "gpu_results/v/seed0/metrics.json",
                "logs/bench/v@bf16-graphs.jsonl", "journal/run.jsonl", "logs/v-0.log", "params.gpu.yaml",
-               "params.gpu.$model.yaml", "logs/gpu_tests.txt",
+               "params.gpu.$model.yaml", "logs/gpu_tests.txt", "fingerprints/0953adc.json",
                "data/prepared/train.safetensors"]
     for path in written:
         assert path.split("/")[0] in script, path

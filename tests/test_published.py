@@ -25,7 +25,8 @@ def test_the_published_report_regenerates_byte_for_byte(tmp_path, monkeypatch):
     runs = PUBLISHED / "runs"
     result = CliRunner().invoke(main, ["report", str(runs / "models"), str(runs / "results"), str(out),
                                        "--params", str(runs / "params.yaml"), "--missing", "list",
-                                       "--readme", str(readme), "--benchmarks", str(PUBLISHED / "benchmarks.md")])
+                                       "--readme", str(readme), "--benchmarks", str(PUBLISHED / "benchmarks.md"),
+                                       "--fingerprints", str(runs / "fingerprints")])
     assert result.exit_code == 0, result.output
     written = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
     assert len(written) > 15

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 from safetensors.torch import save_file
 
 from pipeline.experiments import affnist_report as ra
@@ -30,7 +31,8 @@ COMMIT = "c0ffee0123456789abcdef0123456789abcdef01"
 
 def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="capsnet", recon=True, image_size=28,
               stop_reason="budget", bins=None, recipe=None, history=None, epochs=None, commit=COMMIT,
-              adam_eps=1e-8, resumed=None, amp=False, device="cpu", lr_schedule_epochs=None, fingerprint=None):
+              adam_eps=1e-8, resumed=None, amp=False, device="cpu", lr_schedule_epochs=None, fingerprint=None,
+              fingerprint_env=None):
     """Evaluation files whose per-image predictions give exactly error_pct (clean set) and affine_pct
     (transformed set) on n images; 40×40 variants get §5.2's set names. ``commit``/``adam_eps``/
     ``resumed`` None: the run does not record them (as the 17bb48c runs)."""
@@ -62,7 +64,8 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
         config["lr_schedule_epochs"] = lr_schedule_epochs
     record = {"config": config, "params": {"device": device}, "train_seconds": 1.0, "stop_reason": stop_reason,
               "epochs_trained": len(history), "run_id": f"{variant}-{seed}",
-              "environment": {"torch_version": "t", "python_version": "p"} | ({"git_commit": commit} if commit else {})}
+              "environment": {"torch_version": "t", "python_version": "p"} | ({"git_commit": commit} if commit else {})
+              | ({"fingerprint_environment": fingerprint_env} if fingerprint_env else {})}
     if adam_eps is not None:
         record["optimizer"] = {"name": "adam", "adam_eps": adam_eps}
     if resumed is not None:
@@ -192,6 +195,44 @@ def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):
     assert lines[0].count(": ") == 4 and lines[1].count(": ") == 1  # r1, r1_recon twice, r3; then r3_recon
     t1.dvc_plot_data(runs, t1.summarize(runs, REFERENCE), tmp_path / "results", tmp_path)  # rows find their runs
     assert len(pd.read_csv(tmp_path / "confusion.csv")) == 1000
+
+
+def test_a_fingerprint_table_lets_rows_of_two_commits_compare(tmp_path):
+    """Two GPU windows: capsnet_r1 trained at one commit, capsnet_r3 at another, so their rows share
+    no commit and their effect is confounded. A fingerprint table (`capsnet fingerprint`) of a commit
+    whose code computes both rows' fingerprints in their environment bridges them: the effect gets
+    its interval and names that commit, the row's label says which commit computes it, the README
+    puts both on one line. A table of another environment, or one computing another fingerprint for
+    either row, bridges nothing."""
+    env = "torch 2.11.0, CPU AVX512"
+    for seed in (0, 1, 2):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit="aaaaaaa1111",
+                  fingerprint="1111aaaa1111aaaa", fingerprint_env=env)
+        fabricate(tmp_path, "capsnet_r3", seed, 0.9 + seed / 10, n=1000, commit="bbbbbbb2222",
+                  fingerprint="3333cccc3333cccc", fingerprint_env=env)
+    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1, 2])
+    good = {"commit": "bbbbbbb2222", "environment": env,
+            "fingerprints": {"capsnet_r1": "1111aaaa1111aaaa", "capsnet_r3": "3333cccc3333cccc"}}
+    other_env = good | {"environment": "torch 2.11.0, CPU AVX2"}
+    changed = {"commit": "ccccccc3333", "environment": env,
+               "fingerprints": {"capsnet_r1": "9999aaaa9999aaaa", "capsnet_r3": "3333cccc3333cccc"}}
+
+    def routing(tables):
+        return t1.effects(rr.bridge(runs, tables), REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
+
+    for tables in ([], [other_env], [changed]):
+        assert math.isnan(routing(tables).ci_low) and routing(tables).status.endswith("no commit in common"), tables
+    bridged = routing([changed, good])
+    assert not math.isnan(bridged.ci_low) and bridged.our_delta == pytest.approx(-0.1) and bridged.commit == "bbbbbbb"
+    summary = t1.summarize(rr.bridge(runs, [changed, good]), REFERENCE).set_index("variant")
+    assert summary.loc["capsnet_r1"].commit == "fp 1111aaaa: aaaaaaa; computed by bbbbbbb"
+    assert summary.loc["capsnet_r3"].commit == "fp 3333cccc: bbbbbbb; computed by ccccccc"  # its own commit once
+    readme = t1.readme_lines(summary.reset_index(), t1.effects(rr.bridge(runs, [good]), REFERENCE))
+    assert [line.split(" | ")[0] for line in readme if line.startswith("| paper recipe")] == ["| paper recipe (bbbbbbb)"]
+    (tmp_path / "tables").mkdir()
+    for k, table in enumerate((good, changed)):
+        (tmp_path / "tables" / f"{k}.json").write_text(json.dumps(table))
+    assert rr.load_tables(tmp_path / "tables") == [good, changed] and rr.load_tables(tmp_path / "absent") == []
 
 
 def test_a_compressed_schedule_is_another_protocol_and_says_so(tmp_path):
@@ -488,6 +529,42 @@ def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
         run.config["optimizer"] = {"name": "adam", "adam_eps": 1e-8}
     runs[2].config["resumed_at_epochs"] = []
     assert rp.run_deviations(runs, ADAM_EPS) == [cut]
+
+
+def test_report_stage_reads_its_fingerprint_tables(tmp_path, monkeypatch):
+    """`capsnet report --fingerprints DIR`: the tables there bridge rows of two commits (effects.csv
+    gets the interval); without the option the effect stays confounded."""
+    from click.testing import CliRunner
+
+    from conftest import REPO
+    from pipeline.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    env = "torch 2.11.0, CPU AVX512"
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, recon=False, commit="aaaaaaa1111",
+                  fingerprint="1111aaaa1111aaaa", fingerprint_env=env)
+        fabricate(tmp_path, "capsnet_r3", seed, 0.5 + seed, recon=False, commit="bbbbbbb2222",
+                  fingerprint="3333cccc3333cccc", fingerprint_env=env)
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["ablation"] |= {"stacked": [], "separate": ["capsnet_r1", "capsnet_r3"], "seeds": [0, 1]}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "bbbbbbb2222.json").write_text(json.dumps(
+        {"commit": "bbbbbbb2222", "environment": env,
+         "fingerprints": {"capsnet_r1": "1111aaaa1111aaaa", "capsnet_r3": "3333cccc3333cccc"}}))
+
+    def routing(*extra):
+        out = tmp_path / f"reports{len(extra)}"
+        done = CliRunner().invoke(main, ["report", str(tmp_path / "models"), str(tmp_path / "results"), str(out),
+                                         "--params", str(tmp_path / "params.yaml"), *extra])
+        assert done.exit_code == 0, done.output
+        return pd.read_csv(out / "effects.csv").set_index("effect").loc["routing 3 vs 1, no reconstruction"]
+
+    assert routing().status.startswith("confounded")
+    bridged = routing("--fingerprints", str(tmp_path / "tables"))
+    assert bridged.commit == "bbbbbbb" and not math.isnan(bridged.ci_low)
 
 
 def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ commit are part of its identity: the report never pools runs that differ in eith
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -64,6 +65,7 @@ class Run:
     digit_index: dict[str, np.ndarray]  # test set name -> (N,) source digit per image, where known
     commit: str = NOT_RECORDED  # full hash from config.json, or the journal's short tag, or NOT_RECORDED
     commit_source: str = NOT_RECORDED  # "config.json" | "tracking journal" | NOT_RECORDED
+    computed_by: tuple[str, ...] = ()  # other commits whose fingerprint table computes this run's (`bridge`)
 
     @property
     def cfg(self) -> dict:
@@ -188,24 +190,55 @@ def short(commit: str) -> str:
     return commit if commit == NOT_RECORDED or commit.startswith("fp ") else commit[:7]
 
 
+TABLE_SEPARATOR = "; computed by "  # a row label's commits of runs, then of fingerprint tables
+
+
 def row_commit(runs: list[Run]) -> str:
     """A row's origin as its tables show it: the commit of its runs, or, for runs grouped by their
-    training fingerprint, ``fp <8 hex>: <the commits they came from>``."""
+    training fingerprint, ``fp <8 hex>: <the commits they came from>``, then ``; computed by <commits>``
+    where fingerprint tables of other commits compute the same (`bridge`)."""
     if runs[0].fingerprint == NOT_RECORDED:
         return runs[0].commit
-    return f"{runs[0].commit_key}: {', '.join(dict.fromkeys(short(r.commit) for r in runs))}"
+    own = list(dict.fromkeys(short(r.commit) for r in runs))
+    tables = [c for c in commits_of(runs) if c not in own]
+    return f"{runs[0].commit_key}: {', '.join(own)}" + (f"{TABLE_SEPARATOR}{', '.join(tables)}" if tables else "")
 
 
 def commits_of(runs: list[Run]) -> list[str]:
-    """The commits (7 characters) a row's runs came from, in order, NOT_RECORDED left out."""
-    return list(dict.fromkeys(short(r.commit) for r in runs if r.commit != NOT_RECORDED))
+    """The commits (7 characters) whose code computes a row's training: those its runs came from,
+    then those whose fingerprint table computes their fingerprint (`bridge`); NOT_RECORDED left out."""
+    own = [short(r.commit) for r in runs if r.commit != NOT_RECORDED]
+    return list(dict.fromkeys(own + [c for r in runs for c in r.computed_by]))
 
 
 def row_commits(label: str) -> list[str]:
     """`commits_of` a row, read from its `row_commit` label."""
     if label.startswith("fp "):
-        return label.split(": ", 1)[1].split(", ") if ": " in label else []
+        commits = label.split(": ", 1)[1] if ": " in label else ""
+        return [c for part in commits.split(TABLE_SEPARATOR) for c in part.split(", ") if c]
     return [] if label == NOT_RECORDED else [short(label)]
+
+
+def load_tables(folder: Path | None) -> list[dict]:
+    """The fingerprint tables (`capsnet fingerprint`'s JSON files) in ``folder``; none if it is None
+    or absent."""
+    if folder is None or not folder.is_dir():
+        return []
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+
+
+def bridge(runs: list[Run], tables: list[dict]) -> list[Run]:
+    """Each run with the commits of the ``tables`` that compute its recorded fingerprint in its
+    environment (`Run.computed_by`): so rows of two variants trained at two commits compare where
+    one commit's code computes both. A run without a fingerprint is left as it is."""
+    out = []
+    for r in runs:
+        env = r.config.get("environment", {}).get("fingerprint_environment")
+        by = tuple(dict.fromkeys(short(t["commit"]) for t in tables if r.fingerprint != NOT_RECORDED
+                                 and t["fingerprints"].get(r.variant) == r.fingerprint
+                                 and t.get("environment") == env and short(t["commit"]) != short(r.commit)))
+        out.append(dataclasses.replace(r, computed_by=by) if by else r)
+    return out
 
 
 def shared_commit(a: list[Run], b: list[Run]) -> str | None:

@@ -30,16 +30,19 @@ from pipeline.training.train import ADAM_EPS
 
 
 def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str = "error",
-        readme: Path | None = None, benchmarks: Path | None = None) -> Path:
+        readme: Path | None = None, benchmarks: Path | None = None, fingerprints: Path | None = None) -> Path:
     """Write the report into ``out``; ``missing``: "error" stops on a run without an evaluation,
     "list" reports it as not run; ``readme``: rewrite that file's generated results block from the
     same tables; ``benchmarks``: the measured speeds (reports/benchmarks.md) that cost what would
-    settle each claim. Returns the path of ablation.md."""
+    settle each claim; ``fingerprints``: a folder of fingerprint tables (`capsnet fingerprint`) through
+    which rows trained at different commits compare (pipeline.report.runs.bridge). Returns the path
+    of ablation.md."""
     fig_dir = writable_dir(out / "figures", "report")
     variants, seeds = list(p.ablation.variants), list(p.ablation.seeds)
     skip = rr.missing_runs(models_dir, results_dir, variants, seeds) if missing == "list" else []
     not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
-    runs = rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p)
+    runs = rr.bridge(rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p),
+                     rr.load_tables(fingerprints))
     if not runs:
         raise UserError("no variant of params.yaml's ablation has an evaluation to report; run the pipeline "
                         "first (`dvc repro`), or pass --missing list to report what exists")

@@ -13,6 +13,12 @@ fp32 results on the CPU depend on the kernels torch picks for the processor and 
 count: the fingerprint runs on one thread and is recorded with torch's version and the CPU
 capability it ran on (`fingerprint_environment`); fingerprints from different environments do
 not compare.
+
+A fingerprint covers its run's own model, so two variants' never agree: the report compares two
+variants' rows through a commit whose code computed both fingerprints. Runs of one commit share it;
+runs of two GPU windows at two commits share one through a *table* (`fingerprint_table`, `capsnet
+fingerprint`), every variant's fingerprint as one commit's code computes them, which the GPU
+session writes once per window.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from pathlib import Path
 
 import torch
 
+from pipeline.core.params import Params
 from pipeline.training.bench import random_data
-from pipeline.training.train import RunConfig, train_group
+from pipeline.training.train import RunConfig, run_config, train_group
 
 SEEDS = (0, 1)  # two stacked seeds: the stack's own arithmetic is part of what is fingerprinted
 STEPS = 2  # per epoch; two epochs: a new order, the checkpoint written between them
@@ -90,3 +97,14 @@ def _fingerprint(small: RunConfig) -> str:
 def fingerprint_environment() -> str:
     """What a CPU fingerprint depends on besides the code: torch's version and the CPU kernels' ISA."""
     return f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}"
+
+
+def fingerprint_table(params: Params, variants: list[str], progress=lambda done, variant: None) -> dict[str, str]:
+    """Every variant's training fingerprint as this code computes it (what its train stage would record
+    under ``params``); ``progress(done, variant)`` after each."""
+    table = {}
+    for k, variant in enumerate(variants):
+        table[variant] = training_fingerprint(run_config(params, variant, seed=0))
+        progress(k + 1, variant)
+    return table
+

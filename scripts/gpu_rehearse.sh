@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# A GPU window rehearsed here, on the CPU, before a real one spends its minutes on a broken script:
+#   bash scripts/gpu_rehearse.sh [SCRATCH]     (default /tmp/gpu-rehearsal; about 10 min on 2 cores)
+# It runs what a lent window runs, as the device tool runs it, on the smoke profile's tiny data:
+#  1. "device" calls: the working tree as the device tool sends it (tracked and untracked files that
+#     git does not ignore, plus .gpu with the MNIST files) is copied into SCRATCH/device, which keeps
+#     its ignored outputs between calls as the warm machine does, and scripts/gpu_plan.sh runs there
+#     unchanged but for CAPSNET_GPU_PROFILE=smoke and a CPU-sized bench (CAPSNET_GPU_BENCH, _ARGS), under a python3
+#     that cannot import mlflow or dvc (the GPU machine has neither), once with a deadline that cuts
+#     the queue (240 s) and once more to finish it, each call with an empty $OUT of its own;
+#  2. the import: scripts/gpu_import.sh on both calls' $OUT in SCRATCH/home, a copy of the tree with
+#     its own MLflow store, which replays the journals, publishes the runs and writes the report.
+# It fails (exit 1, naming the step) if a call does not end, a queued run has no metrics when the
+# second call is done, or the import does not publish every run and a report. The CUDA tests are
+# skipped on a CPU, so no lever is proven and the levers step runs on an empty proof; the captured
+# step runs uncaptured. Nothing in this checkout is written.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+SCRATCH=$(mkdir -p "${1:-/tmp/gpu-rehearsal}" && cd "${1:-/tmp/gpu-rehearsal}" && pwd)
+VENV_PY=$REPO/.venv/bin/python
+[ -x "$VENV_PY" ] || { echo "no .venv here: run 'make venv' first" >&2; exit 2; }
+MIRROR="${CAPSNET_MNIST_MIRROR:-$REPO/../shared/data/mnist}"
+ls "$MIRROR"/*-ubyte.gz >/dev/null 2>&1 || { echo "no MNIST .gz files in $MIRROR: set CAPSNET_MNIST_MIRROR" >&2; exit 2; }
+fail() { echo "rehearsal FAILED: $*" >&2; exit 1; }
+# one rehearsal per scratch folder: the lock's descriptor is inherited by every process the calls
+# start, so it is held until the last of them ends (a rehearsal stopped with Ctrl-C may leave some)
+exec 9>"$SCRATCH/.lock"
+flock -n 9 || { echo "a rehearsal (or what is left of one) still runs in $SCRATCH: wait, or pkill -f 'pipeline.cli'" >&2; exit 2; }
+START=$(date +%s)
+say() { echo "[rehearsal $(( $(date +%s) - START ))s] $*"; }
+
+rm -rf "$SCRATCH/device" "$SCRATCH/home" "$SCRATCH"/out-* "$SCRATCH/bin" "$SCRATCH/absent" "$SCRATCH/import.started"
+mkdir -p "$SCRATCH/device/.gpu/mnist" "$SCRATCH/bin" "$SCRATCH/absent/mlflow" "$SCRATCH/absent/dvc"
+cp "$MIRROR"/*-ubyte.gz "$SCRATCH/device/.gpu/mnist/"
+# The GPU machine's python3: this environment's torch, but no MLflow or DVC to import.
+for pkg in mlflow dvc; do
+  echo "raise ImportError('$pkg is not on the GPU machine: the GPU scripts journal, gpu_import.sh replays')" \
+    >"$SCRATCH/absent/$pkg/__init__.py"
+done
+cat >"$SCRATCH/bin/python3" <<EOF
+#!/usr/bin/env bash
+export PYTHONPATH="\${PYTHONPATH:+\$PYTHONPATH:}$SCRATCH/absent"
+exec "$VENV_PY" "\$@"
+EOF
+chmod +x "$SCRATCH/bin/python3"
+
+send_tree() {  # what the device tool sends: tracked and not-ignored untracked files, over what is there
+  git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+    [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$1"
+}
+COMMIT=$(git rev-parse HEAD)
+BENCH="capsnet_r3_recon@bf16-capture#1,3+bmm baseline_cnn@bf16-capture#1"  # the models gpu_levers picks for
+for call in 1 2; do
+  deadline=$([ $call = 1 ] && echo 240 || echo 560)
+  send_tree "$SCRATCH/device"
+  mkdir -p "$SCRATCH/out-$call"
+  say "call $call: gpu_plan.sh with a ${deadline}s deadline"
+  (cd "$SCRATCH/device" && PATH="$SCRATCH/bin:$PATH" OUT="$SCRATCH/out-$call" CAPSNET_GIT_COMMIT=$COMMIT \
+     CAPSNET_GPU_PROFILE=smoke CAPSNET_GPU_BENCH="$BENCH" CAPSNET_GPU_BENCH_ARGS="--batch 16 --steps 2 --warmup 1 --no-reference" timeout 600 bash scripts/gpu_plan.sh "$deadline") \
+    || fail "call $call exited $? (its log: $SCRATCH/out-$call/session.log)"
+  say "call $call came back with: $(ls "$SCRATCH/out-$call" | tr '\n' ' ')"
+done
+grep -q "gpu tests exit" "$SCRATCH/out-1/session.log" || fail "call 1 did not run the CUDA tests"
+grep -q "gpu tests exit" "$SCRATCH/out-2/session.log" && fail "call 2 ran the CUDA tests again on the warm machine"
+cat "$SCRATCH"/out-*/bench.jsonl 2>/dev/null | grep -q . || fail "no bench rows came back"
+say "call 1 left $(grep -c "not started" "$SCRATCH/out-1/session.log" || true) items unstarted and stopped $(grep -c " exit 124 " "$SCRATCH/out-1/session.log" || true) at its deadline"
+wanted=$(cd "$SCRATCH/device" && python3 scripts/gpu_queue.py --params params.gpu.yaml --runs "$REPO/reports/runs")
+missing=""
+for item in $wanted; do
+  [ -f "$SCRATCH/device/gpu_results/${item%%:*}/seed${item##*:}/metrics.json" ] || missing="$missing $item"
+done
+[ -z "$missing" ] || fail "no metrics after call 2 for:$missing (logs: $SCRATCH/device/logs)"
+say "every queued run trained and evaluated: $(echo "$wanted" | wc -w) runs"
+
+mkdir -p "$SCRATCH/home" && send_tree "$SCRATCH/home"
+touch "$SCRATCH/import.started"
+ln -s "$REPO/.venv" "$SCRATCH/home/.venv"
+rm -rf "$SCRATCH/home/reports/runs"
+say "import: gpu_import.sh in a copy of the tree with its own MLflow store"
+(cd "$SCRATCH/home" && PYTHONPATH="$SCRATCH/home" MLFLOW_TRACKING_URI="sqlite:///$SCRATCH/home/mlflow.db" \
+   CAPSNET_GPU_PROFILE=smoke bash scripts/gpu_import.sh "$SCRATCH/out-1" "$SCRATCH/out-2" >"$SCRATCH/import.log" 2>&1) \
+  || fail "gpu_import.sh exited $? (its log: $SCRATCH/import.log)"
+published=$(ls -d "$SCRATCH"/home/reports/runs/models/*/seed* | wc -l)
+[ "$published" = "$(echo "$wanted" | wc -w)" ] || fail "$published runs published, $(echo "$wanted" | wc -w) trained"
+[ "$SCRATCH/home/reports/ablation.md" -nt "$SCRATCH/import.started" ] || fail "no report written (reports/ablation.md)"
+ls "$SCRATCH"/home/reports/runs/fingerprints/"$COMMIT".json >/dev/null 2>&1 || fail "no fingerprint table of $COMMIT imported"
+say "rehearsal passed: $published runs published, the report in $SCRATCH/home/reports"
