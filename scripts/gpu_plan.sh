@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every lent GPU session's work (issue #24), as one command the device tool runs unchanged on each
+# Every lent GPU session's work (issue #36, was #24), as one command the device tool runs unchanged on each
 # call of the session (carry [".gpu"]; fire each call within 30 s of the last so the machine stays warm):
 #   CAPSNET_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_plan.sh
 # Each call picks up where the last stopped: the CUDA tests run once per warm machine, a bench this

@@ -15,8 +15,8 @@
 #                    a time, each started only while --deadline leaves time and stopped at it
 #                    (a stopped run resumes from its checkpoint if the same machine runs it again)
 # Tracking is journalled (no MLflow there); everything comes back in $OUT (runs-*.tar.gz split
-# (with the commit's fingerprint table, fingerprints/)
-# under 16 MiB, bench.jsonl, gpu_tests.txt, gpu_diffs.jsonl, session.log, inductor-cache.tar.gz).
+# under 16 MiB, with the commit's fingerprint table in fingerprints/; bench.jsonl, gpu_tests.txt,
+# gpu_diffs.jsonl, session.log, inductor-cache.tar.gz).
 # Here: `bash scripts/gpu_fetch_mnist.sh` once, then the device tool runs, with carry [".gpu"]:
 #   bash scripts/gpu_session.sh --tests --bench "capsnet_r3_recon" --train "capsnet_r3_recon:0"
 # Back here: `bash scripts/gpu_import.sh FOLDER` unpacks the runs, syncs MLflow and writes the report.
