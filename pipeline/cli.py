@@ -187,9 +187,9 @@ def fingerprint(out: str, variants: tuple[str, ...], params_path: str) -> None:
         params.variant(name)  # an unknown name: one line naming the variants there are
     with tqdm(total=len(names), desc="fingerprints", unit="variant", file=sys.stderr) as bar:
         table = fingerprint_table(params, names, lambda done, variant: bar.update(1))
-    write_json(out, {"commit": git_commit(repo_root()), "environment": fingerprint_environment(),
-                     "fingerprints": table})
-    click.echo(f"{len(table)} training fingerprint(s) of {git_commit(repo_root())[:7]} to {out}")
+    commit = git_commit(repo_root())
+    write_json(out, {"commit": commit, "environment": fingerprint_environment(), "fingerprints": table})
+    click.echo(f"{len(table)} training fingerprint(s) of {commit[:7]} to {out}")
 
 
 @main.command()

@@ -28,7 +28,7 @@ from pipeline.report import costs, figures, stats
 from pipeline.report import runs as rr
 from pipeline.report.costs import BenchRow
 from pipeline.report.document import _recorded, fmt_ci, fmt_pct
-from pipeline.report.runs import LAST_EPOCHS, NOT_RECORDED, Run, best_epoch, group, protocols, row_commit, short
+from pipeline.report.runs import LAST_EPOCHS, Run, best_epoch, group, protocols, row_commit, short
 from pipeline.training import train
 
 EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error(B)
@@ -102,7 +102,7 @@ def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.
 
     Only runs of one protocol are compared, and only rows of A and B trained by one commit's code
     (`runs.shared_commit`: the same commit, or, for rows grouped by training fingerprint, a commit
-    both rows' runs came from); where none is shared the row says `confounded` and carries no
+    both rows' runs came from or whose fingerprint table computes both); where none is shared the row says `confounded` and carries no
     interval (its seed variances still plan the re-run)."""
     rows = []
     table1 = reference["table1"]
@@ -130,9 +130,8 @@ def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.
                 rows.append(row | {
                     "commit": "", "our_delta": _mean_error(ra) - _mean_error(rb), "ci_low": math.nan, "ci_high": math.nan,
                     "per_seed": "", "mde": math.nan, "equivalence_margin": math.nan,
-                    "status": (f"confounded: {a} trained at {'; '.join(short(row_commit(g)) for g in by_variant[a].values())} "
-                               f"(Adam ε {_recorded([r.adam_eps for r in ra])}), {b} at "
-                               f"{'; '.join(short(row_commit(g)) for g in by_variant[b].values())} "
+                    "status": (f"confounded: {a} trained at {_origins(by_variant[a])} (Adam ε "
+                               f"{_recorded([r.adam_eps for r in ra])}), {b} at {_origins(by_variant[b])} "
                                f"(Adam ε {_recorded([r.adam_eps for r in rb])}), no commit in common")})
                 continue
             interval = stats.interval_of(parts)  # the parts above: per-image arrays read once
@@ -144,6 +143,11 @@ def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.
                                        "ci_low", "ci_high", "per_seed", "status", "n_seeds", "mde", "seeds_needed",
                                        "gpu_hours", "cost_source", "equivalence_margin", "equivalence_seeds",
                                        "equivalence_hours"])
+
+
+def _origins(rows: dict[str, list[Run]]) -> str:
+    """A variant's rows' origins (`row_commit`, commits shortened), for a confounded effect's status."""
+    return "; ".join(short(row_commit(runs)) for runs in rows.values())
 
 
 def _mean_error(runs: list[Run]) -> float:

@@ -234,19 +234,20 @@ def bridge(runs: list[Run], tables: list[dict]) -> list[Run]:
     out = []
     for r in runs:
         env = r.config.get("environment", {}).get("fingerprint_environment")
-        by = tuple(dict.fromkeys(short(t["commit"]) for t in tables if r.fingerprint != NOT_RECORDED
-                                 and t["fingerprints"].get(r.variant) == r.fingerprint
-                                 and t.get("environment") == env and short(t["commit"]) != short(r.commit)))
-        out.append(dataclasses.replace(r, computed_by=by) if by else r)
+        by = tuple(dict.fromkeys(short(t["commit"]) for t in tables
+                                 if t["fingerprints"].get(r.variant) == r.fingerprint and t.get("environment") == env
+                                 and short(t["commit"]) != short(r.commit)))
+        out.append(dataclasses.replace(r, computed_by=by) if by and r.fingerprint != NOT_RECORDED else r)
     return out
 
 
 def shared_commit(a: list[Run], b: list[Run]) -> str | None:
-    """A commit that runs of both rows came from, or None. A row holds one variant's runs of one
-    training fingerprint (or one commit where none was recorded), and two variants' fingerprints
-    never agree, so rows of two variants compare through a commit they share: that commit's code
-    computed both fingerprints, and every run of either row computes what that code computes.
-    Not transitive: rows A and C that each share a commit with B need not share one."""
+    """A commit whose code computes both rows' training (`commits_of`: one their runs came from, or
+    one whose fingerprint table computes their fingerprints), or None. A row holds one variant's runs
+    of one training fingerprint (or one commit where none was recorded), and two variants'
+    fingerprints never agree, so rows of two variants compare through such a commit: every run of
+    either row computes what that commit's code computes. Not transitive: rows A and C that each
+    share a commit with B need not share one."""
     theirs = set(commits_of(b))
     return next((c for c in commits_of(a) if c in theirs), None)
 
