@@ -114,10 +114,11 @@ BENCH = """# Benchmarks
 
 
 class FakeRun:
-    def __init__(self, variant, images=6_000_000, amp=True, compiled=True, device="NVIDIA H100 80GB HBM3"):
-        self.variant, self.images_trained = variant, images
+    def __init__(self, variant, images=6_000_000, amp=True, compiled=True, device="NVIDIA H100 80GB HBM3", epochs=50,
+                 stop_reason="epochs"):
+        self.variant, self.images_trained, self.epochs_trained = variant, images, epochs
         self.cfg = {"amp": amp, "compile": compiled}
-        self.config = {"environment": {"device_name": device}}
+        self.config = {"environment": {"device_name": device}, "stop_reason": stop_reason}
 
 
 def test_costs_come_from_each_variants_own_row_on_its_device(tmp_path):
@@ -138,11 +139,32 @@ def test_costs_come_from_each_variants_own_row_on_its_device(tmp_path):
     assert math.isnan(hours) and "NVIDIA A100" in why
 
 
+def test_the_paper_protocols_cost_is_the_same_seeds_for_640_epochs_of_the_runs_images(tmp_path):
+    """What settling a claim would take under the authors' protocol: each arm's images per epoch (as its
+    runs recorded them) for 640 epochs at its own speed; nothing for arms that trained 640 epochs
+    already (the first estimate is that) or trained to a target accuracy (no number of epochs)."""
+    (tmp_path / "benchmarks.md").write_text(BENCH)
+    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    short = [FakeRun("baseline_cnn", images=3_000_000, epochs=50), FakeRun("baseline_cnn", images=3_000_000, epochs=50)]
+    hours, source = rc.run_cost(short, 10, rows, epochs=640)
+    assert hours == pytest.approx(10 * 60_000 * 640 / 12_000 / 3600) and "12,000" in source
+    caps = [FakeRun("capsnet_r3_recon", images=1_200_000, epochs=20)]
+    assert rc.paper_protocol_cost(caps, short, 4, rows) == pytest.approx(
+        4 * 60_000 * 640 / 24_000 / 3600 + 4 * 60_000 * 640 / 12_000 / 3600)
+    assert math.isnan(rc.paper_protocol_cost([FakeRun("baseline_cnn", epochs=640)],
+                                             [FakeRun("capsnet_r3_recon", epochs=640)], 4, rows))
+    hours, why = rc.run_cost([FakeRun("baseline_cnn", stop_reason="target")], 10, rows, epochs=640)
+    assert math.isnan(hours) and "target accuracy" in why
+    assert rc.run_cost([FakeRun("baseline_cnn", stop_reason="target")], 10, rows)[0] == pytest.approx(
+        10 * 6e6 / 12_000 / 3600)  # its own protocol's cost stays
+
+
 def _effect(effect, paper, lo, hi, seeds="12", hours=1.5, **extra):
     return {"protocol": "p", "effect": effect, "paper_delta": paper, "our_delta": (lo + hi) / 2, "ci_low": lo,
             "ci_high": hi, "status": "", "n_seeds": 3, "seeds_needed": seeds, "gpu_hours": hours,
             "cost_source": "GPU: one H100 | capsnet_r3_recon bf16: 24,000 images/s", "equivalence_margin": math.nan,
-            "equivalence_seeds": "–", "equivalence_hours": math.nan} | extra
+            "equivalence_seeds": "–", "equivalence_hours": math.nan, "paper_protocol_hours": math.nan,
+            "equivalence_paper_protocol_hours": math.nan} | extra
 
 
 def test_claims_are_supported_contradicted_or_say_what_would_settle_them():
@@ -160,6 +182,10 @@ def test_claims_are_supported_contradicted_or_say_what_would_settle_them():
     assert claims["reconstruction on vs off, routing 3"] == "contradicted"
     assert claims["CapsNet r3 + recon vs baseline"] == ("not resolvable at 3 seeds — needs 10 per arm to detect the "
                                                          "paper's -0.14 pp at 80 % power, about 0.64 GPU-hours")
+    shorter = rc.effect_claims(pd.DataFrame([_effect("reconstruction on vs off, routing 3", -0.10, -0.25, 0.10, seeds="13",
+                                                     hours=0.81, paper_protocol_hours=10.4)]), "p")
+    assert shorter.status[0].endswith("about 0.81 GPU-hours (about 10 at the paper's 640 epochs, if seeds spread there "
+                                      "as here)")
     assert claims["official vs paper recipe, routing 3, with reconstruction"] == "supported: within ±0.03 pp"
     assert claims["§5.2 gap"] == "supported"
     lines = rc.render_claims(both, "p")

@@ -141,8 +141,8 @@ def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.
                                "ci_high": interval.hi, "per_seed": per_seed, "status": stats.effect_words(interval)})
     return pd.DataFrame(rows, columns=["protocol", "effect", "a", "b", "paper_delta", "commit", "our_delta",
                                        "ci_low", "ci_high", "per_seed", "status", "n_seeds", "mde", "seeds_needed",
-                                       "gpu_hours", "cost_source", "equivalence_margin", "equivalence_seeds",
-                                       "equivalence_hours"])
+                                       "gpu_hours", "cost_source", "paper_protocol_hours", "equivalence_margin",
+                                       "equivalence_seeds", "equivalence_hours", "equivalence_paper_protocol_hours"])
 
 
 def _origins(rows: dict[str, list[Run]]) -> str:
@@ -240,11 +240,8 @@ POWER_RULE = ("80 % power for the same two-sided 95 % seed-aware t-interval (pip
               "variance; of the test-set term, the per-image seed noise shrinks with more seeds and the systematic "
               "per-image difference stays. GPU time: that many seeds of each arm under this protocol at the speed "
               "reports/benchmarks.md measured for the variant on the runs' device (an estimate; sources below the "
-              "table).")
-
-
-def _hours(hours: float) -> str:
-    return "–" if math.isnan(hours) else f"{hours:.2g}" if hours < 10 else f"{hours:,.0f}"
+              f"table); at {costs.PAPER_EPOCHS} epochs: the same seeds for the paper protocol's length at the same "
+              "speed, which also assumes the seeds spread there as they do here (only runs of that length can say).")
 
 
 def _sources(table: pd.DataFrame, hours: str) -> list[str]:
@@ -258,16 +255,17 @@ def _effect_power_lines(effect_table: pd.DataFrame) -> list[str]:
     seeds per arm (and GPU time) that would detect the paper's."""
     lines = ["#### What would settle each effect", "", POWER_RULE, "",
              "| effect | paper | seeds run (per arm) | detectable at 80 % power (pp) | seeds per arm for the paper's "
-             "effect | GPU-hours (both arms) |", "|---|---|---|---|---|---|"]
+             f"effect | GPU-hours (both arms) | at {costs.PAPER_EPOCHS} epochs |", "|---|---|---|---|---|---|---|"]
     for e in effect_table.itertuples():
         paper = "– (no number)" if math.isnan(e.paper_delta) else f"{e.paper_delta:+.2f}"
         mde = "– (no interval)" if math.isnan(e.mde) else f"±{e.mde:.2f}"
         if math.isnan(e.paper_delta):  # "matches": the seeds that would see Table 1's smallest effect
             seeds = f"{e.equivalence_seeds} (to see ±{rc.EQUIVALENCE_PP:.2f})"
-            hours = _hours(e.equivalence_hours)
+            hours, paper_hours = e.equivalence_hours, e.equivalence_paper_protocol_hours
         else:
-            seeds, hours = e.seeds_needed, _hours(e.gpu_hours)
-        lines.append(f"| {e.effect} | {paper} | {e.n_seeds} | {mde} | {seeds} | {hours} |")
+            seeds, hours, paper_hours = e.seeds_needed, e.gpu_hours, e.paper_protocol_hours
+        lines.append(f"| {e.effect} | {paper} | {e.n_seeds} | {mde} | {seeds} | {rc.hours_text(hours)} | "
+                     f"{rc.hours_text(paper_hours)} |")
     return lines + _sources(effect_table.assign(hours=[e if math.isnan(p) else g for p, e, g in zip(
         effect_table.paper_delta, effect_table.equivalence_hours, effect_table.gpu_hours)]), "hours")
 
@@ -286,7 +284,7 @@ def _verdict_power_lines(rows: pd.DataFrame) -> list[str]:
     for r in rows.itertuples():
         margin = "–" if math.isnan(r.equivalence_margin) else f"±{r.equivalence_margin:.2f}"
         lines.append(f"| {r.variant} | {short(r.commit)} | {r.n_seeds} | {r.delta:+.2f} | {r.verdict} | {margin} | "
-                     f"{r.seeds_to_separate} | {_hours(r.gpu_hours_to_separate)} |")
+                     f"{r.seeds_to_separate} | {rc.hours_text(r.gpu_hours_to_separate)} |")
     return lines + _sources(rows, "gpu_hours_to_separate")
 
 

@@ -25,10 +25,11 @@ from pipeline.report.runs import Run
 EQUIVALENCE_PP = 0.04
 
 
-def run_cost(runs: list[Run], seeds: int, bench: list[costs.BenchRow]) -> tuple[float, str]:
-    """(GPU-hours for ``seeds`` more runs like ``runs``, under their protocol, the bench row it comes
-    from), or (NaN, why not): no recorded training length, or no bench row for their own variant,
-    configuration and device."""
+def run_cost(runs: list[Run], seeds: int, bench: list[costs.BenchRow], epochs: int | None = None) -> tuple[float, str]:
+    """(GPU-hours for ``seeds`` more runs like ``runs``, under their protocol or, with ``epochs``, for
+    that many epochs of their images per epoch at their speed, the bench row it comes from), or (NaN,
+    why not): no recorded training length, runs that trained to a target accuracy (with ``epochs``),
+    or no bench row for their own variant, configuration and device."""
     run = runs[0]
     recorded = [r.images_trained for r in runs if r.images_trained]
     device = run.config.get("environment", {}).get("device_name", "")
@@ -39,18 +40,34 @@ def run_cost(runs: list[Run], seeds: int, bench: list[costs.BenchRow]) -> tuple[
         amp, compiled = bool(run.cfg.get("amp")), bool(run.cfg.get("compile"))
         return math.nan, (f"no bench row for {run.variant} ({costs.CONFIGURATIONS[amp, compiled]}) on "
                           f"{device or 'its device'} in reports/benchmarks.md")
-    return costs.gpu_hours(seeds, float(np.mean(recorded)), row), row.cite()
+    if epochs is None:
+        return costs.gpu_hours(seeds, float(np.mean(recorded)), row), row.cite()
+    if any(r.config.get("stop_reason") == "target" for r in runs):
+        return math.nan, f"{run.variant} trained to a target accuracy, not for a number of epochs"
+    per_epoch = [r.images_trained / r.epochs_trained for r in runs if r.images_trained and r.epochs_trained]
+    return costs.gpu_hours(seeds, float(np.mean(per_epoch)) * epochs, row), row.cite()
 
 
 def pair_cost(runs_a: list[Run], runs_b: list[Run], seeds: int | None,
-              bench: list[costs.BenchRow]) -> tuple[float, str]:
-    """GPU-hours for ``seeds`` runs of each arm and the rows they come from; NaN and why not."""
+              bench: list[costs.BenchRow], epochs: int | None = None) -> tuple[float, str]:
+    """GPU-hours for ``seeds`` runs of each arm (under their protocol, or for ``epochs`` epochs:
+    `run_cost`) and the rows they come from; NaN and why not."""
     if seeds is None:
         return math.nan, ""
-    (ha, sa), (hb, sb) = run_cost(runs_a, seeds, bench), run_cost(runs_b, seeds, bench)
+    (ha, sa), (hb, sb) = run_cost(runs_a, seeds, bench, epochs), run_cost(runs_b, seeds, bench, epochs)
     if math.isnan(ha) or math.isnan(hb):  # no estimate: say why
         return math.nan, "; ".join(s for s, h in ((sa, ha), (sb, hb)) if math.isnan(h))
     return ha + hb, f"{sa}; {sb}"
+
+
+def paper_protocol_cost(runs_a: list[Run], runs_b: list[Run], seeds: int | None,
+                        bench: list[costs.BenchRow]) -> float:
+    """`pair_cost` at the paper's PAPER_EPOCHS for arms that trained fewer epochs (the same seeds at the
+    same speed: an estimate that also assumes the seeds spread at 640 epochs as they did here); NaN
+    where the arms trained the paper's length already, or where `pair_cost` has no estimate."""
+    if all(r.epochs_trained >= costs.PAPER_EPOCHS for r in runs_a + runs_b):
+        return math.nan
+    return pair_cost(runs_a, runs_b, seeds, bench, costs.PAPER_EPOCHS)[0]
 
 
 def verdict_settling(runs: list[Run], errors: list[float], paper: float, paper_std: float | None,
@@ -82,7 +99,8 @@ def effect_settling(parts: stats.EffectParts, paper_delta: float, runs_a: list[R
     phrase = power.seeds_phrase(needed, paper_delta) if known else "–"
     if needed is None and phrase.startswith("more than") and power.power(paper_delta, parts.floor()) < power.POWER:
         phrase = "none suffices (the test set's own noise hides it)"
-    return {"mde": mde, "seeds_needed": phrase, "gpu_hours": hours, "cost_source": source}
+    return {"mde": mde, "seeds_needed": phrase, "gpu_hours": hours, "cost_source": source,
+            "paper_protocol_hours": paper_protocol_cost(runs_a, runs_b, needed, bench)}
 
 
 def equivalence_settling(parts: stats.EffectParts, runs_a: list[Run], runs_b: list[Run],
@@ -95,16 +113,25 @@ def equivalence_settling(parts: stats.EffectParts, runs_a: list[Run], runs_b: li
     needed = power.effect_seeds_needed(parts, EQUIVALENCE_PP) if known else None
     hours, source = pair_cost(runs_a, runs_b, needed, bench)
     return {"equivalence_margin": margin, "equivalence_seeds": power.seeds_phrase(needed, EQUIVALENCE_PP) if known
-            else "–", "equivalence_hours": hours, "cost_source": source}
+            else "–", "equivalence_hours": hours, "cost_source": source,
+            "equivalence_paper_protocol_hours": paper_protocol_cost(runs_a, runs_b, needed, bench)}
 
 
-def hours_phrase(seeds: str, hours: float, why: str = "") -> str:
-    """', about 2.9 GPU-hours' for a seed count, or why there is no estimate ('' without a count)."""
+def hours_text(hours: float) -> str:
+    """GPU-hours as the report writes them: two significant digits below 10, whole hours above, – for none."""
+    return "–" if math.isnan(hours) else f"{hours:.2g}" if hours < 10 else f"{hours:,.0f}"
+
+
+def hours_phrase(seeds: str, hours: float, why: str = "", paper_hours: float = math.nan) -> str:
+    """', about 2.9 GPU-hours' for a seed count, then, where ``paper_hours`` is known, what the same
+    seeds cost at the paper's 640 epochs; or why there is no estimate ('' without a count)."""
     if not seeds.isdigit():
         return ""
     if math.isnan(hours):
         return f", GPU time not estimated ({why or 'no bench row'})"
-    return f", about {hours:.2g} GPU-hours" if hours < 10 else f", about {hours:,.0f} GPU-hours"
+    at_paper = "" if math.isnan(paper_hours) else (f" (about {hours_text(paper_hours)} at the paper's "
+                                                   f"{costs.PAPER_EPOCHS} epochs, if seeds spread there as here)")
+    return f", about {hours_text(hours)} GPU-hours{at_paper}"
 
 
 # (claim, the effect row it rests on): each a Table 1 or §5.2 statement of the paper
@@ -118,7 +145,8 @@ CLAIMS = [
 GAP_CLAIM = "§5.2: CapsNet is more robust to affine transformations than a CNN (affNIST accuracy)"
 
 
-def _status(lo: float, hi: float, paper: float, n: int, seeds: str, hours: float, goal: str, why: str) -> str:
+def _status(lo: float, hi: float, paper: float, n: int, seeds: str, hours: float, goal: str, why: str,
+            paper_hours: float = math.nan) -> str:
     if (paper < 0 and hi < 0) or (paper > 0 and lo > 0):
         return "supported"
     if (paper < 0 and lo > 0) or (paper > 0 and hi < 0):
@@ -127,7 +155,7 @@ def _status(lo: float, hi: float, paper: float, n: int, seeds: str, hours: float
         return f"not resolvable at {n} seeds, nor by more: no number of seeds would {goal} on this test set"
     if seeds.startswith("more than"):
         return f"not resolvable at {n} seeds — would need {seeds} seeds per arm to {goal}"
-    return f"not resolvable at {n} seeds — needs {seeds} per arm to {goal}{hours_phrase(seeds, hours, why)}"
+    return f"not resolvable at {n} seeds — needs {seeds} per arm to {goal}{hours_phrase(seeds, hours, why, paper_hours)}"
 
 
 COLUMNS = ["claim", "paper", "ours", "status", "evidence", "cost_source", "gpu_hours"]
@@ -153,7 +181,8 @@ def effect_claims(effect_table: pd.DataFrame, protocol: str) -> pd.DataFrame:
             status = f"not resolvable: {e.status}"
         else:
             status = _status(e.ci_low, e.ci_high, e.paper_delta, int(e.n_seeds), e.seeds_needed, e.gpu_hours,
-                             f"detect the paper's {e.paper_delta:+.2f} pp at 80 % power", e.cost_source)
+                             f"detect the paper's {e.paper_delta:+.2f} pp at 80 % power", e.cost_source,
+                             e.paper_protocol_hours)
         rows.append({"claim": claim, "paper": paper, "ours": ours, "status": status, "evidence": effect,
                      "cost_source": e.cost_source, "gpu_hours": e.equivalence_hours if equivalence else e.gpu_hours})
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -181,15 +210,16 @@ def _equivalence_status(e) -> str:
     """A "matches" claim: supported only within ±EQUIVALENCE_PP (two one-sided tests at 5 %)."""
     goal = f"detect a {EQUIVALENCE_PP:.2f} pp difference (Table 1's smallest effect) at 80 % power"
     seeds, hours, why = e.equivalence_seeds, e.equivalence_hours, e.cost_source
+    paper_hours = e.equivalence_paper_protocol_hours
     if math.isnan(e.ci_low):
         return (f"not resolvable: {e.status}; settling it needs both recipes at one commit, {seeds} seeds per arm "
-                f"to {goal}{hours_phrase(seeds, hours, why)}")
+                f"to {goal}{hours_phrase(seeds, hours, why, paper_hours)}")
     if e.ci_low > 0 or e.ci_high < 0:
         return "contradicted (the recipes differ beyond the noise)"
     if e.equivalence_margin <= EQUIVALENCE_PP:
         return f"supported: within ±{e.equivalence_margin:.2f} pp"
     return (f"not resolvable at {int(e.n_seeds)} seeds (within ±{e.equivalence_margin:.2f} pp only) — needs {seeds} "
-            f"per arm to {goal}{hours_phrase(seeds, hours, why)}")
+            f"per arm to {goal}{hours_phrase(seeds, hours, why, paper_hours)}")
 
 
 CLAIMS_RULE = ("Each claim is read from the 95 % seed-aware interval of its effect (the ablation effects below; "
@@ -197,7 +227,9 @@ CLAIMS_RULE = ("Each claim is read from the 95 % seed-aware interval of its effe
                "when wholly on the other side, otherwise **not resolvable** at the seeds that ran — then with the "
                "seeds per arm that would detect the paper's stated effect with 80 % power (the same t-interval, "
                "each arm's measured seed variance; pipeline/report/power.py) and what they cost "
-               "on the runs' GPU at the runs' protocol (reports/benchmarks.md's row for each variant; an estimate). "
+               "on the runs' GPU at the runs' protocol (reports/benchmarks.md's row for each variant; an estimate) and, "
+               f"for runs shorter than the paper's, at its {costs.PAPER_EPOCHS} epochs (the same seeds at the same speed, "
+               "assuming the seeds spread there as they do here: only runs of that length can say). "
                f"\"Matches\" is supported only within ±{EQUIVALENCE_PP:.2f} pp (two one-sided tests at 5 %), "
                "Table 1's smallest effect.")
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+PAPER_EPOCHS = 640  # the paper protocol: the official code's 300,000 steps of 128 (paper_reference.yaml's recipe)
+
 CONFIGURATIONS = {  # (bf16 autocast, compile) -> how benchmarks.md names the training step's row
     (True, True): "bf16 + compile", (True, False): "bf16 autocast", (False, False): "eager fp32",
     (False, True): "compile"}

@@ -20,7 +20,7 @@ from pipeline.core.files import write_text
 from pipeline.core.params import Params
 from pipeline.report import claims as rc
 from pipeline.report import stats
-from pipeline.report.costs import BenchRow
+from pipeline.report.costs import PAPER_EPOCHS, BenchRow
 from pipeline.report.runs import NOT_RECORDED, Run
 
 TITLE = "# Table 1 replica: Dynamic Routing Between Capsules"
@@ -184,9 +184,6 @@ def run_deviations(runs: list[Run], adam_eps: float) -> list[str]:
                    "weights, optimizer, schedule and every generator, so it is meant to change nothing; with "
                    "non-deterministic kernels it is not bit-identical.")
     return out
-
-
-PAPER_EPOCHS = 640  # the official code's 300,000 steps of 128
 
 
 def _by(runs: list[Run], key) -> dict:

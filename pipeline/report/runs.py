@@ -170,6 +170,11 @@ class Run:
         steps = self.config.get("steps_trained")
         return None if steps is None else int(steps) * int(self.cfg["batch_size"])
 
+    @property
+    def epochs_trained(self) -> int:
+        """Epochs this run trained, as it recorded them (its history's length where it did not)."""
+        return int(self.config.get("epochs_trained", len(self.history)))
+
     def last_epochs_error(self, k: int = LAST_EPOCHS) -> float:
         """Mean per-epoch test error % of the last k epochs (a stability diagnostic, not a headline)."""
         return float(self.history.test_error_pct.iloc[-k:].mean())
