@@ -357,7 +357,7 @@ def _replay(tracker, journals: list[Path], quiet: bool = False) -> int:
 @main.command()
 @click.option("--journal", "journal_dir", type=click.Path(file_okay=False), default="reports/runs/journal",
               show_default=True, help="published run journals to load first (skipped if already loaded)")
-@click.option("--port", type=int, default=5000, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=5000, show_default=True)
 @click.option("--dry-run", is_flag=True, help="load the journals and print the URL, without starting the UI")
 @user_errors
 def ui(journal_dir: str, port: int, dry_run: bool) -> None:
@@ -369,6 +369,11 @@ def ui(journal_dir: str, port: int, dry_run: bool) -> None:
 
     from pipeline.core import tracking
 
+    problem = None if dry_run else _port_problem(port)  # mlflow ui would log a failed bind and exit 0
+    if problem:
+        other = port + 1 if 1024 <= port < 65535 else 5001
+        raise UserError(f"port {port} on 127.0.0.1 {problem}: serve on another one: `capsnet ui --port {other}` "
+                        f"(make ui PORT={other})")
     tracker = tracking.Tracker()
     journals = sorted(Path(journal_dir).glob("*.jsonl")) if Path(journal_dir).is_dir() else []
     added = _replay(tracker, journals, quiet=True)
@@ -392,6 +397,20 @@ def ui(journal_dir: str, port: int, dry_run: bool) -> None:
         pass
     except subprocess.CalledProcessError as err:
         raise UserError(f"mlflow ui stopped with status {err.returncode} (is port {port} taken? use --port)") from err
+
+
+def _port_problem(port: int) -> str | None:
+    """Why no server could listen on 127.0.0.1:``port`` (probed as uvicorn binds, SO_REUSEADDR), or None."""
+    import errno
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as err:
+            return "is taken (another `mlflow ui`?)" if err.errno == errno.EADDRINUSE else f"cannot be used ({err.strerror})"
+    return None
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import REPO
 from mlflow.tracking import MlflowClient
 
 from pipeline.cli import main
@@ -144,7 +145,7 @@ def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path, monkeypa
     import time
     import urllib.request
 
-    from conftest import REPO, tool_env
+    from conftest import tool_env
 
     journals = sorted((REPO / "reports" / "runs" / "journal").glob("*.jsonl"))[:2]
     (tmp_path / "journal").mkdir()
@@ -192,6 +193,26 @@ def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path, monkeypa
         datasets = {i["dataset"]["name"]: i["dataset"] for i in run["inputs"]["dataset_inputs"]}
         assert "train" in datasets and set(datasets) <= {"train", "test", "expanded_test", "multimnist_test"}
         assert {d["digest"] for d in datasets.values()} == {"unrecorded"}
+
+
+def test_ui_on_a_taken_port_says_so_before_loading_anything(tmp_path, monkeypatch):
+    """`mlflow ui` on a port another server holds logs the failed bind among its start-up lines and
+    exits 0; `capsnet ui` refuses first, in one line naming the port and a command that serves on
+    another, and loads nothing; a port outside 1-65535 is a usage error."""
+    import socket
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/ui.db")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = CliRunner().invoke(main, ["ui", "--journal", str(REPO / "reports" / "runs" / "journal"),
+                                           "--port", str(port)])
+    assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is taken" in result.output
+    assert f"`capsnet ui --port {port + 1}`" in result.output and "loaded" not in result.output
+    assert not (tmp_path / "ui.db").exists()
+    result = CliRunner().invoke(main, ["ui", "--port", "99999"])
+    assert result.exit_code == 2 and "99999 is not in the range" in result.output
 
 
 def test_two_writers_logging_one_new_dataset_at_once_both_get_it(tmp_path, monkeypatch):
