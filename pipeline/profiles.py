@@ -136,6 +136,11 @@ def check(name: str, params_path: str = "params.yaml") -> list[str]:
                              f"it: {listed}. Restore it (`git checkout {params_path} dvc.lock`) or commit the "
                              "change, then run again; `dvc repro` runs the workspace as it is.")
     target = apply(workspace, name)
+    device = str(target["train"]["device"])
+    if device.startswith("cuda") and not _cuda_available():  # else it downloads and prepares, then fails to train
+        raise SystemExit(f"the {name} profile trains on CUDA (train.device = {device}) and torch sees no CUDA device "
+                         "here: run it on a machine with an NVIDIA GPU; `make smoke` runs the whole pipeline on this "
+                         "CPU in minutes.")
     warnings = []
     if name != "smoke" and target["train"]["device"] in ("auto", "cpu") and not _cuda_available():
         warnings.append(f"warning: no CUDA device; the {name} profile would train {len(ablation_variants(target))} "

@@ -102,12 +102,28 @@ def test_check_refuses_a_workspace_that_mixes_profiles(tmp_path, monkeypatch):
     subprocess.run(["git", "init", "-q"], check=True)
     subprocess.run([*git, "add", "params.yaml"], check=True)
     subprocess.run([*git, "commit", "-qm", "p"], check=True)
+    monkeypatch.setattr(profiles, "_cuda_available", lambda: True)
     profiles.check("gpu")  # as committed: fine
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(smoke_workspace()))
     with pytest.raises(SystemExit, match=r"train.batch_size = 16 \(committed: 128\).*git checkout params.yaml dvc.lock"):
         profiles.check("paper")
     with pytest.raises(SystemExit, match=f"prepare.train_subset = {profiles.PROFILES['smoke']['prepare.train_subset']} "):
         profiles.check("gpu")
+
+
+def test_a_cuda_profile_without_cuda_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """`make gpu` / `make paper-gpu` where torch sees no GPU: refused at the check, in one line naming
+    the profile and what runs here instead, not minutes later at the first train stage; the paper
+    profile (train.device auto) only warns, with its CPU estimate."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    monkeypatch.setattr(profiles, "_cuda_available", lambda: False)
+    ran = tmp_path / "ran"
+    for name in ("gpu", "paper-gpu"):
+        with pytest.raises(SystemExit, match=f"the {name} profile trains on CUDA .* `make smoke` runs"):
+            profiles.main([name, "--exec", "touch", str(ran)])
+        assert not ran.exists()
+    assert profiles.check("paper")[0].startswith("warning: no CUDA device; the paper profile would train")
 
 
 def test_smoke_puts_params_and_lock_back_even_when_it_fails(tmp_path, monkeypatch):
