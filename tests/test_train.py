@@ -341,6 +341,16 @@ def test_a_missing_model_names_the_train_stage_that_exists(pipeline_dir, monkeyp
     assert result.exit_code == 1 and f"retrain it with `dvc repro -f {stage}`" in result.output, result.output
 
 
+def test_a_hint_without_a_stage_name_names_what_lists_them():
+    """Where params.yaml's ablation does not hold the pair, or the folder is not models/<variant>/seed<k>
+    (`capsnet evaluate m …`), the hint names no made-up stage: it points at the stage list."""
+    from pipeline.core.stage_names import rerun_hint
+
+    listing = "(`capsnet stages --kind stages` lists every stage)"
+    assert rerun_hint(None, "capsnet_r9", 4, "train") == f"the train stage of capsnet_r9 seed 4 {listing}"
+    assert rerun_hint(None, "", "m", "train") == f"the train stage that writes it {listing}"
+
+
 def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
     root = pipeline_dir
     real = stack_module.compute_loss

@@ -47,11 +47,13 @@ def stage_names(params: Params, item: str) -> list[str]:
 
 def rerun_hint(params: Params | None, variant: str, seed: int | str, stage: str) -> str:
     """`dvc repro -f <stage>` for (``variant``, ``seed``)'s train or evaluate ``stage`` as params.yaml's
-    ablation names it; where params do not list the pair, the command that lists every stage."""
+    ablation names it; where params do not list the pair (or the path named none), the command that
+    lists every stage."""
     if params is not None and variant in params.ablation.variants and str(seed).isdigit():
         name = (train_stage if stage == "train" else evaluate_stage)(params, variant, int(seed))
         return f"`dvc repro -f {name}`"
-    return f"the {stage} stage of {variant} seed {seed} (`capsnet stages --kind stages` lists every stage)"
+    which = f"of {variant} seed {seed}" if variant and str(seed).isdigit() else "that writes it"  # not <variant>/seed<k>
+    return f"the {stage} stage {which} (`capsnet stages --kind stages` lists every stage)"
 
 
 def item_at(all_items: list[str], index: int) -> str:
