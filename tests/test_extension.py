@@ -111,7 +111,7 @@ def test_a_registered_experiment_runs_through_every_stage(tmp_path, monkeypatch,
     text = report_stage.run(params, models, results, reports).read_text()
     assert f"- bars_r1 seed 0: {metrics['error_pct']:.2f} %" in text
     assert pd.read_csv(reports / f"{NAME}.csv").error_pct.tolist() == [metrics["error_pct"]]
-    for name in ("table1_errors", "learning_curves", "affnist_bins"):  # every declared output, whatever the variants
+    for name in ("table1_errors", "table1_effects", "learning_curves", "affnist_bins"):  # every declared output, whatever the variants
         assert (reports / "figures" / f"{name}.png").is_file()
 
 

@@ -593,7 +593,7 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
         "error_pct": 1.5, "transformed_error_pct": 50.0, "n_test": 200, "n_transformed": 200, "n_params": 8215568,
         "epochs_trained": 1, "reached_target": False}
     figs = tmp_path / "reports" / "figures"
-    for name in ("table1_errors", "learning_curves", "reconstructions", "fig4", "affnist_bins"):
+    for name in ("table1_errors", "table1_effects", "learning_curves", "reconstructions", "fig4", "affnist_bins"):
         assert (figs / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert list(pd.read_csv(tmp_path / "reports" / "claims.csv").columns[:4]) == ["claim", "paper", "ours", "status"]
     curves = pd.read_csv(tmp_path / "reports" / "plots" / "learning_curves.csv")
@@ -651,3 +651,31 @@ def test_effects_and_verdicts_say_what_would_settle_them(tmp_path):
                               provenance={}, figures={}, reference=REFERENCE, claims=claims)
     assert text.index("## Claims") < text.index("## Table 1") < text.index("#### What would settle each effect")
     assert "| Reconstruction helps (routing 3) | -0.10 pp |" in text and "### What would settle each verdict" in text
+
+
+def test_the_effects_figure_plots_the_headline_protocols_effects_with_what_would_settle_each(tmp_path, monkeypatch):
+    """table1_effects.png: one row per effect of the headline protocol (another protocol's left out),
+    our estimate and interval (none where confounded), the paper's effect, and the seeds note; a
+    placeholder where the protocol compares no pair."""
+    from pipeline.report import figures
+
+    drawn = {}
+    monkeypatch.setattr(figures, "effect_intervals", lambda *args: drawn.update(args=args))
+    row = {"protocol": "p", "a": "x", "b": "y", "per_seed": "", "status": "", "n_seeds": 3, "equivalence_seeds": "–"}
+    table = pd.DataFrame([
+        row | {"effect": "routing 3 vs 1, with reconstruction", "paper_delta": -0.04, "our_delta": 0.03,
+               "ci_low": -0.15, "ci_high": 0.22, "seeds_needed": "84"},
+        row | {"effect": "CapsNet r3 + recon vs baseline", "paper_delta": -0.14, "our_delta": -0.11,
+               "ci_low": -0.29, "ci_high": 0.06, "seeds_needed": "none suffices (the test set's own noise hides it)"},
+        row | {"effect": "official vs paper recipe, routing 3, with reconstruction", "paper_delta": math.nan,
+               "our_delta": -0.04, "ci_low": math.nan, "ci_high": math.nan, "seeds_needed": "–"},
+        row | {"protocol": "q", "effect": "routing 3 vs 1, with reconstruction", "paper_delta": -0.04, "our_delta": 9.0,
+               "ci_low": 8.0, "ci_high": 10.0, "seeds_needed": "3"}])
+    assert t1.effects_figure(table, "p", tmp_path) == {"Ablation effects (p)": "figures/table1_effects.png"}
+    effects, ours, intervals, paper, notes, path = drawn["args"]
+    assert effects == list(table.effect[:3]) and ours == [0.03, -0.11, -0.04] and path == tmp_path / "table1_effects.png"
+    assert intervals[:2] == [(-0.15, 0.22), (-0.29, 0.06)] and all(math.isnan(v) for v in intervals[2])
+    assert paper[:2] == [-0.04, -0.14] and math.isnan(paper[2])
+    assert notes == ["84 seeds/arm to detect the paper's", "no seed count detects the paper's", "confounded: no interval"]
+    assert t1.effects_figure(table, "other", tmp_path) == {}
+    assert (tmp_path / "table1_effects.png").read_bytes()[:4] == b"\x89PNG"  # the placeholder

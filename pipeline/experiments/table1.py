@@ -114,7 +114,7 @@ def evaluate(model: torch.nn.Module, cfg, data_dir: Path, out: Path) -> base.Eva
 def report(runs: list[Run], ctx: Context) -> Section:
     """Table 1's section: per protocol, our rows against the paper's with verdicts and effects and
     what would settle them, the affine-shifted column, parameters; the four Table 1 claims; the
-    error-bar, reconstruction and Fig. 4 figures, the montage; results.csv, effects.csv and the
+    error-bar, effect, reconstruction and Fig. 4 figures, the montage; results.csv, effects.csv and the
     data of dvc.yaml's plots; Table 1's deviations; its README lines. Leaves its summary in
     ``ctx.shared["table1"]`` (MultiMNIST's column stands beside it)."""
     plot_dir = writable_dir(ctx.out / "plots", "report")
@@ -126,6 +126,7 @@ def report(runs: list[Run], ctx: Context) -> Section:
     ctx.shared["table1"] = summary
     protocol = summary.protocol.iloc[0]
     shown = t1.figures_of(runs, summary, ctx.results_dir, ctx.fig_dir)
+    shown |= t1.effects_figure(effect_table, protocol, ctx.fig_dir)
     t1.dvc_plot_data(runs, summary, ctx.results_dir, plot_dir)
     if (ctx.fig_dir / MONTAGE).is_file():
         shown["Affine-shifted test set"] = f"figures/{MONTAGE}"

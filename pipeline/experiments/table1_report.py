@@ -384,10 +384,33 @@ def figures_of(runs: list[Run], summary: pd.DataFrame, results_dir: Path, fig_di
     return shown
 
 
+def effects_figure(effect_table: pd.DataFrame, protocol: str, fig_dir: Path) -> dict[str, str]:
+    """The headline protocol's effects as a forest plot (table1_effects.png), each with what would
+    settle it; a placeholder where that protocol has no pair of variants to compare."""
+    here = effect_table[effect_table.protocol == protocol]
+    path = fig_dir / "table1_effects.png"
+    if not len(here):
+        figures.placeholder("No pair of Table 1 variants to compare in this report", path)
+        return {}
+    notes = []
+    for e in here.itertuples():
+        if math.isnan(e.ci_low):
+            notes.append("confounded: no interval")
+        elif math.isnan(e.paper_delta):
+            notes.append(f"±{rc.EQUIVALENCE_PP:.2f} pp: {e.equivalence_seeds} seeds/arm")
+        else:
+            seeds = e.seeds_needed.split(" (")[0]  # "none suffices (the test set's own noise hides it)": its first words
+            notes.append(f"{seeds} seeds/arm to detect the paper's" if seeds != "none suffices" else
+                         "no seed count detects the paper's")
+    figures.effect_intervals(list(here.effect), list(here.our_delta), list(zip(here.ci_low, here.ci_high)),
+                             list(here.paper_delta), notes, path)
+    return {f"Ablation effects ({protocol})": "figures/table1_effects.png"}
+
+
 def no_runs(fig_dir: Path, plot_dir: Path) -> None:
     """What a report without a Table 1 run writes in place of its figures and plot data (they are
     DVC outputs, there whatever the variants)."""
-    for name in ("table1_errors", "reconstructions", "fig4"):
+    for name in ("table1_errors", "table1_effects", "reconstructions", "fig4"):
         figures.placeholder("No Table 1 variant in this report", fig_dir / f"{name}.png")
     write_text(plot_dir / "learning_curves.csv", "variant,epoch,test_error_pct\n")
     write_text(plot_dir / "confusion.csv", "actual,predicted\n")

@@ -117,6 +117,33 @@ def seed_errors(variants: list[str], per_seed: list[list[float]], intervals: lis
     save_figure(fig, path)
 
 
+def effect_intervals(effects: list[str], ours: list[float], intervals: list[tuple[float, float]], paper: list[float],
+                     notes: list[str], path: str | Path) -> None:
+    """The ablation effects as a forest plot, one row each: our estimate with its 95 % seed-aware
+    interval (a grey dot where there is none), the paper's effect where it states one, 0 dashed, and
+    beside each row its note (what would settle it)."""
+    n = len(effects)
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * n + 1.0))
+    for k, (estimate, (lo, hi), theirs) in enumerate(zip(ours, intervals, paper)):
+        y = n - 1 - k  # the first effect on top
+        known = lo == lo  # NaN: confounded, no interval
+        ax.errorbar([estimate], [y], xerr=[[estimate - lo], [hi - estimate]] if known else None, fmt="o",
+                    color="#1b365d" if known else "#999999", markersize=5, capsize=3, zorder=3,
+                    label=None if k else "ours, 95 % seed-aware interval")
+        if theirs == theirs:
+            ax.plot([theirs], [y], "D", color="#dd4444", markersize=5, zorder=4,
+                    label="paper (Table 1)" if not any(p == p for p in paper[:k]) else None)
+    ax.plot([], [], "o", color="#999999", markersize=5, label="ours, no interval (confounded)")
+    ax.axvline(0, color="grey", linewidth=0.8, linestyle="--", zorder=1)
+    ax.set_yticks(range(n), effects[::-1], fontsize=7)
+    ax.set_ylim(-0.6, n - 0.4)
+    ax.set_xlabel("error(A) − error(B), percentage points (negative: A errs less)", fontsize=8)
+    for k, note in enumerate(notes):
+        ax.annotate(note, xy=(1.01, n - 1 - k), xycoords=("axes fraction", "data"), va="center", fontsize=6.5)
+    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=3, frameon=False)
+    save_figure(fig, path)
+
+
 def line_colours(n: int) -> list:
     """n distinct colours: tab10 up to 10 lines, tab20 up to 20, then evenly spaced hues."""
     if n <= 10:
