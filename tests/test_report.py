@@ -12,6 +12,7 @@ import yaml
 from safetensors.torch import save_file
 
 from pipeline.experiments import affnist_report as ra
+from pipeline.experiments import table1_figures as t1_figures
 from pipeline.experiments import table1_report as t1
 from pipeline.report import claims as rc
 from pipeline.report import document as rp
@@ -193,7 +194,7 @@ def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):
     lines = [line for line in readme if line.startswith("| paper recipe")]
     assert [line.split(" | ")[0] for line in lines] == ["| paper recipe (aaaaaaa)", "| paper recipe (ccccccc)"]
     assert lines[0].count(": ") == 4 and lines[1].count(": ") == 1  # r1, r1_recon twice, r3; then r3_recon
-    t1.dvc_plot_data(runs, t1.summarize(runs, REFERENCE), tmp_path / "results", tmp_path)  # rows find their runs
+    t1_figures.dvc_plot_data(runs, t1.summarize(runs, REFERENCE), tmp_path / "results", tmp_path)  # rows find their runs
     assert len(pd.read_csv(tmp_path / "confusion.csv")) == 1000
 
 
@@ -671,11 +672,11 @@ def test_the_effects_figure_plots_the_headline_protocols_effects_with_what_would
                "our_delta": -0.04, "ci_low": math.nan, "ci_high": math.nan, "seeds_needed": "–"},
         row | {"protocol": "q", "effect": "routing 3 vs 1, with reconstruction", "paper_delta": -0.04, "our_delta": 9.0,
                "ci_low": 8.0, "ci_high": 10.0, "seeds_needed": "3"}])
-    assert t1.effects_figure(table, "p", tmp_path) == {"Ablation effects (p)": "figures/table1_effects.png"}
+    assert t1_figures.effects_figure(table, "p", tmp_path) == {"Ablation effects (p)": "figures/table1_effects.png"}
     effects, ours, intervals, paper, notes, path = drawn["args"]
     assert effects == list(table.effect[:3]) and ours == [0.03, -0.11, -0.04] and path == tmp_path / "table1_effects.png"
     assert intervals[:2] == [(-0.15, 0.22), (-0.29, 0.06)] and all(math.isnan(v) for v in intervals[2])
     assert paper[:2] == [-0.04, -0.14] and math.isnan(paper[2])
     assert notes == ["84 seeds/arm to detect the paper's", "no seed count detects the paper's", "confounded: no interval"]
-    assert t1.effects_figure(table, "other", tmp_path) == {}
+    assert t1_figures.effects_figure(table, "other", tmp_path) == {}
     assert (tmp_path / "table1_effects.png").read_bytes()[:4] == b"\x89PNG"  # the placeholder

@@ -19,6 +19,7 @@ from pipeline.data.idx import MNIST_SIZE
 from pipeline.data.splits import save_split
 from pipeline.data.transforms import AffineRanges, make_affine_set, random_shift, ranges_metadata
 from pipeline.experiments import base
+from pipeline.experiments import table1_figures as t1_figures
 from pipeline.experiments import table1_report as t1
 from pipeline.experiments.base import configure, examples_per_epoch  # noqa: F401 (this experiment's, as they are)
 from pipeline.report import claims as rc
@@ -120,14 +121,14 @@ def report(runs: list[Run], ctx: Context) -> Section:
     plot_dir = writable_dir(ctx.out / "plots", "report")
     deviations = t1.deviations(ctx.params, ctx.reference)
     if not runs:
-        t1.no_runs(ctx.fig_dir, plot_dir)
+        t1_figures.no_runs(ctx.fig_dir, plot_dir)
         return Section(tables={"results.csv": "", "effects.csv": ""}, deviations=deviations)
     summary, effect_table = t1.summarize(runs, ctx.reference, ctx.bench), t1.effects(runs, ctx.reference, ctx.bench)
     ctx.shared["table1"] = summary
     protocol = summary.protocol.iloc[0]
-    shown = t1.figures_of(runs, summary, ctx.results_dir, ctx.fig_dir)
-    shown |= t1.effects_figure(effect_table, protocol, ctx.fig_dir)
-    t1.dvc_plot_data(runs, summary, ctx.results_dir, plot_dir)
+    shown = t1_figures.figures_of(runs, summary, ctx.results_dir, ctx.fig_dir)
+    shown |= t1_figures.effects_figure(effect_table, protocol, ctx.fig_dir)
+    t1_figures.dvc_plot_data(runs, summary, ctx.results_dir, plot_dir)
     if (ctx.fig_dir / MONTAGE).is_file():
         shown["Affine-shifted test set"] = f"figures/{MONTAGE}"
     results_csv = summary.to_csv(index=False, float_format="%.4f")
