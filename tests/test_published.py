@@ -1,6 +1,6 @@
 """The published report is what today's code makes of the published runs: regenerated from
 reports/runs (nothing retrained), every file the report stage writes is byte for byte the one in
-git, but for the two provenance lines that name the report's own commit and date. A refactor that
+git, but for the three provenance lines that name the report's own commit, software and date. A refactor that
 changes a number, a sentence, a figure or a CSV of the published report fails here; a deliberate
 change is published by regenerating (README's "Reproducing the published report" says how)."""
 
@@ -14,7 +14,7 @@ from pipeline.cli import main
 from pipeline.report.document import readme_block_of
 
 PUBLISHED = REPO / "reports"
-OWN_LINES = re.compile(r"^- \*\*(report commit|date)\*\*: .*$", re.M)  # the regeneration's own, not the runs'
+OWN_LINES = re.compile(r"^- \*\*(report commit|report software|date)\*\*: .*$", re.M)  # the regeneration's own
 
 
 def test_the_published_report_regenerates_byte_for_byte(tmp_path, monkeypatch):

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test suite under the oldest torch the package supports (pyproject.toml's torch>=X and
+# torchvision>=Y: the GPU machine's versions), every other package as uv.lock pins it, in a venv of
+# its own (.venv-torch-floor, git-ignored; made once, about 5 GB):
+#   bash scripts/torch_floor.sh [pytest arguments]
+# Not in CI (the suite under the lock's torch is); run it after changing what calls torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+floor() { sed -n "s/^ *\"$1>=\([0-9.]*\)\",.*/\1/p" pyproject.toml; }
+torch_floor=$(floor torch) vision_floor=$(floor torchvision)
+: "${torch_floor:?pyproject.toml names no torch>= floor}" "${vision_floor:?pyproject.toml names no torchvision>= floor}"
+venv=.venv-torch-floor
+python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q 'uv==0.13.9'
+if ! "$venv/bin/python" -c "import torch, sys; sys.exit(not torch.__version__.startswith('$torch_floor.'))" 2>/dev/null; then
+  rm -rf "$venv"
+  python3 -m uv venv -q "$venv" --python python3
+  reqs=$(mktemp)
+  trap 'rm -f "$reqs"' EXIT
+  # the lock's pins but torch's own (its CUDA libraries, triton, setuptools bound): the floor brings its own
+  python3 -m uv export --frozen --no-hashes --all-groups --no-emit-project | grep -v '^#\|^ ' \
+    | grep -v -i '^torch\|^nvidia\|^triton\|^cuda\|^setuptools' > "$reqs"
+  python3 -m uv pip install -q --python "$venv/bin/python" -r "$reqs" "torch==$torch_floor.*" "torchvision==$vision_floor.*"
+  python3 -m uv pip install -q --python "$venv/bin/python" --no-deps -e .
+fi
+"$venv/bin/python" -c "import torch, torchvision; print(f'torch {torch.__version__}, torchvision {torchvision.__version__}')"
+exec "$venv/bin/python" -m pytest "$@"
