@@ -133,7 +133,8 @@ def effect_intervals(effects: list[str], ours: list[float], intervals: list[tupl
         if theirs == theirs:
             ax.plot([theirs], [y], "D", color="#dd4444", markersize=5, zorder=4,
                     label="paper (Table 1)" if not any(p == p for p in paper[:k]) else None)
-    ax.plot([], [], "o", color="#999999", markersize=5, label="ours, no interval (confounded)")
+    if any(lo != lo for lo, _ in intervals):  # a legend entry only where a row shows it
+        ax.plot([], [], "o", color="#999999", markersize=5, label="ours, no interval (confounded)")
     ax.axvline(0, color="grey", linewidth=0.8, linestyle="--", zorder=1)
     ax.set_yticks(range(n), effects[::-1], fontsize=7)
     ax.set_ylim(-0.6, n - 0.4)
