@@ -224,6 +224,17 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme
                             Path(readme) if readme else None, Path(benchmarks),
                             Path(fingerprints) if fingerprints else None)
     click.echo(f"report written to {path}")
+    claims = Path(out_dir) / "claims.csv"
+    if claims.is_file() and claims.stat().st_size:  # the verdicts, where the reader already looks
+        import pandas as pd
+
+        table = pd.read_csv(claims)
+        if len(table):
+            smoke = (" (SMOKE RUN: tiny data, 1 epoch; they say nothing about the paper)"
+                     if params.base.profile == "smoke" else "")
+            click.echo(f"the paper's claims as these runs read them{smoke} ({path} says what each would take):")
+            for claim, status in zip(table.claim, table.status):
+                click.echo(f"  {claim}: {status}")
 
 
 @main.command()

@@ -7,6 +7,7 @@ change is published by regenerating (README's "Reproducing the published report"
 import filecmp
 import re
 
+import pandas as pd
 from click.testing import CliRunner
 
 from conftest import REPO
@@ -28,6 +29,9 @@ def test_the_published_report_regenerates_byte_for_byte(tmp_path, monkeypatch):
                                        "--readme", str(readme), "--benchmarks", str(PUBLISHED / "benchmarks.md"),
                                        "--fingerprints", str(runs / "fingerprints")])
     assert result.exit_code == 0, result.output
+    claims = pd.read_csv(PUBLISHED / "claims.csv")
+    for claim, status in zip(claims.claim, claims.status):  # the verdicts in the terminal too
+        assert f"  {claim}: {status}\n" in result.output
     written = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
     assert len(written) > 15
     for name in written:

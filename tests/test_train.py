@@ -316,6 +316,8 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
     result = run_cli(["report", str(models), str(results), str(root / "s52" / "reports"), "--params", str(params)],
                      store, monkeypatch)
     assert result.exit_code == 0, result.output
+    assert "the paper's claims as these runs read them (SMOKE RUN: tiny data, 1 epoch;" in result.output
+    assert "  §5.2: CapsNet is more robust to affine transformations than a CNN (affNIST accuracy): " in result.output
     text = (root / "s52" / "reports" / "ablation.md").read_text()
     assert "## §5.2 Robustness to affine transformations" in text and "CapsNet − CNN on affNIST" in text
     assert "test-set sampling of test digits (all transforms of a digit together)" in text  # clustered by digit
