@@ -20,6 +20,10 @@ REPO=$PWD
 SCRATCH=$(mkdir -p "${1:-/tmp/gpu-rehearsal}" && cd "${1:-/tmp/gpu-rehearsal}" && pwd)
 VENV_PY=$REPO/.venv/bin/python
 [ -x "$VENV_PY" ] || { echo "no .venv here: run 'make venv' first" >&2; exit 2; }
+# the "device" side's interpreter: this environment's, or CAPSNET_REHEARSE_PYTHON, e.g. the GPU machine's
+# torch from scripts/torch_floor.sh (.venv-torch-floor/bin/python); the import always runs in .venv
+DEVICE_PY=$(realpath -s "${CAPSNET_REHEARSE_PYTHON:-$VENV_PY}")  # -s: a venv's python is a link it needs
+[ -x "$DEVICE_PY" ] || { echo "CAPSNET_REHEARSE_PYTHON=$DEVICE_PY is not an interpreter (scripts/torch_floor.sh makes .venv-torch-floor)" >&2; exit 2; }
 MIRROR="${CAPSNET_MNIST_MIRROR:-$REPO/../shared/data/mnist}"
 ls "$MIRROR"/*-ubyte.gz >/dev/null 2>&1 || { echo "no MNIST .gz files in $MIRROR: set CAPSNET_MNIST_MIRROR" >&2; exit 2; }
 fail() { echo "rehearsal FAILED: $*" >&2; exit 1; }
@@ -33,7 +37,7 @@ say() { echo "[rehearsal $(( $(date +%s) - START ))s] $*"; }
 rm -rf "$SCRATCH/device" "$SCRATCH/home" "$SCRATCH"/out-* "$SCRATCH/bin" "$SCRATCH/absent" "$SCRATCH/import.started"
 mkdir -p "$SCRATCH/device/.gpu/mnist" "$SCRATCH/bin" "$SCRATCH/absent/mlflow" "$SCRATCH/absent/dvc"
 cp "$MIRROR"/*-ubyte.gz "$SCRATCH/device/.gpu/mnist/"
-# The GPU machine's python3: this environment's torch, but no MLflow or DVC to import.
+# The GPU machine's python3: DEVICE_PY's torch, but no MLflow or DVC to import.
 for pkg in mlflow dvc; do
   echo "raise ImportError('$pkg is not on the GPU machine: the GPU scripts journal, gpu_import.sh replays')" \
     >"$SCRATCH/absent/$pkg/__init__.py"
@@ -41,7 +45,7 @@ done
 cat >"$SCRATCH/bin/python3" <<EOF
 #!/usr/bin/env bash
 export PYTHONPATH="\${PYTHONPATH:+\$PYTHONPATH:}$SCRATCH/absent"
-exec "$VENV_PY" "\$@"
+exec "$DEVICE_PY" "\$@"
 EOF
 chmod +x "$SCRATCH/bin/python3"
 
