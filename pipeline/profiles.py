@@ -142,7 +142,7 @@ def check(name: str, params_path: str = "params.yaml") -> list[str]:
                          "here: run it on a machine with an NVIDIA GPU; `make smoke` runs the whole pipeline on this "
                          "CPU in minutes.")
     warnings = []
-    if name != "smoke" and target["train"]["device"] in ("auto", "cpu") and not _cuda_available():
+    if name != "smoke" and device in ("auto", "cpu") and not _cuda_available():
         warnings.append(f"warning: no CUDA device; the {name} profile would train {len(ablation_variants(target))} "
                         f"variants x {len(target['ablation']['seeds'])} seeds x {target['train']['epochs']} epochs on "
                         f"this CPU: about {cpu_hours(target):,.0f} h (600 s per CapsNet epoch measured on 2 cores). "

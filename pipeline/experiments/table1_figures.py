@@ -69,9 +69,8 @@ def effects_figure(effect_table: pd.DataFrame, protocol: str, fig_dir: Path) -> 
         elif math.isnan(e.paper_delta):
             notes.append(f"±{rc.EQUIVALENCE_PP:.2f} pp: {e.equivalence_seeds} seeds/arm")
         else:
-            seeds = e.seeds_needed.split(" (")[0]  # "none suffices (the test set's own noise hides it)": its first words
-            notes.append(f"{seeds} seeds/arm to detect the paper's" if seeds != "none suffices" else
-                         "no seed count detects the paper's")
+            notes.append("no seed count detects the paper's" if e.seeds_needed == rc.NONE_SUFFICES else
+                         f"{e.seeds_needed} seeds/arm to detect the paper's")
     figures.effect_intervals(list(here.effect), list(here.our_delta), list(zip(here.ci_low, here.ci_high)),
                              list(here.paper_delta), notes, path)
     return {f"Ablation effects ({protocol})": "figures/table1_effects.png"}

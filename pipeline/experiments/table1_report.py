@@ -65,6 +65,7 @@ def summarize(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> p
         best = [best_epoch(r.history) for r in mine]
         row = {
             "variant": variant, "protocol": mine[0].protocol, "commit": row_commit(mine),
+            "commits": " ".join(rr.commits_of(mine)),  # the codes that compute the row (README lines group by them)
             "model": mine[0].cfg["model"], "recipe": mine[0].recipe,
             "routing_iterations": mine[0].cfg["routing_iterations"], "reconstruction": mine[0].cfg["reconstruction"],
             "n_seeds": len(mine), "seeds": " ".join(str(r.seed) for r in mine),
@@ -330,7 +331,8 @@ def readme_lines(results: pd.DataFrame, effect_table: pd.DataFrame) -> list[str]
              "| | " + " | ".join(name for name, _ in README_COLUMNS) + " |", "|---|" + "---|" * len(README_COLUMNS)]
     for recipe in dict.fromkeys(rows.recipe):
         mine = rows[rows.recipe == recipe]
-        for commit, labels in rr.cohorts(list(mine.commit)):  # rows trained by one commit's code on a line
+        commits = dict(zip(mine.commit, mine.commits.fillna("").str.split()))  # a CSV's empty cell reads as NaN
+        for commit, labels in rr.cohorts(commits):  # rows trained by one commit's code on a line
             by = {r.variant: r for r in mine[mine.commit.isin(labels)].itertuples()}
             cells = [by.get(v if recipe == "paper" or v == "baseline_cnn" else f"{v}_official") for _, v in README_COLUMNS]
             lines.append(f"| {recipe} recipe ({short(commit)}) | "

@@ -23,6 +23,7 @@ from pipeline.report.runs import Run
 # "matches" needs a margin: the smallest difference Table 1 itself calls an effect (routing 3 vs 1
 # with reconstruction, 0.29 → 0.25 %). A recipe difference smaller than that changes none of its rows.
 EQUIVALENCE_PP = 0.04
+NONE_SUFFICES = "none suffices (the test set's own noise hides it)"  # an effect no seed count would detect
 
 
 def run_cost(runs: list[Run], seeds: int, bench: list[costs.BenchRow], epochs: int | None = None) -> tuple[float, str]:
@@ -98,7 +99,7 @@ def effect_settling(parts: stats.EffectParts, paper_delta: float, runs_a: list[R
     hours, source = pair_cost(runs_a, runs_b, needed, bench)
     phrase = power.seeds_phrase(needed, paper_delta) if known else "–"
     if needed is None and phrase.startswith("more than") and power.power(paper_delta, parts.floor()) < power.POWER:
-        phrase = "none suffices (the test set's own noise hides it)"
+        phrase = NONE_SUFFICES
     return {"mde": mde, "seeds_needed": phrase, "gpu_hours": hours, "cost_source": source,
             "paper_protocol_hours": paper_protocol_cost(runs_a, runs_b, needed, bench)}
 
@@ -151,7 +152,7 @@ def _status(lo: float, hi: float, paper: float, n: int, seeds: str, hours: float
         return "supported"
     if (paper < 0 and lo > 0) or (paper > 0 and hi < 0):
         return "contradicted"
-    if seeds.startswith("none suffices"):
+    if seeds == NONE_SUFFICES:
         return f"not resolvable at {n} seeds, nor by more: no number of seeds would {goal} on this test set"
     if seeds.startswith("more than"):
         return f"not resolvable at {n} seeds — would need {seeds} seeds per arm to {goal}"

@@ -195,9 +195,6 @@ def short(commit: str) -> str:
     return commit if commit == NOT_RECORDED or commit.startswith("fp ") else commit[:7]
 
 
-TABLE_SEPARATOR = "; computed by "  # a row label's commits of runs, then of fingerprint tables
-
-
 def row_commit(runs: list[Run]) -> str:
     """A row's origin as its tables show it: the commit of its runs, or, for runs grouped by their
     training fingerprint, ``fp <8 hex>: <the commits they came from>``, then ``; computed by <commits>``
@@ -206,7 +203,7 @@ def row_commit(runs: list[Run]) -> str:
         return runs[0].commit
     own = list(dict.fromkeys(short(r.commit) for r in runs))
     tables = [c for c in commits_of(runs) if c not in own]
-    return f"{runs[0].commit_key}: {', '.join(own)}" + (f"{TABLE_SEPARATOR}{', '.join(tables)}" if tables else "")
+    return f"{runs[0].commit_key}: {', '.join(own)}" + (f"; computed by {', '.join(tables)}" if tables else "")
 
 
 def commits_of(runs: list[Run]) -> list[str]:
@@ -214,14 +211,6 @@ def commits_of(runs: list[Run]) -> list[str]:
     then those whose fingerprint table computes their fingerprint (`bridge`); NOT_RECORDED left out."""
     own = [short(r.commit) for r in runs if r.commit != NOT_RECORDED]
     return list(dict.fromkeys(own + [c for r in runs for c in r.computed_by]))
-
-
-def row_commits(label: str) -> list[str]:
-    """`commits_of` a row, read from its `row_commit` label."""
-    if label.startswith("fp "):
-        commits = label.split(": ", 1)[1] if ": " in label else ""
-        return [c for part in commits.split(TABLE_SEPARATOR) for c in part.split(", ") if c]
-    return [] if label == NOT_RECORDED else [short(label)]
 
 
 def load_tables(folder: Path | None) -> list[dict]:
@@ -257,20 +246,21 @@ def shared_commit(a: list[Run], b: list[Run]) -> str | None:
     return next((c for c in commits_of(a) if c in theirs), None)
 
 
-def cohorts(labels: list[str]) -> list[tuple[str, list[str]]]:
-    """Row labels (`row_commit`) in groups that share one commit, the commit most of them share
-    first: [(commit, labels)]. A row sharing no commit with another is a group of its own."""
-    left, out = list(dict.fromkeys(labels)), []
+def cohorts(commits: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
+    """Rows, as {label (`row_commit`): the commits that compute it (`commits_of`)}, in groups that
+    share one commit, the commit most of them share first: [(commit, labels)]. A row sharing no
+    commit with another is a group of its own."""
+    left, out = list(commits), []
     while left:
         counts: dict[str, int] = {}
         for label in left:
-            for c in row_commits(label):
+            for c in commits[label]:
                 counts[c] = counts.get(c, 0) + 1
         if not counts:
             out += [(label, [label]) for label in left]
             break
         commit = max(counts, key=counts.get)  # the first of the most shared
-        group = [label for label in left if commit in row_commits(label)]
+        group = [label for label in left if commit in commits[label]]
         out.append((commit, group))
         left = [label for label in left if label not in group]
     return out
