@@ -5,7 +5,8 @@
 # results, journal, logs), copies
 # its models/ and results/ to where the DVC stages write them, replays the tracking journal into
 # MLflow (mlflow.db or $MLFLOW_TRACKING_URI), copies the compact run records of *these* runs (never
-# a local smoke run) into reports/runs/ (committed: no weights), and rewrites the report from them.
+# a local smoke run) into reports/runs/ (committed: no weights), the bench rows into reports/bench/<GPU
+# model>/ (committed: later windows on that model skip those benches), and rewrites the report from them.
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 FOLDER [FOLDER ...] (the device tool's files_at folders)" >&2; exit 2; }
 folders=()
@@ -24,6 +25,11 @@ $BIN/capsnet track sync .gpu/import/journal
 $BIN/capsnet publish .gpu/import/models .gpu/import/results reports/runs
 $BIN/python -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write reports/runs/params.yaml  # another: a rehearsal
 mkdir -p reports/runs/journal && cp .gpu/import/journal/*.jsonl reports/runs/journal/
+if [ -s .gpu/import/logs/bench/.device ] && ls .gpu/import/logs/bench/*.jsonl >/dev/null 2>&1; then
+  # every finished bench entry, kept per GPU model: later windows on that model skip it (gpu_session.sh)
+  bench="reports/bench/$(cat .gpu/import/logs/bench/.device)"
+  mkdir -p "$bench" && cp .gpu/import/logs/bench/*.jsonl "$bench/" && echo "bench rows kept in $bench"
+fi
 if ls .gpu/import/fingerprints/*.json >/dev/null 2>&1; then  # each window's commit: every variant's fingerprint
   mkdir -p reports/runs/fingerprints && cp .gpu/import/fingerprints/*.json reports/runs/fingerprints/
 fi

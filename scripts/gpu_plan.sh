@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Every lent GPU session's work (issue #36, was #24), as one command the device tool runs unchanged on each
-# call of the session (carry [".gpu"]; fire each call within 30 s of the last so the machine stays warm):
-#   CAPSNET_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_plan.sh
+# call of the session (carry [".gpu"]; fire each call within 30 s of the last so the machine stays warm),
+# LEFT being the device tool's `status` budget_left_s read just before the call (free):
+#   CAPSNET_GPU_LEFT=LEFT CAPSNET_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_plan.sh
+# A window is 15 device-minutes, the machine's start and every transfer counted in: from LEFT the call
+# works out the seconds it has (LEFT less about 165 s on a cold machine, 75 s on a warm one: start,
+# transfers, packing, the wait between calls), stops its work within them (560 s at most a call) and
+# starts a training job only when its estimate fits them (scripts/gpu_queue.py --fit). Typically two
+# calls: the first about 9 min, the second the 2-3 min left. Without CAPSNET_GPU_LEFT a call only knows
+# its own deadline (the first argument, 560 s).
 # Each call picks up where the last stopped: the CUDA tests run once per warm machine, a bench this
-# machine already ran is skipped, a run already evaluated is skipped, a run the deadline stopped
-# resumes from its 5-epoch checkpoint. A run cut off by the session's end is redone next session.
+# machine or an earlier window on this GPU model already ran is skipped, a run already evaluated is
+# skipped, a run the deadline stopped resumes from its checkpoint. A run the window's end cuts off is
+# lost (the machine goes back with it), so none is started that the estimate says cannot finish.
 # Afterwards, here: bash scripts/gpu_import.sh /work/.device/N [/work/.device/M ...], commit reports/.
 #
 # The queue, most needed first:
@@ -31,8 +39,15 @@ cd "$(dirname "$0")/.."
 python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml
 BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs,bf16-autotune baseline_cnn@bf16-cl"}
 TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack)
-TESTS=()
+TESTS=() WINDOW=()
 mkdir -p logs
 [ -f logs/gpu_tests.done ] || TESTS=(--tests)
-bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --levers --train "$TRAIN" --parallel 4 --deadline "${1:-560}"
+if [ -n "${CAPSNET_GPU_LEFT:-}" ]; then
+  overhead=165  # a cold machine: its start is in LEFT too
+  [ -f logs/gpu_tests.done ] && overhead=75
+  WINDOW=(--window $(( CAPSNET_GPU_LEFT - overhead )))
+  [ "${WINDOW[1]}" -ge 60 ] || { echo "the window has ${WINDOW[1]} s left: give the machine back (device tool give_back)"; exit 0; }
+fi
+bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --levers --train "$TRAIN" --parallel 2 --deadline "${1:-560}" \
+  ${WINDOW[@]+"${WINDOW[@]}"}
 touch logs/gpu_tests.done

@@ -1,4 +1,4 @@
-"""The GPU queue (issue #24): every (variant, seed) the published report still lacks under the gpu
+"""The GPU queue (issue #36, was #24): every (variant, seed) the published report still lacks under the gpu
 profile's protocol, most needed first, as `VARIANT:SEED` words for gpu_session.sh --train.
 
     python3 scripts/gpu_queue.py [--runs reports/runs] [--params params.gpu.yaml] [--limit N]
@@ -6,12 +6,22 @@ profile's protocol, most needed first, as `VARIANT:SEED` words for gpu_session.s
 A run counts as published when reports/runs/models/VARIANT/seedS/config.json exists and was trained
 under the protocol the params give (epochs, batch, every lr* setting, amp): runs of an older protocol
 (the 2026-11-23 runs, cut at 50 epochs of the 640-epoch schedule) are queued again, so the next
-Table 1 comes from one protocol. Needs only PyYAML (the GPU machine has no DVC or MLflow).
+Table 1 comes from one protocol. Needs only PyYAML and this repository (the GPU machine has no DVC or MLflow).
 Order: the five Table 1 rows and their four official twins (seed 0 of each first, then 1, then 2),
 then MultiMNIST's three variants, then §5.2's two; with --stack one item per variant, its missing
 seeds trained stacked in one process (`V:0,1,2`). The paper protocol (640 epochs, `make
 paper-gpu`) is not queued: 3 seeds of one variant need about 40 min of H100 time side by side, more
-than a session's 30, until seeds train stacked (issue #23).
+than a window's 15, until seeds train stacked (issue #23).
+
+    python3 scripts/gpu_queue.py --fit V:0,1,2 --left S --params P [--bench logs/bench] [--parallel N]
+
+prints what of that item to start with S seconds of the window left (gpu_session.sh asks before each
+job): the item, its first seeds only, or nothing (the reason goes to stderr). A run the window's end
+cuts off is lost (its checkpoint stays on the machine given back), and it slows the runs beside it
+into the same end, so a job starts only when its estimate fits: epochs × images per epoch (× the
+image area over MNIST's 28×28: MultiMNIST 36, §5.2 40) per seed over the bench row of the settings it
+trains with (params P's levers; capsnet_r3_recon's rows for every CapsNet, baseline_cnn's for the
+CNNs), the GPU shared by N processes, plus EVAL_SECONDS per seed. No bench row: no estimate, it starts.
 """
 
 from __future__ import annotations
@@ -22,6 +32,9 @@ import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine runs it from a bare copy
+from pipeline.core.params import BENCH_MODES, BenchMode  # noqa: E402  (PyYAML's, no torch)
 
 ORDER = ["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", "capsnet_r1_recon_official",
          "capsnet_r3", "capsnet_r3_official", "capsnet_r1", "capsnet_r1_official", "baseline_cnn",
@@ -61,15 +74,85 @@ def stacked(items: list[str]) -> list[str]:
     return [f"{v}:{','.join(sorted(s, key=int))}" for v, s in seeds.items()]
 
 
+BENCHED = {"capsnet": "capsnet_r3_recon"}  # a model: the variant benched for it; every CNN: baseline_cnn
+SIDE = {"table1": 28, "multimnist": 36, "affnist": 40}  # each experiment's image side (its IMAGE_SIZE)
+EVAL_SECONDS = 30  # a seed's evaluation, MultiMNIST's 1M test pairs (about 19 s) the longest
+MARGIN = 1.1  # an estimate's head room
+
+
+def bench_rows(folder: Path) -> list[dict]:
+    """Every JSON row of the *.jsonl files in a folder (a line that is not JSON is skipped)."""
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def trained_mode(train: dict, model: str) -> str | None:
+    """The bench mode of the speed settings a params file trains ``model`` with, None if no mode is."""
+    compiled = train["compile"] and (model == "capsnet" or train.get("compile_cnns", True))
+    wanted = BenchMode(train["amp"], train.get("compile_mode", "default") if compiled else None,
+                       train.get("channels_last", False), train.get("cuda_graph", False))
+    return next((m for m, mode in BENCH_MODES.items() if mode == wanted), None)
+
+
+def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parallel: int) -> tuple[float, str] | None:
+    """The estimated seconds of ``seeds`` seeds of a variant trained stacked in one of ``parallel``
+    processes sharing the GPU, then evaluated, and the bench row it comes from (that many seeds
+    stacked, else one seed, stacking then counted as no faster); None without a row to estimate from."""
+    spec, train = params["variants"][variant], params["train"]
+    mode, benched = trained_mode(train, spec["model"]), BENCHED.get(spec["model"], "baseline_cnn")
+    layout = train.get("stack_layout", "fused")
+    mine = [r for r in rows if r.get("variant") == benched and r.get("mode") == mode and r.get("train_images_per_s")]
+    same = [r for r in mine if r.get("seeds", 1) == seeds and (seeds == 1 or r.get("stack", "fused") == layout)]
+    row = (same or [r for r in mine if r.get("seeds", 1) == 1] or [None])[-1]
+    if row is None:
+        return None
+    experiment = spec.get("experiment", "table1")
+    epoch = train["multimnist_epoch_size"] if experiment == "multimnist" else params["prepare"]["train_subset"] or 60_000
+    images = seeds * train["epochs"] * epoch * (SIDE[experiment] / 28) ** 2
+    source = f"{benched} {mode} ×{row.get('seeds', 1)}: {row['train_images_per_s']:,.0f} images/s over {parallel}"
+    return MARGIN * images / (row["train_images_per_s"] / parallel) + seeds * EVAL_SECONDS, source
+
+
+def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int) -> tuple[str | None, str]:
+    """What of ``item`` (V:S or V:S1,S2,...) to start with ``left`` seconds of the window: the item, its
+    first seeds only (the others wait for the next window), or None; and a line saying why."""
+    variant, seeds = item.split(":")[0], item.split(":")[1].split(",")
+    for n in range(len(seeds), 0, -1):
+        estimate = job_seconds(params, variant, n, rows, parallel)
+        if estimate is None:
+            return item, f"{item}: no bench row to estimate from; it starts"
+        seconds, source = estimate
+        if seconds <= left:
+            rest = f", seed(s) {','.join(seeds[n:])} next window" if n < len(seeds) else ""
+            return f"{variant}:{','.join(seeds[:n])}", f"{item}: {seconds:.0f} s estimated of {left:.0f} s left ({source}){rest}"
+    return None, f"{item}: not started: {seconds:.0f} s estimated for one seed, {left:.0f} s left in the window ({source})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=Path("reports/runs"))
     parser.add_argument("--params", type=Path, default=Path("params.gpu.yaml"))
     parser.add_argument("--limit", type=int, default=0, help="at most this many items (0: all)")
     parser.add_argument("--stack", action="store_true", help="a variant's missing seeds as one stacked item (V:0,1,2)")
+    parser.add_argument("--fit", metavar="ITEM", help="print what of this item fits the window's --left seconds")
+    parser.add_argument("--left", type=float, default=0.0, help="with --fit: seconds left in the window")
+    parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="with --fit: a folder of bench rows")
+    parser.add_argument("--parallel", type=int, default=1, help="with --fit: processes sharing the GPU")
     args = parser.parse_args()
     if not args.params.is_file():
         sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
+    if args.fit:
+        params = yaml.safe_load(args.params.read_text())
+        start, why = fit(args.fit, args.left, params, bench_rows(args.bench), max(args.parallel, 1))
+        print(why, file=sys.stderr)
+        print(start or "")
+        return
     items = queue(args.runs, wanted_protocol(args.params))
     if args.stack:
         items = stacked(items)

@@ -7,7 +7,9 @@
 #     its ignored outputs between calls as the warm machine does, and scripts/gpu_plan.sh runs there
 #     unchanged but for CAPSNET_GPU_PROFILE=smoke and a CPU-sized bench (CAPSNET_GPU_BENCH, _ARGS), under a python3
 #     that cannot import mlflow or dvc (the GPU machine has neither), once with a deadline that cuts
-#     the queue (240 s) and once more to finish it, each call with an empty $OUT of its own;
+#     the queue (240 s) and once more to finish it, each call with an empty $OUT of its own and the
+#     device budget a 15-minute window would have left (CAPSNET_GPU_LEFT), so jobs start by their
+#     estimates from the bench's rows;
 #  2. the import: scripts/gpu_import.sh on both calls' $OUT in SCRATCH/home, a copy of the tree with
 #     its own MLflow store, which replays the journals, publishes the runs and writes the report.
 # It fails (exit 1, naming the step) if a call does not end, a queued run has no metrics when the
@@ -54,20 +56,25 @@ send_tree() {  # what the device tool sends: tracked and not-ignored untracked f
     [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$1"
 }
 COMMIT=$(git rev-parse HEAD)
-BENCH="capsnet_r3_recon@bf16-capture#1,3+bmm baseline_cnn@bf16-capture#1"  # the models gpu_levers picks for
+# the models gpu_levers picks for, and the smoke profile's own fp32 that the jobs' estimates read
+BENCH="capsnet_r3_recon@fp32,bf16-capture#1,3+bmm baseline_cnn@fp32,bf16-capture#1"
+left=900  # the device tool's budget_left_s before the call
 for call in 1 2; do
   deadline=$([ $call = 1 ] && echo 240 || echo 560)
+  called=$(date +%s)
   send_tree "$SCRATCH/device"
   mkdir -p "$SCRATCH/out-$call"
   say "call $call: gpu_plan.sh with a ${deadline}s deadline"
-  (cd "$SCRATCH/device" && PATH="$SCRATCH/bin:$PATH" OUT="$SCRATCH/out-$call" CAPSNET_GIT_COMMIT=$COMMIT \
+  (cd "$SCRATCH/device" && PATH="$SCRATCH/bin:$PATH" OUT="$SCRATCH/out-$call" CAPSNET_GIT_COMMIT=$COMMIT CAPSNET_GPU_LEFT=$left \
      CAPSNET_GPU_PROFILE=smoke CAPSNET_GPU_BENCH="$BENCH" CAPSNET_GPU_BENCH_ARGS="--batch 16 --steps 2 --warmup 1 --no-reference" timeout 600 bash scripts/gpu_plan.sh "$deadline") \
     || fail "call $call exited $? (its log: $SCRATCH/out-$call/session.log)"
   say "call $call came back with: $(ls "$SCRATCH/out-$call" | tr '\n' ' ')"
+  left=$(( left - ($(date +%s) - called) - 30 ))  # and the wait before the next call
 done
 grep -q "gpu tests exit" "$SCRATCH/out-1/session.log" || fail "call 1 did not run the CUDA tests"
 grep -q "gpu tests exit" "$SCRATCH/out-2/session.log" && fail "call 2 ran the CUDA tests again on the warm machine"
 cat "$SCRATCH"/out-*/bench.jsonl 2>/dev/null | grep -q . || fail "no bench rows came back"
+grep -q "s estimated of" "$SCRATCH/out-1/session.log" || fail "call 1 started no job by its estimate"
 say "call 1 left $(grep -c "not started" "$SCRATCH/out-1/session.log" || true) items unstarted and stopped $(grep -c " exit 124 " "$SCRATCH/out-1/session.log" || true) at its deadline"
 wanted=$(cd "$SCRATCH/device" && python3 scripts/gpu_queue.py --params params.gpu.yaml --runs "$REPO/reports/runs")
 missing=""
@@ -89,4 +96,6 @@ published=$(ls -d "$SCRATCH"/home/reports/runs/models/*/seed* | wc -l)
 [ "$published" = "$(echo "$wanted" | wc -w)" ] || fail "$published runs published, $(echo "$wanted" | wc -w) trained"
 [ "$SCRATCH/home/reports/ablation.md" -nt "$SCRATCH/import.started" ] || fail "no report written (reports/ablation.md)"
 ls "$SCRATCH"/home/reports/runs/fingerprints/"$COMMIT".json >/dev/null 2>&1 || fail "no fingerprint table of $COMMIT imported"
+kept=$(ls "$SCRATCH"/home/reports/bench/*/*.jsonl 2>/dev/null | wc -l)
+[ "$kept" = "$(wc -w <<<"$BENCH")" ] || fail "$kept bench entries kept in reports/bench/, $(wc -w <<<"$BENCH") benched"
 say "rehearsal passed: $published runs published, the report in $SCRATCH/home/reports"

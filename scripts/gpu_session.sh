@@ -7,13 +7,20 @@
 #                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs),
 #                    with seeds stacked as V@mode#1,3 (one seed, then three stacked: bench --seeds;
 #                    V@mode#1,3+loop+bmm also times the stack's loop and bmm layouts beside the fused one);
-#                    a bench this warm machine already ran (logs/bench/) is not run again
+#                    a bench this warm machine already ran (logs/bench/), or an earlier window on this GPU
+#                    model (reports/bench/<model>/, gpu_import.sh keeps them), is not run again; a bench
+#                    starts only within the first --bench-budget seconds (default 300) of benching on
+#                    this machine, the rest waits for the next window
 #   --levers         after the bench, train each benched model with the fastest bench mode that passed its
 #                    CUDA tests (scripts/gpu_levers.py writes params.gpu.<model>.yaml; the others keep the profile)
 #   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile ("V:0,1,2": three seeds
-#                     stacked in one process, issue #23), --parallel at
-#                    a time, each started only while --deadline leaves time and stopped at it
-#                    (a stopped run resumes from its checkpoint if the same machine runs it again)
+#                     stacked in one process, issue #23), --parallel at a time, stopped at --deadline
+#                    (a stopped run resumes from its checkpoint if the same machine runs it again); a job
+#                    starts only when its estimate (scripts/gpu_queue.py --fit, from the bench rows) fits
+#                    the --window's seconds left, or with its first seeds only, the others next window
+#   --window S       seconds the lent window has left at this call's start (scripts/gpu_plan.sh works it
+#                    out from the device tool's budget; default: --deadline); a job may outlast the call
+#                    to resume on the next, never the window, whose end loses it
 # Tracking is journalled (no MLflow there); everything comes back in $OUT (runs-*.tar.gz split
 # under 16 MiB, with the commit's fingerprint table in fingerprints/; bench.jsonl, gpu_tests.txt,
 # gpu_diffs.jsonl, session.log, inductor-cache.tar.gz).
@@ -23,7 +30,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
-TESTS=0 BENCH="" TRAIN="" PARALLEL=4 BUDGET=560 LEVERS=0
+TESTS=0 BENCH="" TRAIN="" PARALLEL=2 BUDGET=560 LEVERS=0 WINDOW="" BENCH_BUDGET=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) TESTS=1 ;;
@@ -32,11 +39,14 @@ while [ $# -gt 0 ]; do
     --train) TRAIN="$2"; shift ;;
     --parallel) PARALLEL="$2"; shift ;;
     --deadline) BUDGET="$2"; shift ;;
+    --window) WINDOW="$2"; shift ;;
+    --bench-budget) BENCH_BUDGET="$2"; shift ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
   shift
 done
-export DEADLINE=$((START + BUDGET))
+WINDOW=${WINDOW:-$BUDGET}
+export DEADLINE=$((START + (BUDGET < WINDOW ? BUDGET : WINDOW))) WINDOW_END=$((START + WINDOW)) PARALLEL
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT" logs
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CAPSNET_TRACKING_JOURNAL=$PWD/journal
@@ -81,6 +91,16 @@ if [ "$TESTS" = 1 ]; then
 fi
 
 mkdir -p logs/bench
+if [ -n "$BENCH" ]; then
+  # this GPU model's rows from earlier windows (reports/bench/<model>/, committed by gpu_import.sh) count as
+  # run on this machine: the levers read them, and a window's minutes go to training, not the same bench again
+  slug=$(python3 -c 'from pipeline.training.bench import device_name, device_slug, resolve_device
+print(device_slug(device_name(resolve_device("auto"))))' 2>>"$LOG") && echo "$slug" >logs/bench/.device
+  for kept in reports/bench/"${slug:-none}"/*.jsonl; do
+    [ -f "$kept" ] && [ ! -s "logs/bench/${kept##*/}" ] && cp "$kept" logs/bench/ && say "bench ${kept##*/}: rows of an earlier window on this GPU model ($kept)"
+  done
+  [ -f logs/bench/.started ] || date +%s >logs/bench/.started
+fi
 for entry in $BENCH; do
   spec=${entry%%#*} seeds=1 layouts=fused
   [[ $entry == *#* ]] && seeds=${entry#*#}
@@ -90,6 +110,9 @@ for entry in $BENCH; do
   done_file="logs/bench/$entry.jsonl"
   if [ -s "$done_file" ]; then say "bench $entry done before on this machine (its rows came back then)"; continue; fi
   if [ $((DEADLINE - $(date +%s))) -lt 120 ]; then say "bench $entry not started: under 120 s left"; continue; fi
+  if [ $(( $(date +%s) - $(cat logs/bench/.started) )) -ge "$BENCH_BUDGET" ]; then
+    say "bench $entry not started: benching had its ${BENCH_BUDGET} s on this machine; the next window runs it"; continue
+  fi
   mode_args=()
   for mode in ${modes//,/ }; do mode_args+=(--mode "$mode"); done
   for s in ${seeds//,/ }; do mode_args+=(--seeds "$s"); done
@@ -115,14 +138,26 @@ fi
 # working tree each call and deletes files there that are not git-ignored, which the committed
 # results/**/metrics.json are (a 2026-11-23 session lost every earlier call's metrics.json that way).
 job() {  # one variant's seeds "V:S" or "V:S1,S2,S3" (stacked in one process): train, then evaluate each seed
-  local variant=${1%%:*} seeds=${1##*:} left=$((DEADLINE - $(date +%s))) s todo=""
-  local tag="$variant-${seeds//,/-}"
-  for s in ${seeds//,/ }; do [ -f "gpu_results/$variant/seed$s/metrics.json" ] || todo=1; done
-  if [ -z "$todo" ]; then echo "$1 done before"; return 0; fi
+  touch "logs/running/${1%%:*}"  # the jobs in flight share the GPU: each one's estimate counts them
+  run_job "$1"
+  rm -f "logs/running/${1%%:*}"
+}
+run_job() {
+  local variant=${1%%:*} left=$((DEADLINE - $(date +%s))) s seeds=""
+  for s in $(tr , ' ' <<<"${1##*:}"); do [ -f "gpu_results/$variant/seed$s/metrics.json" ] || seeds="${seeds:+$seeds,}$s"; done
+  if [ -z "$seeds" ]; then echo "$1 done before"; return 0; fi
   if [ "$left" -lt 60 ]; then echo "$1 not started: ${left}s left"; return 0; fi
   local model params=params.gpu.yaml  # or the levers scripts/gpu_levers.py picked for the variant's model
   model=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open("params.gpu.yaml"))["variants"][sys.argv[1]]["model"])' "$variant")
   [ -f "params.gpu.$model.yaml" ] && params="params.gpu.$model.yaml"
+  if [ ! -f "checkpoints/$variant/seed${seeds//,/-}.pt" ]; then  # a job this window started resumes as it is
+    seeds=$(python3 scripts/gpu_queue.py --fit "$variant:$seeds" --left $((WINDOW_END - $(date +%s))) --params "$params" \
+              --bench logs/bench --parallel "$(ls logs/running | wc -l)" 2>"logs/$variant.fit")
+    echo "$(cat "logs/$variant.fit")"
+    seeds=${seeds##*:}
+    [ -n "$seeds" ] || return 0
+  fi
+  local tag="$variant-${seeds//,/-}"
   timeout "$left" python3 -m pipeline.cli train "$variant" "$seeds" data/prepared "models/$variant/seed{seed}" \
       --checkpoint "checkpoints/$variant/seed${seeds//,/-}.pt" --params "$params" >>"logs/$tag.log" 2>&1
   local status=$?
@@ -132,7 +167,8 @@ job() {  # one variant's seeds "V:S" or "V:S1,S2,S3" (stacked in one process): t
   done
   echo "$1 exit $status after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$tag.log")"
 }
-export -f job
+export -f job run_job
+rm -rf logs/running && mkdir -p logs/running
 if [ -n "$TRAIN" ]; then
   say "training $TRAIN, $PARALLEL at a time, until $((DEADLINE - START))s"
   printf '%s\n' $TRAIN | xargs -P "$PARALLEL" -I{} bash -c 'job "$1"' _ {} | tee -a "$LOG"

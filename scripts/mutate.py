@@ -38,6 +38,7 @@ RECIPES = "tests/test_recipes.py"
 RECIPE_WIRING = "tests/test_wiring.py::test_a_variant_trains_with_its_recipes_loss_and_model"
 RESUME = "tests/test_wiring.py::test_resume_restores_the_generator_that_dropout_draws_from"
 STACK = "tests/test_stack.py"
+WINDOW = "tests/test_gpu_window.py"
 FINGERPRINT = "tests/test_fingerprint.py"
 EXTENSION = "tests/test_extension.py"
 LAYOUT = "tests/test_layout.py"
@@ -325,6 +326,19 @@ MUTATIONS = [
     Mutation("the gpu levers pick a mode no CUDA test proves", "scripts/gpu_levers.py",
              "    for prefix in PROOFS[mode]:", "    for prefix in []:",
              ("tests/test_profiles.py::test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove",)),
+    Mutation("a stacked job is priced as one seed", "scripts/gpu_queue.py",
+             "images = seeds * train[\"epochs\"]", "images = train[\"epochs\"]", (WINDOW,)),
+    Mutation("a job's estimate ignores the processes sharing the GPU", "scripts/gpu_queue.py",
+             "(row[\"train_images_per_s\"] / parallel)", "row[\"train_images_per_s\"]", (WINDOW,)),
+    Mutation("a job that does not fit the window never starts with its first seeds", "scripts/gpu_queue.py",
+             "for n in range(len(seeds), 0, -1):", "for n in range(len(seeds), len(seeds) - 1, -1):", (WINDOW,)),
+    Mutation("a CNN job is priced at the compiled row it does not train with", "scripts/gpu_queue.py",
+             "compiled = train[\"compile\"] and (model == \"capsnet\" or train.get(\"compile_cnns\", True))",
+             "compiled = train[\"compile\"]", (WINDOW,)),
+    Mutation("a window benches again what an earlier one on its GPU model benched", "scripts/gpu_session.sh",
+             '&& cp "$kept" logs/bench/ &&', "&& true &&", (WINDOW,)),
+    Mutation("benching never yields to training", "scripts/gpu_session.sh",
+             '-ge "$BENCH_BUDGET" ]', "-ge 999999 ]", (WINDOW,)),
     Mutation("the fingerprint hashes the first seed only", "pipeline/training/fingerprint.py",
              "for k, model in enumerate(models):", "for k, model in enumerate(models[:1]):", (FINGERPRINT,)),
     Mutation("the fingerprint leaves the process on one thread", "pipeline/training/fingerprint.py",

@@ -160,6 +160,16 @@ def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -
             "s_per_epoch": EPOCH_IMAGES / images_per_s, "peak_memory_mb": _peak_memory_mb(device)}
 
 
+def device_name(dev: torch.device) -> str:
+    """The device as bench rows name it: the GPU's model ("NVIDIA H100 80GB HBM3"), or the CPU's threads."""
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+
+
+def device_slug(name: str) -> str:
+    """A device name as a folder name: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3" (reports/bench/)."""
+    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+
+
 def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
         reference: bool, deterministic: str, device: str, seeds: tuple[int, ...] = (1,),
         layouts: tuple[str, ...] = ("fused",)):
@@ -177,8 +187,7 @@ def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ..
     if deterministic != "params":
         base = dataclasses.replace(base, deterministic=deterministic == "on")
     flop = flop_per_image(base, dev)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    common = {"device": name, "variant": variant, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+    common = {"device": device_name(dev), "variant": variant, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
               "deterministic": base.deterministic, "flop_per_image_train": flop}
 
     def row(values: dict) -> dict:

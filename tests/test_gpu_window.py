@@ -1,0 +1,127 @@
+"""A lent GPU window is 15 device-minutes: scripts/gpu_queue.py --fit starts only jobs whose estimate
+fits what is left of it, and scripts/gpu_session.sh never benches again what an earlier window on the
+same GPU model benched (gpu_import.sh keeps its rows in reports/bench/<model>/)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+try:
+    import gpu_queue
+finally:
+    sys.path.pop(0)
+
+
+@pytest.fixture(scope="module")
+def gpu_params(tmp_path_factory):
+    path = tmp_path_factory.mktemp("params") / "params.gpu.yaml"
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
+                    "--write", str(path)], check=True, cwd=REPO)
+    return yaml.safe_load(path.read_text())
+
+
+def rows(capsnet_three=60_000.0, capsnet_one=24_000.0, cnn_one=27_000.0):
+    return [{"variant": "capsnet_r3_recon", "mode": "bf16-compile", "seeds": 3, "stack": "fused",
+             "train_images_per_s": capsnet_three},
+            {"variant": "capsnet_r3_recon", "mode": "bf16-compile", "seeds": 1, "train_images_per_s": capsnet_one},
+            {"variant": "capsnet_r3_recon", "mode": "bf16", "seeds": 1, "train_images_per_s": 1.0},  # not how it trains
+            {"variant": "baseline_cnn", "mode": "bf16", "seeds": 1, "train_images_per_s": cnn_one},
+            {"variant": "baseline_cnn", "mode": "bf16-compile", "seeds": 1, "train_images_per_s": 1.0}]
+
+
+def test_the_estimate_is_the_bench_row_of_the_settings_the_job_trains_with(gpu_params):
+    """The gpu profile compiles the CapsNets, not the CNNs (compile_cnns: false): each job is priced by
+    its model's row in that mode; three stacked seeds at the three-seed row, shared by the processes."""
+    assert gpu_queue.trained_mode(gpu_params["train"], "capsnet") == "bf16-compile"
+    assert gpu_queue.trained_mode(gpu_params["train"], "baseline_cnn") == "bf16"
+    epochs, margin, evaluation = gpu_params["train"]["epochs"], gpu_queue.MARGIN, gpu_queue.EVAL_SECONDS
+    seconds, source = gpu_queue.job_seconds(gpu_params, "capsnet_r3_recon", 3, rows(), parallel=2)
+    assert seconds == pytest.approx(margin * 3 * epochs * 60_000 / (60_000 / 2) + 3 * evaluation)
+    assert "capsnet_r3_recon bf16-compile ×3: 60,000 images/s over 2" in source
+    one, _ = gpu_queue.job_seconds(gpu_params, "capsnet_r1", 1, rows(), parallel=1)  # every CapsNet: r3_recon's row
+    assert one == pytest.approx(margin * epochs * 60_000 / 24_000 + evaluation)
+    # MultiMNIST's 36×36 and §5.2's 40×40 images cost their area over MNIST's 28×28
+    multi, _ = gpu_queue.job_seconds(gpu_params, "multimnist_r3_recon", 1, rows(), parallel=1)
+    assert multi - evaluation == pytest.approx((one - evaluation) * (36 / 28) ** 2)
+    # two seeds stacked, no two-seed row: stacking counts as no faster than one seed after another
+    two, _ = gpu_queue.job_seconds(gpu_params, "capsnet_r3", 2, rows(), parallel=1)
+    assert two == pytest.approx(2 * one)
+    cnn, source = gpu_queue.job_seconds(gpu_params, "baseline_cnn", 1, rows(), parallel=1)
+    assert cnn == pytest.approx(margin * epochs * 60_000 / 27_000 + evaluation) and "baseline_cnn bf16 ×1" in source
+    assert gpu_queue.job_seconds(gpu_params, "baseline_cnn", 1, rows()[:3], parallel=1) is None  # no CNN row
+
+
+def test_a_job_starts_only_as_far_as_the_window_allows(gpu_params):
+    """All its seeds when they fit, else its first seeds (the rest wait for the next window), else nothing;
+    with no bench row to estimate from, it starts as it is."""
+    three, _ = gpu_queue.job_seconds(gpu_params, "capsnet_r3_recon", 3, rows(), parallel=2)
+    one, _ = gpu_queue.job_seconds(gpu_params, "capsnet_r3_recon", 1, rows(), parallel=2)
+    assert one < three  # the test's premise: one seed is the smaller job
+    assert gpu_queue.fit("capsnet_r3_recon:0,1,2", three + 1, gpu_params, rows(), 2)[0] == "capsnet_r3_recon:0,1,2"
+    start, why = gpu_queue.fit("capsnet_r3_recon:0,1,2", one + 1, gpu_params, rows(), 2)
+    assert start == "capsnet_r3_recon:0" and "seed(s) 1,2 next window" in why
+    start, why = gpu_queue.fit("capsnet_r3_recon:0,1,2", one - 1, gpu_params, rows(), 2)
+    assert start is None and "not started" in why
+    assert gpu_queue.fit("baseline_cnn:1,2", 10, gpu_params, rows()[:3], 2)[0] == "baseline_cnn:1,2"
+
+
+def test_fit_from_the_command_line(gpu_params, tmp_path):
+    """What gpu_session.sh runs before each job: the item to start on stdout, why on stderr."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(gpu_params))
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "capsnet_r3_recon@bf16-compile#1,3.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in rows()) + "\ncut short, not JSON\n")
+    args = [sys.executable, "scripts/gpu_queue.py", "--fit", "capsnet_r3_recon:0,1,2", "--params",
+            str(tmp_path / "params.yaml"), "--bench", str(tmp_path / "bench"), "--parallel", "2", "--left"]
+    fits = subprocess.run([*args, "10000"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert fits.stdout.strip() == "capsnet_r3_recon:0,1,2" and "estimated of 10000 s left" in fits.stderr
+    late = subprocess.run([*args, "20"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert late.stdout.strip() == "" and "not started" in late.stderr
+
+
+def test_the_image_sides_are_the_experiments(gpu_params):
+    from pipeline.experiments import affnist, multimnist
+
+    assert gpu_queue.SIDE == {"table1": 28, "multimnist": multimnist.IMAGE_SIZE, "affnist": affnist.IMAGE_SIZE}
+    assert {v.get("experiment", "table1") for v in gpu_params["variants"].values()} == set(gpu_queue.SIDE)
+
+
+def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_benched(tmp_path):
+    """gpu_session.sh: an entry whose rows reports/bench/<this device>/ holds counts as benched (the levers
+    read them, no bench runs, nothing goes to bench.jsonl), and an entry with no rows waits for the next
+    window once benching has had its --bench-budget."""
+    from pipeline.training.bench import device_name, device_slug, resolve_device
+
+    work = tmp_path / "device"
+    for part in ("scripts", "pipeline", "params.yaml"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, work / part)
+    (work / "data" / "prepared").mkdir(parents=True)
+    (work / "data" / "prepared" / "train.safetensors").write_text("prepared before")  # no download here
+    kept = work / "reports" / "bench" / device_slug(device_name(resolve_device("auto")))
+    kept.mkdir(parents=True)
+    (kept / "capsnet_r3_recon@bf16#1.jsonl").write_text(json.dumps(rows()[2]) + "\n")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "CAPSNET_GPU_PROFILE": "smoke",  # a bench that runs: brief
+           "CAPSNET_GPU_BENCH_ARGS": "--batch 2 --steps 1 --warmup 0 --no-reference --device cpu",
+           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # this venv's
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--bench", "capsnet_r3_recon@bf16#1 baseline_cnn@bf16#1",
+                           "--bench-budget", "0", "--deadline", "300"], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=300)
+    log = (tmp_path / "out" / "session.log").read_text()
+    assert done.returncode == 0, done.stderr + log
+    assert "rows of an earlier window on this GPU model" in log
+    assert "bench capsnet_r3_recon@bf16#1 done before" in log
+    assert "bench baseline_cnn@bf16#1 not started: benching had its 0 s" in log
+    assert (work / "logs" / "bench" / "capsnet_r3_recon@bf16#1.jsonl").read_text() == json.dumps(rows()[2]) + "\n"
+    assert not (tmp_path / "out" / "bench.jsonl").exists()
+    assert (work / "logs" / "bench" / ".device").read_text().strip() == kept.name  # what gpu_import.sh files them under
