@@ -178,7 +178,7 @@ def fingerprint(out: str, variants: tuple[str, ...], params_path: str) -> None:
     from tqdm.auto import tqdm
 
     from pipeline.core.files import write_json
-    from pipeline.core.tracking import git_commit, repo_root
+    from pipeline.core.provenance import git_commit, repo_root
     from pipeline.training.fingerprint import fingerprint_environment, fingerprint_table
 
     params = load_params(params_path)

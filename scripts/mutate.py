@@ -113,7 +113,7 @@ MUTATIONS = [
              ("tests/test_train.py::test_a_compressed_schedule_reaches_the_optimizer_and_the_checkpoint_digest",)),
     Mutation("the gpu profile cuts the schedule instead of compressing it", "pipeline/profiles.py",
              '"train.lr_schedule_epochs": 640, ', "", ("tests/test_profiles.py",)),
-    Mutation("a torn journal tail refuses the whole file", "pipeline/core/tracking.py",
+    Mutation("a torn journal tail refuses the whole file", "pipeline/core/journal.py",
              "if index < len(lines) - 1:", "if True:", ("tests/test_tracking.py",)),
     Mutation("an evaluation against another store dies in MLflow's traceback", "pipeline/stages/evaluate.py",
              "    if not tracker.has_run(run_id):", "    if False:",

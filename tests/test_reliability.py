@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from conftest import tiny_pipeline
-from pipeline.core import tracking
+from pipeline.core import provenance, tracking
 from pipeline.core.files import atomic_path, file_lock
 from pipeline.stages import train as train_stage
 from pipeline.training.checkpoint import NonFiniteLossError, save_checkpoint
@@ -108,7 +108,7 @@ def test_sigterm_marks_the_run_failed(stage, monkeypatch):
 def test_a_stale_running_run_is_closed_when_the_stage_runs_again(stage):
     root, train = stage
     tracker = tracking.Tracker(profile="smoke")  # the stage's params are the smoke profile's
-    params = {k: "x" for k in tracking.PARAM_KEYS}
+    params = {k: "x" for k in provenance.PARAM_KEYS}
     stale = tracker.start("capsnet_r1-seed0", params)  # a trainer killed by SIGKILL: never said it ended
     other = tracker.start("capsnet_r3-seed0", params)
     result = train()

@@ -8,16 +8,17 @@ from conftest import REPO
 from mlflow.tracking import MlflowClient
 
 from pipeline.cli import main
-from pipeline.core import tracking
+from pipeline.core import provenance, tracking
+from pipeline.core.journal import JournalTracker
 
-PARAMS = {k: k.upper() for k in tracking.PARAM_KEYS}
+PARAMS = {k: k.upper() for k in provenance.PARAM_KEYS}
 DATASET = {"name": "train", "digest": "0123456789abcdef", "source": "data/prepared/train.safetensors",
            "context": "training", "profile": {"num_rows": 60000, "source": "MNIST train set"}}
 
 
 def journal_a_run(folder, root):
     """The calls `capsnet train` and `evaluate` make, against a journal; returns the journal run id."""
-    journal = tracking.JournalTracker(folder)
+    journal = JournalTracker(folder)
     run_id = journal.start("capsnet_r1-seed0", PARAMS)
     for epoch in (1, 2):
         journal.log_metrics(run_id, {"train_loss": 1.0 / epoch, "test_error_pct": 5.0 - epoch}, step=epoch)
@@ -67,7 +68,7 @@ def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
 
 def test_open_tracker_defers_when_a_journal_folder_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv(tracking.JOURNAL_ENV, str(tmp_path / "j"))
-    assert isinstance(tracking.open_tracker("smoke"), tracking.JournalTracker)
+    assert isinstance(tracking.open_tracker("smoke"), JournalTracker)
     monkeypatch.delenv(tracking.JOURNAL_ENV)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
     assert isinstance(tracking.open_tracker("smoke"), tracking.Tracker)
@@ -85,7 +86,7 @@ def test_sync_rejects_an_empty_folder_and_a_foreign_file(tmp_path, monkeypatch):
 
 def test_journal_needs_the_common_param_keys(tmp_path):
     with pytest.raises(ValueError, match="run params lack"):
-        tracking.JournalTracker(tmp_path).start("x", {"variant": "v"})
+        JournalTracker(tmp_path).start("x", {"variant": "v"})
 
 
 def test_git_commit_is_dirty_for_code_changes_but_not_for_report_outputs(tmp_path, monkeypatch):
@@ -101,9 +102,9 @@ def test_git_commit_is_dirty_for_code_changes_but_not_for_report_outputs(tmp_pat
     subprocess.run([*git, "commit", "-qm", "c"], cwd=tmp_path, check=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     (tmp_path / "reports" / "ablation.md").write_text("rewritten by the report stage\n")
-    assert tracking.git_commit(tmp_path) == head
+    assert provenance.git_commit(tmp_path) == head
     (tmp_path / "train.py").write_text("x = 2\n")
-    assert tracking.git_commit(tmp_path) == head + "-dirty"
+    assert provenance.git_commit(tmp_path) == head + "-dirty"
 
 
 def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses(tmp_path, monkeypatch):
@@ -223,7 +224,7 @@ def test_two_writers_logging_one_new_dataset_at_once_both_get_it(tmp_path, monke
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
     tracker = tracking.Tracker()
-    run_id = tracker.start("capsnet_r1-seed0", {k: "0" for k in tracking.PARAM_KEYS})
+    run_id = tracker.start("capsnet_r1-seed0", {k: "0" for k in provenance.PARAM_KEYS})
     real, calls = tracker.client.log_inputs, []
 
     def racing(run, inputs, errors):

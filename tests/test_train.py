@@ -14,7 +14,7 @@ from conftest import REPO, Recorder, synthetic_digits, tiny_data, tiny_pipeline
 from mlflow.tracking import MlflowClient
 
 
-from pipeline.core import tracking
+from pipeline.core import provenance, tracking
 from pipeline.data import splits
 from pipeline.experiments import affnist, table1
 from pipeline.report import runs as rr
@@ -215,7 +215,7 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["baseline_cnn-seed0", "capsnet_r1_recon-seed0"]
     assert all(r.info.status == "FINISHED" for r in runs)
-    assert all(sorted(r.data.params) == sorted(tracking.PARAM_KEYS) for r in runs)
+    assert all(sorted(r.data.params) == sorted(provenance.PARAM_KEYS) for r in runs)
     assert {r.data.params["n_params"] for r in runs} == {"35445522", "8215568"}
     assert all({"test_error_pct", "eval_test_error_pct", "eval_affine_test_error_pct", "train_loss", "lr"}
                <= set(r.data.metrics) for r in runs)

@@ -6,9 +6,10 @@ same store) or the current directory. One run per (variant, seed), named ``<vari
 training and evaluation log into it through the run id kept next to the model.
 
 Deferred tracking: with ``$CAPSNET_TRACKING_JOURNAL`` set to a folder, nothing talks to MLflow
-(it need not be installed: a GPU box without it, say); each run is journalled there as one JSON
-line per call, ``<journal run id>.jsonl``, and `capsnet track sync FOLDER` replays the journals
-into any MLflow store later, with the original steps and timestamps. Syncing twice adds nothing.
+(it need not be installed: a GPU box without it, say); each run is journalled there
+(pipeline.core.journal), and `capsnet track sync FOLDER` replays the journals into any MLflow store
+later (`Tracker.replay`), with the original steps and timestamps. Syncing twice adds nothing. What
+every run records about where it ran: pipeline.core.provenance.
 """
 
 from __future__ import annotations
@@ -16,17 +17,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
-import subprocess
 import time
-import uuid
-import warnings
 from pathlib import Path
-
-import torch
 
 from pipeline.core import registry
 from pipeline.core.files import file_lock
+from pipeline.core.journal import EpochLogger, JournalTracker, read_journal
+from pipeline.core.provenance import common_params, git_commit, repo_root, run_tags, shown_path
 
 JOURNAL_ENV = "CAPSNET_TRACKING_JOURNAL"
 
@@ -34,9 +31,6 @@ EXPERIMENT = "capsnet-repro"  # the paper protocol's experiment; each other prof
 PUBLISHED_TAG = "published"  # runs loaded from reports/runs/journal by `capsnet ui`: the published results
 # MLflow 3's UI opens experiments in GenAI mode unless they say they are model training
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
-PARAM_KEYS = ("variant", "model", "routing_iterations", "reconstruction", "seed", "batch_size", "lr",
-              "lr_decay_rate", "lr_decay_steps", "lr_schedule_epochs", "epochs", "steps", "amp", "compile", "n_params",
-              "device", "torch_version", "profile", "recipe", "experiment", "image_size", "n_train", "n_test")
 
 
 def experiment_name(profile: str) -> str:
@@ -54,28 +48,8 @@ def runs_url(port: int, experiment_id: str, search: str = "") -> str:
     return f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
 
 
-def repo_root() -> Path:
-    return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
-
-
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
-
-
-def git_commit(root: Path) -> str:
-    """HEAD (+ "-dirty" when a tracked file outside reports/ differs from it), or $CAPSNET_GIT_COMMIT
-    where the tree has no .git (a copy on a GPU box). reports/ is what the report stage rewrites, so
-    its own outputs never mark the code that wrote them dirty."""
-    if os.environ.get("CAPSNET_GIT_COMMIT"):
-        return os.environ["CAPSNET_GIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)reports"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _store_lock(uri: str) -> Path | None:
@@ -295,101 +269,6 @@ def unrecorded_datasets(params: dict) -> list[dict]:
             for name, n, context in splits]
 
 
-def shown_path(path: str | Path) -> str:
-    """``path`` relative to the repository root when inside it (as runs are moved between machines);
-    a relative path is taken as relative to it already (a stage runs in the repository root)."""
-    if not Path(path).is_absolute():
-        return str(path)
-    path = Path(path).resolve()
-    return str(path.relative_to(repo_root()) if path.is_relative_to(repo_root()) else path)
-
-
-def read_journal(path: Path) -> list[dict]:
-    """The events of a journal file. Only the last line may be torn (a process killed mid-write
-    leaves a partial line, and a line is written whole or last): it is dropped with a warning naming
-    the file and the line, and the complete records before it are kept. A malformed line anywhere
-    else means the file is not what it claims: ValueError naming the line."""
-    lines = [(k, line) for k, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
-    events = []
-    for index, (number, line) in enumerate(lines):
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if index < len(lines) - 1:
-                raise ValueError(f"line {number} is not a journal record ({err.msg}); only a torn last line "
-                                 "is skipped") from err
-            warnings.warn(f"{path}: line {number} is torn (a process stopped mid-write); replaying the "
-                          f"{len(events)} complete record(s) before it", stacklevel=2)
-    return events
-
-
-class JournalTracker:
-    """The Tracker's calls written as JSON lines to ``<folder>/<run id>.jsonl`` (no MLflow needed)."""
-
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
-
-    def _write(self, run_id: str, event: str, **fields) -> None:
-        line = json.dumps({"event": event, "time_ms": int(time.time() * 1000), **fields}, sort_keys=True)
-        with (self.folder / f"{run_id}.jsonl").open("a") as f:
-            f.write(line + "\n")
-
-    def start(self, run_name: str, params: dict, run_id: str | None = None) -> str:
-        if run_id is not None and (self.folder / f"{run_id}.jsonl").is_file():
-            self._write(run_id, "tag", key="resumed", value="true")
-            return run_id
-        run_id = uuid.uuid4().hex
-        self._write(run_id, "start", run_name=run_name, params=common_params(params), tags=run_tags())
-        return run_id
-
-    def has_run(self, run_id: str) -> bool:
-        """Always: a journal only appends, and `capsnet track sync` finds the run when it replays."""
-        return True
-
-    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-        self._write(run_id, "metrics", metrics={k: float(v) for k, v in metrics.items()}, step=step)
-
-    def log_metrics_once(self, run_id: str, metrics: dict[str, float], step: int) -> None:
-        logged = {(e["step"], k) for e in self._events(run_id) if e["event"] == "metrics" for k in e["metrics"]}
-        new = {k: v for k, v in metrics.items() if (step, k) not in logged}
-        if new:
-            self.log_metrics(run_id, new, step)
-
-    def _events(self, run_id: str) -> list[dict]:
-        path = self.folder / f"{run_id}.jsonl"
-        return read_journal(path) if path.is_file() else []
-
-    def log_artifact(self, run_id: str, path: str | Path, folder: str | None = None) -> None:
-        self._write(run_id, "artifact", path=shown_path(path), folder=folder)
-
-    def set_tag(self, run_id: str, key: str, value: str) -> None:
-        self._write(run_id, "tag", key=key, value=value)
-
-    def log_datasets(self, run_id: str, datasets: list[dict]) -> None:
-        self._write(run_id, "datasets", datasets=[{**d, "source": shown_path(d["source"])} for d in datasets])
-
-    def end(self, run_id: str, failed: bool = False) -> None:
-        self._write(run_id, "end", status="FAILED" if failed else "FINISHED")
-
-    def close_stale(self, run_name: str, keep: str) -> list[str]:
-        return []  # a journal is replayed as it was written; its runs end when they ended
-
-    def log_report(self, files: list[Path], profile: str, metrics: dict[str, float]) -> str:
-        run_id = uuid.uuid4().hex
-        self._write(run_id, "start", run_name="report", params={},
-                    tags={"git_commit": git_commit(repo_root()), "profile": profile, "kind": "report",
-                          "dvc_stage": os.environ.get("DVC_STAGE", "")})
-        self.log_metrics(run_id, metrics)
-        for path in files:
-            self.log_artifact(run_id, path, "report" if path.suffix != ".png" else "report/figures")
-        self.end(run_id)
-        return run_id
-
-    def epoch_logger(self, run_id: str) -> "EpochLogger":
-        return EpochLogger(self, run_id)
-
-
 def open_tracker(profile: str) -> Tracker | JournalTracker:
     """A journal when $CAPSNET_TRACKING_JOURNAL names a folder, else the MLflow store's experiment of
     ``profile`` (a journal's runs go to theirs when replayed)."""
@@ -397,54 +276,3 @@ def open_tracker(profile: str) -> Tracker | JournalTracker:
     return JournalTracker(folder) if folder else Tracker(profile=profile)
 
 
-def common_params(params: dict) -> dict:
-    """The param keys every run logs, so runs compare side by side; a missing one is an error."""
-    missing = set(PARAM_KEYS) - set(params)
-    if missing:
-        raise ValueError(f"run params lack {sorted(missing)}; every run logs {PARAM_KEYS}")
-    return {k: params[k] for k in PARAM_KEYS}
-
-
-def run_tags() -> dict[str, str]:
-    """Where a run ran, so a fanned-out run can be traced: commit, DVC stage, host and GPU."""
-    return {
-        "git_commit": git_commit(repo_root()),
-        "dvc_stage": os.environ.get("DVC_STAGE", ""),
-        "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
-        **placement(),
-    }
-
-
-def placement() -> dict[str, str]:
-    """The host, the GPUs this process was given (CUDA_VISIBLE_DEVICES, as a fan-out slot or a
-    scheduler set it), the name of the one it uses (cuda:0 of those it sees) and torch's CPU threads
-    (a fan-out slot's share of the cores)."""
-    return {
-        "host": platform.node(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-        "cpu_threads": str(torch.get_num_threads()),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",
-    }
-
-
-class EpochLogger:
-    """Adapter for pipeline.training.train: per-epoch metrics with step = epoch."""
-
-    def __init__(self, tracker: Tracker, run_id: str):
-        self.tracker, self.run_id = tracker, run_id
-
-    def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
-        self.tracker.log_metrics(self.run_id, {k: v for k, v in metrics.items() if k != "epoch"}, step=epoch)
-
-
-def environment() -> dict[str, str]:
-    """Versions and device facts recorded with every run."""
-    return {
-        "git_commit": git_commit(repo_root()),
-        "torch_version": torch.__version__,
-        "cuda_version": str(torch.version.cuda),
-        "python_version": platform.python_version(),
-        "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
-        "dvc_stage": os.environ.get("DVC_STAGE", ""),
-        **placement(),
-    }

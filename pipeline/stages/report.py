@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core import registry, tracking
+from pipeline.core.provenance import git_commit, repo_root
 from pipeline.core.errors import UserError
 from pipeline.core.files import writable_dir, write_json, write_text
 from pipeline.core.params import Params
@@ -131,7 +132,7 @@ def provenance(p: Params, runs: list[rr.Run], not_run: dict[str, list[int]]) -> 
         commits.setdefault(f"{r.commit} (from {r.commit_source})" if r.commit != rr.NOT_RECORDED else r.commit,
                            []).append(r)
     return {
-        "report commit": tracking.git_commit(tracking.repo_root()),
+        "report commit": git_commit(repo_root()),
         "training commits": "; ".join(f"{c}: {len(rs)} runs" for c, rs in commits.items()),
         "training fingerprints": "; ".join(f"{fp}: {sum(r.fingerprint == fp for r in runs)} runs"
                                            for fp in dict.fromkeys(r.fingerprint for r in runs))

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from pipeline.core import tracking
+from pipeline.core import provenance, tracking
 from pipeline.core.errors import Terminated, UserError
 from pipeline.core.files import atomic_path, file_lock, writable_dir, write_json
 from pipeline.core.params import Params, cpu_epoch_seconds
@@ -91,7 +91,7 @@ def run_group(params: Params, variant: str, seeds: list[int], data_dir: Path, ou
     what = f"{variant} seed {seeds[0]}" if len(seeds) == 1 else f"{variant} seeds {', '.join(map(str, seeds))}"
     with file_lock(checkpoint.with_name(checkpoint.name + ".lock"), wait=False, what=f"{what}'s checkpoint {checkpoint}"):
         state = load_checkpoint(checkpoint, cfgs)
-        env = tracking.environment()
+        env = provenance.environment()
         fingerprint = training_fingerprint(cfg)
         env["fingerprint_environment"] = fingerprint_environment()
         earlier = {s["extra"].get("fingerprint") for s in state["seeds"]} - {None, fingerprint} if state else set()
