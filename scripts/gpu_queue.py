@@ -81,9 +81,10 @@ MARGIN = 1.1  # an estimate's head room
 
 
 def bench_rows(folder: Path) -> list[dict]:
-    """Every JSON row of the *.jsonl files in a folder (a line that is not JSON is skipped)."""
+    """Every JSON row of the *.jsonl files in a folder, and of a bench the deadline cut short (*.jsonl.tmp:
+    its rows are whole measurements); a line that is not JSON is skipped."""
     rows = []
-    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+    for path in sorted([*folder.glob("*.jsonl"), *folder.glob("*.jsonl.tmp")]) if folder.is_dir() else []:
         for line in path.read_text().splitlines():
             try:
                 rows.append(json.loads(line))

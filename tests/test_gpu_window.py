@@ -78,11 +78,14 @@ def test_fit_from_the_command_line(gpu_params, tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(gpu_params))
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "capsnet_r3_recon@bf16-compile#1,3.jsonl").write_text(
-        "\n".join(json.dumps(r) for r in rows()) + "\ncut short, not JSON\n")
+        "\n".join(json.dumps(r) for r in rows()[1:]) + "\nnot JSON\n")
+    (tmp_path / "bench" / "capsnet_r3_recon@bf16-compile#3.jsonl.tmp").write_text(  # a bench the deadline cut
+        json.dumps(rows()[0]) + '\n{"variant": "capsnet_r3_')
     args = [sys.executable, "scripts/gpu_queue.py", "--fit", "capsnet_r3_recon:0,1,2", "--params",
             str(tmp_path / "params.yaml"), "--bench", str(tmp_path / "bench"), "--parallel", "2", "--left"]
     fits = subprocess.run([*args, "10000"], cwd=REPO, capture_output=True, text=True, check=True)
     assert fits.stdout.strip() == "capsnet_r3_recon:0,1,2" and "estimated of 10000 s left" in fits.stderr
+    assert "×3: 60,000 images/s" in fits.stderr  # the three-seed row, from the bench cut short
     late = subprocess.run([*args, "20"], cwd=REPO, capture_output=True, text=True, check=True)
     assert late.stdout.strip() == "" and "not started" in late.stderr
 
