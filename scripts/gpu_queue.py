@@ -14,6 +14,7 @@ paper-gpu`) is not queued: 3 seeds of one variant need about 40 min of H100 time
 than a window's 15, until seeds train stacked (issue #23).
 
     python3 scripts/gpu_queue.py --fit V:0,1,2 --left S --params P [--bench logs/bench] [--parallel N]
+                                 [--checkpoints checkpoints/V]
 
 prints what of that item to start with S seconds of the window left (gpu_session.sh asks before each
 job): the item, its first seeds only, or nothing (the reason goes to stderr). A run the window's end
@@ -120,10 +121,18 @@ def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parall
     return MARGIN * images / (row["train_images_per_s"] / parallel) + seeds * EVAL_SECONDS, source
 
 
-def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int) -> tuple[str | None, str]:
-    """What of ``item`` (V:S or V:S1,S2,...) to start with ``left`` seconds of the window: the item, its
-    first seeds only (the others wait for the next window), or None; and a line saying why."""
+def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
+        checkpoints: Path | None = None) -> tuple[str | None, str]:
+    """What of ``item`` (V:S or V:S1,S2,..., the seeds without metrics yet) to start with ``left`` seconds
+    of the window: a job an earlier call of this window started and its deadline stopped (its
+    checkpoint, seed<S1-S2...>.pt in ``checkpoints``, holds none but these seeds: it resumes, it was
+    started to end inside the window), else the item, its first seeds only (the others wait for the
+    next window), or None; and a line saying why."""
     variant, seeds = item.split(":")[0], item.split(":")[1].split(",")
+    for path in sorted(checkpoints.glob("seed*.pt")) if checkpoints and checkpoints.is_dir() else []:
+        stopped = path.stem.removeprefix("seed").split("-")
+        if set(stopped) <= set(seeds):
+            return f"{variant}:{','.join(stopped)}", f"{item}: seed(s) {','.join(stopped)} resume from {path}"
     for n in range(len(seeds), 0, -1):
         estimate = job_seconds(params, variant, n, rows, parallel)
         if estimate is None:
@@ -145,12 +154,13 @@ def main() -> None:
     parser.add_argument("--left", type=float, default=0.0, help="with --fit: seconds left in the window")
     parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="with --fit: a folder of bench rows")
     parser.add_argument("--parallel", type=int, default=1, help="with --fit: processes sharing the GPU")
+    parser.add_argument("--checkpoints", type=Path, help="with --fit: the variant's checkpoint folder on this machine")
     args = parser.parse_args()
     if not args.params.is_file():
         sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
     if args.fit:
         params = yaml.safe_load(args.params.read_text())
-        start, why = fit(args.fit, args.left, params, bench_rows(args.bench), max(args.parallel, 1))
+        start, why = fit(args.fit, args.left, params, bench_rows(args.bench), max(args.parallel, 1), args.checkpoints)
         print(why, file=sys.stderr)
         print(start or "")
         return

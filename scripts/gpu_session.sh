@@ -150,13 +150,12 @@ run_job() {
   local model params=params.gpu.yaml  # or the levers scripts/gpu_levers.py picked for the variant's model
   model=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open("params.gpu.yaml"))["variants"][sys.argv[1]]["model"])' "$variant")
   [ -f "params.gpu.$model.yaml" ] && params="params.gpu.$model.yaml"
-  if [ ! -f "checkpoints/$variant/seed${seeds//,/-}.pt" ]; then  # a job this window started resumes as it is
-    seeds=$(python3 scripts/gpu_queue.py --fit "$variant:$seeds" --left $((WINDOW_END - $(date +%s))) --params "$params" \
-              --bench logs/bench --parallel "$(ls logs/running | wc -l)" 2>"logs/$variant.fit")
-    echo "$(cat "logs/$variant.fit")"
-    seeds=${seeds##*:}
-    [ -n "$seeds" ] || return 0
-  fi
+  # a job an earlier call of this window stopped resumes; else the seeds whose estimate fits the window
+  seeds=$(python3 scripts/gpu_queue.py --fit "$variant:$seeds" --left $((WINDOW_END - $(date +%s))) --params "$params" \
+            --bench logs/bench --parallel "$(ls logs/running | wc -l)" --checkpoints "checkpoints/$variant" 2>"logs/$variant.fit")
+  echo "$(cat "logs/$variant.fit")"
+  seeds=${seeds##*:}
+  [ -n "$seeds" ] || return 0
   local tag="$variant-${seeds//,/-}"
   timeout "$left" python3 -m pipeline.cli train "$variant" "$seeds" data/prepared "models/$variant/seed{seed}" \
       --checkpoint "checkpoints/$variant/seed${seeds//,/-}.pt" --params "$params" >>"logs/$tag.log" 2>&1

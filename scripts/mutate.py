@@ -332,6 +332,8 @@ MUTATIONS = [
              "(row[\"train_images_per_s\"] / parallel)", "row[\"train_images_per_s\"]", (WINDOW,)),
     Mutation("a job that does not fit the window never starts with its first seeds", "scripts/gpu_queue.py",
              "for n in range(len(seeds), 0, -1):", "for n in range(len(seeds), len(seeds) - 1, -1):", (WINDOW,)),
+    Mutation("a job the last call stopped is estimated afresh instead of resumed", "scripts/gpu_queue.py",
+             "if set(stopped) <= set(seeds):", "if False:", (WINDOW,)),
     Mutation("a CNN job is priced at the compiled row it does not train with", "scripts/gpu_queue.py",
              "compiled = train[\"compile\"] and (model == \"capsnet\" or train.get(\"compile_cnns\", True))",
              "compiled = train[\"compile\"]", (WINDOW,)),

@@ -73,6 +73,17 @@ def test_a_job_starts_only_as_far_as_the_window_allows(gpu_params):
     assert gpu_queue.fit("baseline_cnn:1,2", 10, gpu_params, rows()[:3], 2)[0] == "baseline_cnn:1,2"
 
 
+def test_a_job_the_last_call_stopped_resumes_whatever_the_estimate(gpu_params, tmp_path):
+    """Its checkpoint, of seeds that still lack metrics, resumes (it was started to end in the window; a
+    new estimate would start it afresh or not at all); a checkpoint holding a seed with metrics does not."""
+    (tmp_path / "seed0.pt").write_bytes(b"stopped")  # started as the item's first seed, stopped by the deadline
+    (tmp_path / "seed1-3.pt").write_bytes(b"old")  # seed 3 is not wanted: not this item's job
+    start, why = gpu_queue.fit("capsnet_r3_recon:0,1,2", 1, gpu_params, rows(), 2, tmp_path)
+    assert start == "capsnet_r3_recon:0" and "resume" in why
+    assert gpu_queue.fit("capsnet_r3_recon:1,2", 1, gpu_params, rows(), 2, tmp_path)[0] is None
+    assert gpu_queue.fit("capsnet_r3_recon:1,2", 1, gpu_params, rows(), 2, tmp_path / "absent")[0] is None
+
+
 def test_fit_from_the_command_line(gpu_params, tmp_path):
     """What gpu_session.sh runs before each job: the item to start on stdout, why on stderr."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(gpu_params))
@@ -82,12 +93,17 @@ def test_fit_from_the_command_line(gpu_params, tmp_path):
     (tmp_path / "bench" / "capsnet_r3_recon@bf16-compile#3.jsonl.tmp").write_text(  # a bench the deadline cut
         json.dumps(rows()[0]) + '\n{"variant": "capsnet_r3_')
     args = [sys.executable, "scripts/gpu_queue.py", "--fit", "capsnet_r3_recon:0,1,2", "--params",
-            str(tmp_path / "params.yaml"), "--bench", str(tmp_path / "bench"), "--parallel", "2", "--left"]
+            str(tmp_path / "params.yaml"), "--bench", str(tmp_path / "bench"), "--parallel", "2",
+            "--checkpoints", str(tmp_path / "checkpoints"), "--left"]
     fits = subprocess.run([*args, "10000"], cwd=REPO, capture_output=True, text=True, check=True)
     assert fits.stdout.strip() == "capsnet_r3_recon:0,1,2" and "estimated of 10000 s left" in fits.stderr
     assert "×3: 60,000 images/s" in fits.stderr  # the three-seed row, from the bench cut short
     late = subprocess.run([*args, "20"], cwd=REPO, capture_output=True, text=True, check=True)
     assert late.stdout.strip() == "" and "not started" in late.stderr
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "seed0-1-2.pt").write_bytes(b"stopped")
+    resumed = subprocess.run([*args, "20"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert resumed.stdout.strip() == "capsnet_r3_recon:0,1,2" and "resume from" in resumed.stderr
 
 
 def test_the_image_sides_are_the_experiments(gpu_params):
