@@ -334,6 +334,8 @@ MUTATIONS = [
              "for n in range(len(seeds), 0, -1):", "for n in range(len(seeds), len(seeds) - 1, -1):", (WINDOW,)),
     Mutation("a job the last call stopped is estimated afresh instead of resumed", "scripts/gpu_queue.py",
              "if set(stopped) <= set(seeds):", "if False:", (WINDOW,)),
+    Mutation("the bench table puts stacked aggregates where the costs read one seed's speed", "scripts/bench_table.py",
+             'lines.append(f"| stacked {label(r)}', 'lines.append(f"| capsnet-repro {label(r)}', (WINDOW,)),
     Mutation("a CNN job is priced at the compiled row it does not train with", "scripts/gpu_queue.py",
              "compiled = train[\"compile\"] and (model == \"capsnet\" or train.get(\"compile_cnns\", True))",
              "compiled = train[\"compile\"]", (WINDOW,)),

@@ -144,3 +144,39 @@ def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_b
     assert (work / "logs" / "bench" / "capsnet_r3_recon@bf16#1.jsonl").read_text() == json.dumps(rows()[2]) + "\n"
     assert not (tmp_path / "out" / "bench.jsonl").exists()
     assert (work / "logs" / "bench" / ".device").read_text().strip() == kept.name  # what gpu_import.sh files them under
+
+
+def test_the_bench_table_is_what_the_report_prices_seeds_with(tmp_path):
+    """scripts/bench_table.py: one-seed rows in the form pipeline/report/costs.py reads (the variant's
+    own row of the configuration a run trained with), stacked rows where the costs do not read them,
+    and issue #36's targets marked from the best row of capsnet_r3_recon."""
+    from pipeline.report import costs
+
+    common = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-01", "commit": "abc1234", "torch": "2.11.0+cu130",
+              "batch": 128, "flop_per_image_train": 1.2e9}
+    kept = [{**common, "variant": "capsnet_r3_recon", "mode": "bf16-compile", "seeds": 1, "train_images_per_s": 80_000},
+            {**common, "variant": "capsnet_r3_recon", "mode": "bf16-compile-capture", "seeds": 1,
+             "train_images_per_s": 70_000, "captured": False},
+            {**common, "variant": "capsnet_r3_recon", "mode": "bf16-compile", "seeds": 3, "stack": "bmm",
+             "train_images_per_s": 140_000, "speedup_vs_separate": 1.75},
+            {**common, "variant": "baseline_cnn", "mode": "bf16", "seeds": 1, "train_images_per_s": 30_000}]
+    folder = tmp_path / "nvidia-h100-80gb-hbm3"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("\n".join(json.dumps(r) for r in kept[:2]) + "\n")
+    (folder / "b.jsonl").write_text("\n".join(json.dumps(r) for r in kept[2:]) + "\ntorn")
+    out = subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n" + out)
+    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    assert {(r.variant, r.images_per_s) for r in rows} == {("capsnet_r3_recon", 80_000), ("capsnet_r3_recon", 70_000),
+                                                          ("baseline_cnn", 30_000)}  # never the stacked aggregate
+    device = "NVIDIA H100 80GB HBM3"
+    assert costs.speed(rows, "capsnet_r3_recon", device, amp=True, compiled=True).images_per_s == 80_000
+    assert costs.speed(rows, "baseline_cnn", device, amp=True, compiled=False).images_per_s == 30_000
+    assert "(ran uncaptured)" in out and "commit abc1234, torch 2.11.0+cu130" in out
+    assert "| stacked bf16 + compile (model+loss) | 3 | bmm | 140,000 | – | 1.75 |" in out
+    assert "- 1 seed ≥ 75,000 images/s: **reached**, 80,000 (bf16 + compile (model+loss))" in out
+    assert "- 3 seeds stacked ≥ 150,000 images/s: **missed**, 140,000 (bf16 + compile (model+loss), bmm)" in out
+    empty = subprocess.run([sys.executable, "scripts/bench_table.py", str(tmp_path / "none")], cwd=REPO,
+                           capture_output=True, text=True)
+    assert empty.returncode != 0 and "holds no bench rows" in empty.stderr and "gpu_import.sh" in empty.stderr

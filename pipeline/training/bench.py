@@ -19,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from torchvision.transforms import v2
 
 from pipeline.core.params import BENCH_MODES
+from pipeline.core.provenance import git_commit, repo_root
 from pipeline.data.idx import MNIST_SIZE
 from pipeline.training.train import (
     RunConfig, build_group, build_model, compute_loss, configure_backends, loss_recipe, make_optimizer, make_step,
@@ -188,7 +189,7 @@ def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ..
         base = dataclasses.replace(base, deterministic=deterministic == "on")
     flop = flop_per_image(base, dev)
     common = {"device": device_name(dev), "variant": variant, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-              "deterministic": base.deterministic, "flop_per_image_train": flop}
+              "commit": git_commit(repo_root()), "deterministic": base.deterministic, "flop_per_image_train": flop}
 
     def row(values: dict) -> dict:
         values["tflop_per_s"] = values["train_images_per_s"] * flop / 1e12

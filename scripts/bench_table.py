@@ -1,0 +1,108 @@
+"""reports/benchmarks.md's section for one GPU model, written from the bench rows its windows kept
+(reports/bench/<model>/*.jsonl, scripts/gpu_import.sh), with issue #36's speed targets marked.
+
+    python3 scripts/bench_table.py reports/bench/nvidia-h100-80gb-hbm3 >> reports/benchmarks.md
+
+One table per benched variant for its one-seed rows, in the form pipeline/report/costs.py reads
+(`| capsnet-repro <configuration> | images/s | …`: the report prices seeds with them), and one for
+its stacked rows (`| stacked …`, which the costs leave alone: they are aggregates of several seeds).
+A captured mode that ran uncaptured (`captured: false`: the capture failed, or no CUDA) says so. Needs only this
+repository (no torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pipeline.core.params import BENCH_MODES  # noqa: E402
+
+# the configurations pipeline/report/costs.py looks up by (bf16, compile); other modes are named by their levers
+LABELS = {"fp32": "eager fp32", "bf16": "bf16 autocast", "compile": "compile", "bf16-compile": "bf16 + compile (model+loss)"}
+TARGETS = {1: 75_000, 3: 150_000}  # issue #36: capsnet_r3_recon's images/s, one seed and three stacked
+TARGET_VARIANT = "capsnet_r3_recon"
+
+
+def label(row: dict) -> str:
+    """How a row's mode reads in the table: the costs' names for the four plain modes, else the mode and its levers."""
+    mode = row["mode"]
+    if mode in LABELS:
+        text = LABELS[mode]
+    else:
+        m = BENCH_MODES[mode]
+        levers = ["bf16" if m.amp else "fp32"] + ([f"compile {m.compile_mode}"] if m.compile_mode else []) \
+            + (["NHWC convolutions"] if m.channels_last else []) + (["the whole step as one CUDA graph"] if m.cuda_graph else [])
+        text = f"{mode}: {', '.join(levers)}"
+    captures = mode in BENCH_MODES and BENCH_MODES[mode].cuda_graph
+    return text + (" (ran uncaptured)" if captures and not row.get("captured") else "")
+
+
+def rows_of(folder: Path) -> list[dict]:
+    """The folder's rows, the last of each (variant, mode, seeds, layout) kept (an entry benched again)."""
+    kept: dict[tuple, dict] = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kept[row["variant"], row["mode"], row.get("seeds", 1), row.get("stack", "")] = row
+    return list(kept.values())
+
+
+def number(x, digits: int = 0) -> str:
+    return "–" if x is None else f"{x:,.{digits}f}"
+
+
+def section(folder: Path) -> str:
+    rows = rows_of(folder)
+    if not rows:
+        raise SystemExit(f"{folder} holds no bench rows (*.jsonl): run scripts/gpu_import.sh on a GPU window's folders first")
+    facts = lambda key: ", ".join(sorted({str(r.get(key, "unrecorded")) for r in rows}))  # noqa: E731
+    lines = [f"## GPU: one {facts('device')} (device tool, {facts('date')})", "",
+             f"Rows: `{folder}/*.jsonl`, from `capsnet bench … --steps 40 --warmup 5 --params params.gpu.yaml` inside "
+             f"`scripts/gpu_session.sh` (gpu profile, batch {facts('batch')}); commit {facts('commit')}, torch {facts('torch')}.",
+             "Written by `scripts/bench_table.py`."]
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == variant]
+        single = [r for r in mine if r.get("seeds", 1) == 1]
+        stacked = [r for r in mine if r.get("seeds", 1) > 1]
+        lines += ["", f"### {variant} ({mine[0].get('flop_per_image_train', 0) / 1e9:.2f} GFLOP per training image)"]
+        if single:
+            lines += ["", "| configuration | train images/s | ms/step | s/epoch (60k) | TFLOP/s | peak MiB | first step (s) | vs reference |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for r in single:
+                name = "reference (eager fp32, DataLoader)" if r["mode"] == "reference" else f"capsnet-repro {label(r)}"
+                lines.append(f"| {name} | {number(r['train_images_per_s'])} | {number(r.get('ms_per_step'), 2)} | "
+                             f"{number(r.get('s_per_epoch'), 2)} | {number(r.get('tflop_per_s'), 1)} | "
+                             f"{number(r.get('peak_memory_mb'))} | {number(r.get('first_step_s'), 1)} | "
+                             f"{number(r.get('speedup_vs_reference'), 2)} |")
+        if stacked:
+            lines += ["", "| stacked configuration | seeds | layout | images/s (all seeds) | per seed | vs one seed | peak MiB | first step (s) |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for r in stacked:
+                lines.append(f"| stacked {label(r)} | {r['seeds']} | {r.get('stack', 'fused')} | {number(r['train_images_per_s'])} | "
+                             f"{number(r.get('per_seed_images_per_s'))} | {number(r.get('speedup_vs_separate'), 2)} | "
+                             f"{number(r.get('peak_memory_mb'))} | {number(r.get('first_step_s'), 1)} |")
+    lines += ["", f"Targets (issue #36, {TARGET_VARIANT}, any measured mode):"]
+    for seeds, target in TARGETS.items():
+        timed = [r for r in rows if r["variant"] == TARGET_VARIANT and r.get("seeds", 1) == seeds and r["mode"] != "reference"]
+        best = max(timed, key=lambda r: r["train_images_per_s"], default=None)
+        what = f"{seeds} seed{'s stacked' if seeds > 1 else ''} ≥ {target:,} images/s"
+        lines.append(f"- {what}: not measured" if best is None else
+                     f"- {what}: **{'reached' if best['train_images_per_s'] >= target else 'missed'}**, "
+                     f"{best['train_images_per_s']:,.0f} ({label(best)}{', ' + best['stack'] if seeds > 1 else ''})")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="reports/bench/<GPU model>")
+    print(section(parser.parse_args().folder), end="")
+
+
+if __name__ == "__main__":
+    main()
