@@ -13,43 +13,32 @@ repository (no torch).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpu_levers import bench_rows  # noqa: E402  (beside this script)
 from pipeline.core.params import BENCH_MODES  # noqa: E402
+from pipeline.report.costs import CONFIGURATIONS  # noqa: E402  (how the report looks a row up)
 
-# the configurations pipeline/report/costs.py looks up by (bf16, compile); other modes are named by their levers
-LABELS = {"fp32": "eager fp32", "bf16": "bf16 autocast", "compile": "compile", "bf16-compile": "bf16 + compile (model+loss)"}
 TARGETS = {1: 75_000, 3: 150_000}  # issue #36: capsnet_r3_recon's images/s, one seed and three stacked
 TARGET_VARIANT = "capsnet_r3_recon"
 
 
 def label(row: dict) -> str:
-    """How a row's mode reads in the table: the costs' names for the four plain modes, else the mode and its levers."""
-    mode = row["mode"]
-    if mode in LABELS:
-        text = LABELS[mode]
-    else:
-        m = BENCH_MODES[mode]
-        levers = ["bf16" if m.amp else "fp32"] + ([f"compile {m.compile_mode}"] if m.compile_mode else []) \
-            + (["NHWC convolutions"] if m.channels_last else []) + (["the whole step as one CUDA graph"] if m.cuda_graph else [])
-        text = f"{mode}: {', '.join(levers)}"
-    captures = mode in BENCH_MODES and BENCH_MODES[mode].cuda_graph
-    return text + (" (ran uncaptured)" if captures and not row.get("captured") else "")
+    """How a row's mode reads in the table: a mode of bf16 and compile alone by the configuration name the
+    report looks its speed up by (pipeline/report/costs.py), any other by its name and levers."""
+    m = BENCH_MODES[row["mode"]]
+    if m.compile_mode in (None, "default") and not m.channels_last and not m.cuda_graph:
+        return CONFIGURATIONS[m.amp, m.compile_mode is not None] + (" (model+loss)" if m.compile_mode else "")
+    levers = ["bf16" if m.amp else "fp32"] + ([f"compile {m.compile_mode}"] if m.compile_mode else []) \
+        + (["NHWC convolutions"] if m.channels_last else []) + (["the whole step as one CUDA graph"] if m.cuda_graph else [])
+    return f"{row['mode']}: {', '.join(levers)}" + (" (ran uncaptured)" if m.cuda_graph and not row.get("captured") else "")
 
 
 def rows_of(folder: Path) -> list[dict]:
     """The folder's rows, the last of each (variant, mode, seeds, layout) kept (an entry benched again)."""
-    kept: dict[tuple, dict] = {}
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            kept[row["variant"], row["mode"], row.get("seeds", 1), row.get("stack", "")] = row
+    kept = {(r["variant"], r["mode"], r.get("seeds", 1), r.get("stack", "")): r for r in bench_rows(folder)}
     return list(kept.values())
 
 
@@ -61,7 +50,10 @@ def section(folder: Path) -> str:
     rows = rows_of(folder)
     if not rows:
         raise SystemExit(f"{folder} holds no bench rows (*.jsonl): run scripts/gpu_import.sh on a GPU window's folders first")
-    facts = lambda key: ", ".join(sorted({str(r.get(key, "unrecorded")) for r in rows}))  # noqa: E731
+
+    def facts(key: str) -> str:
+        return ", ".join(sorted({str(r.get(key, "unrecorded")) for r in rows}))
+
     lines = [f"## GPU: one {facts('device')} (device tool, {facts('date')})", "",
              f"Rows: `{folder}/*.jsonl`, from `capsnet bench … --steps 40 --warmup 5 --params params.gpu.yaml` inside "
              f"`scripts/gpu_session.sh` (gpu profile, batch {facts('batch')}); commit {facts('commit')}, torch {facts('torch')}.",

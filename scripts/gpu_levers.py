@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.core.params import BENCH_MODES
+from pipeline.core.params import BENCH_MODES, BenchMode
 
 BENCHED = {"capsnet": "capsnet_r3_recon", "baseline_cnn": "baseline_cnn"}  # model: the variant timed for it
 # the CUDA tests (pytest id prefixes, "{v}" the variant) that prove a bench mode computes the same step;
@@ -79,10 +79,27 @@ def proven(mode: str, variant: str, outcomes: dict[str, str]) -> tuple[bool, str
     return True, ""
 
 
-def profile_mode(train: dict, model: str) -> str:
-    """The bench mode of the profile's own settings for ``model`` (bf16 or bf16-compile)."""
+def trained_mode(train: dict, model: str) -> str | None:
+    """The bench mode of the speed settings a params file's train section trains ``model`` with (the
+    inverse of `levers`; CNNs compile only with compile_cnns), None if no bench mode is those settings."""
     compiled = train["compile"] and (model == "capsnet" or train.get("compile_cnns", True))
-    return "bf16-compile" if compiled else "bf16"
+    wanted = BenchMode(train["amp"], train.get("compile_mode", "default") if compiled else None,
+                       train.get("channels_last", False), train.get("cuda_graph", False))
+    return next((m for m, mode in BENCH_MODES.items() if mode == wanted), None)
+
+
+def bench_rows(path: Path) -> list[dict]:
+    """Every `capsnet bench` row in a file, or in a folder's *.jsonl files and the *.jsonl.tmp of a bench
+    the deadline cut short (its rows are whole measurements); a line that is not a JSON row (a torn
+    last line) is skipped. [] when the path does not exist."""
+    files = sorted([*path.glob("*.jsonl"), *path.glob("*.jsonl.tmp")]) if path.is_dir() else [path] if path.is_file() else []
+    rows = []
+    for line in (line for f in files for line in f.read_text().splitlines()):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
 
 
 def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) -> tuple[dict | None, str]:
@@ -105,7 +122,7 @@ def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) 
         return None, f"{model}: no bench mode of {variant} passed its CUDA tests ({refused[0][0]['mode']}: " \
                      f"{refused[0][1]}); the profile's settings stay"
     best = max(eligible, key=lambda rw: rw[0]["train_images_per_s"])[0]
-    default = [r for r, _ in eligible if r["mode"] == profile_mode(train, model) and r.get("stack", "fused") == "fused"]
+    default = [r for r, _ in eligible if r["mode"] == trained_mode(train, model) and r.get("stack", "fused") == "fused"]
     than = f"; the profile's {default[0]['mode']}: {default[0]['train_images_per_s']:,.0f}" if default else ""
     line = (f"{model}: {best['mode']}, stack {best.get('stack', 'fused')}: {best['train_images_per_s']:,.0f} "
             f"images/s ({variant}, {seeds} seed{'s' if seeds > 1 else ''}{than}; "
@@ -121,8 +138,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.params.is_file():
         sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
-    files = sorted(args.bench.glob("*.jsonl")) if args.bench.is_dir() else [args.bench] if args.bench.is_file() else []
-    rows = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.startswith("{")]
+    rows = bench_rows(args.bench)
     outcomes = test_outcomes(args.tests.read_text()) if args.tests.is_file() else {}
     raw = yaml.safe_load(args.params.read_text())
     for model in BENCHED:

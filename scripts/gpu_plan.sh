@@ -4,8 +4,9 @@
 # LEFT being the device tool's `status` budget_left_s read just before the call (free):
 #   CAPSNET_GPU_LEFT=LEFT CAPSNET_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_plan.sh
 # A window is 15 device-minutes, the machine's start and every transfer counted in: from LEFT the call
-# works out the seconds it has (LEFT less about 165 s on a cold machine, 75 s on a warm one: start,
-# transfers, packing, the wait between calls), stops its work within them (560 s at most a call) and
+# works out the seconds it has (LEFT less 165 s on a cold machine, 75 s on a warm one: start,
+# transfers, packing, the wait between calls; assumed from the device tool's README, not measured),
+# stops its work within them (560 s at most a call) and
 # starts a training job only when its estimate fits them (scripts/gpu_queue.py --fit). Typically two
 # calls: the first about 9 min, the second the 2-3 min left. Without CAPSNET_GPU_LEFT a call only knows
 # its own deadline (the first argument, 560 s).

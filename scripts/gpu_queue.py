@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine runs it from a bare copy
-from pipeline.core.params import BENCH_MODES, BenchMode  # noqa: E402  (PyYAML's, no torch)
+from gpu_levers import BENCHED, bench_rows, trained_mode  # noqa: E402  (beside this script; PyYAML's, no torch)
 
 ORDER = ["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", "capsnet_r1_recon_official",
          "capsnet_r3", "capsnet_r3_official", "capsnet_r1", "capsnet_r1_official", "baseline_cnn",
@@ -75,31 +75,9 @@ def stacked(items: list[str]) -> list[str]:
     return [f"{v}:{','.join(sorted(s, key=int))}" for v, s in seeds.items()]
 
 
-BENCHED = {"capsnet": "capsnet_r3_recon"}  # a model: the variant benched for it; every CNN: baseline_cnn
 SIDE = {"table1": 28, "multimnist": 36, "affnist": 40}  # each experiment's image side (its IMAGE_SIZE)
-EVAL_SECONDS = 30  # a seed's evaluation, MultiMNIST's 1M test pairs (about 19 s) the longest
+EVAL_SECONDS = 30  # a seed's evaluation, MultiMNIST's 1M test pairs the longest (about 19 s, estimated, not timed)
 MARGIN = 1.1  # an estimate's head room
-
-
-def bench_rows(folder: Path) -> list[dict]:
-    """Every JSON row of the *.jsonl files in a folder, and of a bench the deadline cut short (*.jsonl.tmp:
-    its rows are whole measurements); a line that is not JSON is skipped."""
-    rows = []
-    for path in sorted([*folder.glob("*.jsonl"), *folder.glob("*.jsonl.tmp")]) if folder.is_dir() else []:
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
-def trained_mode(train: dict, model: str) -> str | None:
-    """The bench mode of the speed settings a params file trains ``model`` with, None if no mode is."""
-    compiled = train["compile"] and (model == "capsnet" or train.get("compile_cnns", True))
-    wanted = BenchMode(train["amp"], train.get("compile_mode", "default") if compiled else None,
-                       train.get("channels_last", False), train.get("cuda_graph", False))
-    return next((m for m, mode in BENCH_MODES.items() if mode == wanted), None)
 
 
 def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parallel: int) -> tuple[float, str] | None:
@@ -107,7 +85,7 @@ def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parall
     processes sharing the GPU, then evaluated, and the bench row it comes from (that many seeds
     stacked, else one seed, stacking then counted as no faster); None without a row to estimate from."""
     spec, train = params["variants"][variant], params["train"]
-    mode, benched = trained_mode(train, spec["model"]), BENCHED.get(spec["model"], "baseline_cnn")
+    mode, benched = trained_mode(train, spec["model"]), BENCHED.get(spec["model"], BENCHED["baseline_cnn"])
     layout = train.get("stack_layout", "fused")
     mine = [r for r in rows if r.get("variant") == benched and r.get("mode") == mode and r.get("train_images_per_s")]
     same = [r for r in mine if r.get("seeds", 1) == seeds and (seeds == 1 or r.get("stack", "fused") == layout)]

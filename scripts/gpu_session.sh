@@ -94,8 +94,8 @@ mkdir -p logs/bench
 if [ -n "$BENCH" ]; then
   # this GPU model's rows from earlier windows (reports/bench/<model>/, committed by gpu_import.sh) count as
   # run on this machine: the levers read them, and a window's minutes go to training, not the same bench again
-  slug=$(python3 -c 'from pipeline.training.bench import device_name, device_slug, resolve_device
-print(device_slug(device_name(resolve_device("auto"))))' 2>>"$LOG") && echo "$slug" >logs/bench/.device
+  slug=$(cat logs/bench/.device 2>/dev/null) || { slug=$(python3 -c 'from pipeline.training.bench import device_name, device_slug, resolve_device
+print(device_slug(device_name(resolve_device("auto"))))' 2>>"$LOG") && echo "$slug" >logs/bench/.device; }  # once a machine
   for kept in reports/bench/"${slug:-none}"/*.jsonl; do
     [ -f "$kept" ] && [ ! -s "logs/bench/${kept##*/}" ] && cp "$kept" logs/bench/ && say "bench ${kept##*/}: rows of an earlier window on this GPU model ($kept)"
   done
@@ -153,7 +153,7 @@ run_job() {
   # a job an earlier call of this window stopped resumes; else the seeds whose estimate fits the window
   seeds=$(python3 scripts/gpu_queue.py --fit "$variant:$seeds" --left $((WINDOW_END - $(date +%s))) --params "$params" \
             --bench logs/bench --parallel "$(ls logs/running | wc -l)" --checkpoints "checkpoints/$variant" 2>"logs/$variant.fit")
-  echo "$(cat "logs/$variant.fit")"
+  cat "logs/$variant.fit"
   seeds=${seeds##*:}
   [ -n "$seeds" ] || return 0
   local tag="$variant-${seeds//,/-}"

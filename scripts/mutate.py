@@ -336,7 +336,7 @@ MUTATIONS = [
              "if set(stopped) <= set(seeds):", "if False:", (WINDOW,)),
     Mutation("the bench table puts stacked aggregates where the costs read one seed's speed", "scripts/bench_table.py",
              'lines.append(f"| stacked {label(r)}', 'lines.append(f"| capsnet-repro {label(r)}', (WINDOW,)),
-    Mutation("a CNN job is priced at the compiled row it does not train with", "scripts/gpu_queue.py",
+    Mutation("a CNN job is priced at the compiled row it does not train with", "scripts/gpu_levers.py",
              "compiled = train[\"compile\"] and (model == \"capsnet\" or train.get(\"compile_cnns\", True))",
              "compiled = train[\"compile\"]", (WINDOW,)),
     Mutation("a window benches again what an earlier one on its GPU model benched", "scripts/gpu_session.sh",

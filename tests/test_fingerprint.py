@@ -49,7 +49,8 @@ PINNED = {
 
 def pinned_environment() -> str:
     """`fingerprint_environment` without the build's local tag: 'torch 2.15.0, CPU AVX2'."""
-    return f"torch {torch.__version__.split('+')[0]}, CPU {torch.backends.cpu.get_cpu_capability()}"
+    version, _, cpu = fp.fingerprint_environment().partition(", ")
+    return f"{version.split('+')[0]}, {cpu}"
 
 
 @pytest.fixture(scope="module")
