@@ -352,6 +352,9 @@ MUTATIONS = [
     Mutation("the train stage records a fingerprint of a fixed family", "pipeline/stages/train.py",
              "fingerprint = training_fingerprint(cfg)",
              "fingerprint = training_fingerprint(dataclasses.replace(cfg, max_shift=0))", (FINGERPRINT,)),
+    Mutation("every stage process imports scipy with the report's power analysis", "pipeline/report/power.py",
+             "from collections.abc import Callable\n", "from collections.abc import Callable\nfrom scipy import optimize\n",
+             (f"{LAYOUT}::test_a_train_or_evaluate_stage_imports_no_statistics_library",)),
 ]
 
 

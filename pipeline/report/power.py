@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from scipy import optimize, stats as sps
 
 from pipeline.report.stats import LEVEL, PAPER_TRIALS, EffectParts, satterthwaite, t_interval
 
@@ -35,6 +34,8 @@ def power(delta: float, terms: Terms, level: float = LEVEL) -> float:
     se = math.sqrt(sum(v for v, _ in terms))
     if se == 0:
         return 1.0 if delta else 0.0
+    from scipy import stats as sps  # here, not above: a cold train or evaluate stage imports no scipy
+
     df = min(satterthwaite(terms), 1e7)  # ν = ∞ (no finite term): the noncentral t is the normal
     critical = float(sps.t.ppf(0.5 + level / 2, df))
     shift = abs(delta) / se
@@ -50,6 +51,8 @@ def detectable(terms: Terms, level: float = LEVEL, target: float = POWER) -> flo
     se = math.sqrt(sum(v for v, _ in terms))
     if se == 0:
         return 0.0
+    from scipy import optimize
+
     high = se
     while power(high, terms, level) < target:
         high *= 2
