@@ -27,13 +27,13 @@ from pipeline.core.params import load_params
 
 pytest.importorskip("dvc")
 
-STACKED, SEPARATE, SEEDS = ["capsnet_r1"], ["baseline_cnn"], [0, 1]
-ITEMS = ["capsnet_r1", "baseline_cnn-0", "baseline_cnn-1"]  # stacked variants first
+STACKED, SEPARATE, SEEDS = ["capsnet_r1"], ["capsnet_r3"], [0, 1]
+ITEMS = ["capsnet_r1", "capsnet_r3-0", "capsnet_r3-1"]  # stacked variants first
 STAGES = {"capsnet_r1": ["train_stacked@capsnet_r1", "evaluate_stacked@capsnet_r1-0", "evaluate_stacked@capsnet_r1-1"],
-          "baseline_cnn-0": ["train@baseline_cnn-0", "evaluate@baseline_cnn-0"],
-          "baseline_cnn-1": ["train@baseline_cnn-1", "evaluate@baseline_cnn-1"]}
+          "capsnet_r3-0": ["train@capsnet_r3-0", "evaluate@capsnet_r3-0"],
+          "capsnet_r3-1": ["train@capsnet_r3-1", "evaluate@capsnet_r3-1"]}
 RUNS = {"capsnet_r1-seed0": "capsnet_r1", "capsnet_r1-seed1": "capsnet_r1",  # MLflow run -> its item
-        "baseline_cnn-seed0": "baseline_cnn-0", "baseline_cnn-seed1": "baseline_cnn-1"}
+        "capsnet_r3-seed0": "capsnet_r3-0", "capsnet_r3-seed1": "capsnet_r3-1"}
 FAKE_GPUS = ["0", "1", "2"]
 
 
