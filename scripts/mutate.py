@@ -354,7 +354,7 @@ MUTATIONS = [
              "fingerprint = training_fingerprint(dataclasses.replace(cfg, max_shift=0))", (FINGERPRINT,)),
     Mutation("every stage process imports scipy with the report's power analysis", "pipeline/report/power.py",
              "from collections.abc import Callable\n", "from collections.abc import Callable\nfrom scipy import optimize\n",
-             (f"{LAYOUT}::test_a_train_or_evaluate_stage_imports_no_statistics_library",)),
+             (f"{LAYOUT}::test_a_train_or_evaluate_stage_imports_neither_scipy_nor_torchvision",)),
 ]
 
 

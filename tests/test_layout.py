@@ -104,15 +104,16 @@ def test_no_stage_names_an_experiment_or_branches_on_image_size():
         assert not hits, "\n".join(hits)
 
 
-def test_a_train_or_evaluate_stage_imports_no_statistics_library():
-    """scipy serves the report's intervals and power alone (imported where they are computed), so a
-    cold train or evaluate process, the GPU window's and a cluster task's, does not pay its ~1.3 s
-    import: every stage module and every registered experiment imported, scipy is not."""
+def test_a_train_or_evaluate_stage_imports_neither_scipy_nor_torchvision():
+    """scipy serves the report's intervals and power alone (imported where they are computed), and
+    torchvision `capsnet bench`'s reference loop alone, so a cold train or evaluate process (the GPU
+    window's, a cluster task's) does not pay their imports: every stage module and every registered
+    experiment imported, neither is."""
     import subprocess
     import sys
 
     probe = ("import sys; import pipeline.cli, pipeline.stages.train, pipeline.stages.evaluate; "
              "from pipeline.core import registry; [registry.load(n) for n in registry.names()]; "
-             "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'pipeline'}))")
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'torchvision', 'pipeline'}))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=PACKAGE.parent, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["['pipeline']"], out.stdout + out.stderr

@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 
 from pipeline.core.params import Params
-from pipeline.training.bench import random_data
 from pipeline.training.train import RunConfig, run_config, train_group
 
 SEEDS = (0, 1)  # two stacked seeds: the stack's own arithmetic is part of what is fingerprinted
@@ -89,7 +88,7 @@ def _fingerprint(small: RunConfig) -> str:
     with torch.random.fork_rng(devices=[]), one_thread(), tempfile.TemporaryDirectory(dir=SCRATCH) as tmp, \
             contextlib.redirect_stdout(io.StringIO()):  # the caller's random streams and output untouched
         torch.manual_seed(0)  # the synthetic digits, the same for every run
-        data = random_data(small, EXAMPLES, torch.device("cpu"))
+        data = small.experiment_module().synthetic_data(small, EXAMPLES, torch.device("cpu"))
         results = train_group(cfgs, data, Path(tmp) / "fingerprint.pt", state=None)
     return weights_digest([r.model for r in results])[:16]
 
