@@ -224,17 +224,8 @@ def report(models_dir: str, results_dir: str, out_dir: str, missing: str, readme
                             Path(readme) if readme else None, Path(benchmarks),
                             Path(fingerprints) if fingerprints else None)
     click.echo(f"report written to {path}")
-    claims = Path(out_dir) / "claims.csv"
-    if claims.is_file() and claims.stat().st_size:  # the verdicts, where the reader already looks
-        import pandas as pd
-
-        table = pd.read_csv(claims)
-        if len(table):
-            smoke = (" (SMOKE RUN: tiny data, 1 epoch; they say nothing about the paper)"
-                     if params.base.profile == "smoke" else "")
-            click.echo(f"the paper's claims as these runs read them{smoke} ({path} says what each would take):")
-            for claim, status in zip(table.claim, table.status):
-                click.echo(f"  {claim}: {status}")
+    for line in report_stage.claims_summary(Path(out_dir), params.base.profile):  # where the reader already looks
+        click.echo(line)
 
 
 @main.command()
@@ -380,7 +371,7 @@ def ui(journal_dir: str, port: int, dry_run: bool) -> None:
 
     from pipeline.core import tracking
 
-    problem = None if dry_run else _port_problem(port)  # mlflow ui would log a failed bind and exit 0
+    problem = None if dry_run else tracking.port_problem(port)  # mlflow ui would log a failed bind and exit 0
     if problem:
         other = port + 1 if 1024 <= port < 65535 else 5001
         raise UserError(f"port {port} on 127.0.0.1 {problem}: serve on another one: `capsnet ui --port {other}` "
@@ -408,20 +399,6 @@ def ui(journal_dir: str, port: int, dry_run: bool) -> None:
         pass
     except subprocess.CalledProcessError as err:
         raise UserError(f"mlflow ui stopped with status {err.returncode} (is port {port} taken? use --port)") from err
-
-
-def _port_problem(port: int) -> str | None:
-    """Why no server could listen on 127.0.0.1:``port`` (probed as uvicorn binds, SO_REUSEADDR), or None."""
-    import errno
-    import socket
-
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError as err:
-            return "is taken (another `mlflow ui`?)" if err.errno == errno.EADDRINUSE else f"cannot be used ({err.strerror})"
-    return None
 
 
 if __name__ == "__main__":

@@ -234,7 +234,7 @@ MUTATIONS = [
              "    here = effect_table[effect_table.protocol == protocol]\n    path =", "    here = effect_table\n    path =",
              ("tests/test_report.py::test_the_effects_figure_plots_the_headline_protocols_effects_with_what_would_settle_each",)),
     Mutation("capsnet ui starts mlflow ui on a taken port", "pipeline/cli.py",
-             "problem = None if dry_run else _port_problem(port)", "problem = None",
+             "problem = None if dry_run else tracking.port_problem(port)", "problem = None",
              ("tests/test_tracking.py::test_ui_on_a_taken_port_says_so_before_loading_anything",)),
     Mutation("the paper protocol's cost is the runs' own length", "pipeline/report/claims.py",
              "float(np.mean(per_epoch)) * epochs", "float(np.mean(recorded))", (POWER,)),

@@ -15,8 +15,10 @@ every run records about where it ran: pipeline.core.provenance.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -276,3 +278,13 @@ def open_tracker(profile: str) -> Tracker | JournalTracker:
     return JournalTracker(folder) if folder else Tracker(profile=profile)
 
 
+def port_problem(port: int) -> str | None:
+    """Why no server could listen on 127.0.0.1:``port`` (probed as uvicorn binds, SO_REUSEADDR), or None:
+    `capsnet ui` asks before it starts `mlflow ui`, which would log a failed bind and exit 0."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as err:
+            return "is taken (another `mlflow ui`?)" if err.errno == errno.EADDRINUSE else f"cannot be used ({err.strerror})"
+    return None

@@ -73,6 +73,16 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     return out / "ablation.md"
 
 
+def claims_summary(out: Path, profile: str) -> list[str]:
+    """The claims' verdicts for the terminal, from claims.csv in ``out`` as written (none: no line)."""
+    claims = pd.read_csv(out / "claims.csv") if (out / "claims.csv").stat().st_size else None
+    if claims is None or not len(claims):
+        return []
+    smoke = " (SMOKE RUN: tiny data, 1 epoch; they say nothing about the paper)" if profile == "smoke" else ""
+    return [f"the paper's claims as these runs read them{smoke} ({out / 'ablation.md'} says what each would take):",
+            *(f"  {claim}: {status}" for claim, status in zip(claims.claim, claims.status))]
+
+
 def readme_block(out: Path, experiments: list) -> str:
     """The README's results block from the report's CSVs in ``out`` as written: the claims, then
     each experiment's lines."""
