@@ -75,7 +75,7 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
 
 def claims_summary(out: Path, profile: str) -> list[str]:
     """The claims' verdicts for the terminal, from claims.csv in ``out`` as written (none: no line)."""
-    claims = pd.read_csv(out / "claims.csv") if (out / "claims.csv").stat().st_size else None
+    claims = claims_table(out)
     if claims is None or not len(claims):
         return []
     smoke = " (SMOKE RUN: tiny data, 1 epoch; they say nothing about the paper)" if profile == "smoke" else ""
@@ -86,8 +86,12 @@ def claims_summary(out: Path, profile: str) -> list[str]:
 def readme_block(out: Path, experiments: list) -> str:
     """The README's results block from the report's CSVs in ``out`` as written: the claims, then
     each experiment's lines."""
-    claims = pd.read_csv(out / "claims.csv") if (out / "claims.csv").stat().st_size else None
-    return doc.readme_block(claims, [e.readme(out) for e in experiments])
+    return doc.readme_block(claims_table(out), [e.readme(out) for e in experiments])
+
+
+def claims_table(out: Path) -> pd.DataFrame | None:
+    """claims.csv in ``out`` as the report stage wrote it; None where it is empty (no claim to read)."""
+    return pd.read_csv(out / "claims.csv") if (out / "claims.csv").stat().st_size else None
 
 
 def learning_curves(panels_of: list[tuple[str, list[rr.Run]]], path: Path) -> None:
