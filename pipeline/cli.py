@@ -1,7 +1,7 @@
 """The `capsnet` command: one subcommand per DVC stage. Paths come from dvc.yaml's command lines.
 
 Each command parses its arguments, calls its stage's plain function (pipeline/*_stage.py,
-bench.run, runs.publish_runs, tracking) and prints the outcome; every error that is the user's
+bench.run, publish.publish_runs, tracking) and prints the outcome; every error that is the user's
 to fix (a :class:`pipeline.core.errors.UserError`) becomes one line, not a traceback.
 """
 
@@ -308,7 +308,7 @@ def publish(models_dir: str, results_dir: str, dest: str) -> None:
 
     `capsnet report DEST/models DEST/results reports` then rewrites the report from DEST alone.
     """
-    from pipeline.report.runs import publish_runs
+    from pipeline.report.publish import publish_runs
 
     copied = publish_runs(Path(models_dir), Path(results_dir), Path(dest))
     if not copied:

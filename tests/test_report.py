@@ -16,6 +16,7 @@ from pipeline.experiments import table1_figures as t1_figures
 from pipeline.experiments import table1_report as t1
 from pipeline.report import claims as rc
 from pipeline.report import document as rp
+from pipeline.report import publish
 from pipeline.report import runs as rr
 from pipeline.training.train import ADAM_EPS
 
@@ -435,7 +436,7 @@ def test_published_copies_rewrite_the_same_report_without_scores(tmp_path):
     from safetensors.torch import load_file
     save_file({**load_file(str(result / "predictions.safetensors")), **extra}, str(result / "predictions.safetensors"))
     (tmp_path / "results" / "capsnet_r1" / "seed2").mkdir(parents=True)  # incomplete: not published
-    copied = rr.publish_runs(tmp_path / "models", tmp_path / "results", tmp_path / "pub")
+    copied = publish.publish_runs(tmp_path / "models", tmp_path / "results", tmp_path / "pub")
     assert copied == [("capsnet_r1", 0), ("capsnet_r1", 1), ("capsnet_r3", 0), ("capsnet_r3", 1)]
     kept = load_file(str(tmp_path / "pub" / "results" / "capsnet_r3" / "seed0" / "predictions.safetensors"))
     assert sorted(kept) == ["affine_test_labels", "affine_test_preds", "test_labels", "test_preds"]
@@ -443,6 +444,26 @@ def test_published_copies_rewrite_the_same_report_without_scores(tmp_path):
     published = rr.load_runs(tmp_path / "pub" / "models", tmp_path / "pub" / "results", ["capsnet_r1", "capsnet_r3"], [0, 1])
     pd.testing.assert_frame_equal(t1.effects(original, REFERENCE), t1.effects(published, REFERENCE))
     pd.testing.assert_frame_equal(t1.summarize(original, REFERENCE), t1.summarize(published, REFERENCE))
+
+
+def test_a_seed_trained_again_sets_its_published_record_aside_and_the_report_keeps_both(tmp_path):
+    first, again, pub = tmp_path / "first", tmp_path / "again", tmp_path / "pub"
+    for seed in (0, 1):
+        fabricate(first, "capsnet_r3", seed, 1.0, commit="17bb48c")
+    fabricate(again, "capsnet_r3", 0, 0.5, commit="b8f3efe", lr_schedule_epochs=640)
+    config = again / "models" / "capsnet_r3" / "seed0" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"run_id": "again-0"}))
+    for _ in range(2):  # publishing the same runs again replaces their records in place
+        publish.publish_runs(first / "models", first / "results", pub)
+    assert not (pub / "earlier").exists()
+    assert publish.publish_runs(again / "models", again / "results", pub) == [("capsnet_r3", 0)]
+    assert json.loads((pub / "models" / "capsnet_r3" / "seed0" / "config.json").read_text())["run_id"] == "again-0"
+    aside = pub / "earlier" / "capsnet_r3-0"
+    assert (aside / "results" / "capsnet_r3" / "seed0" / "predictions.safetensors").is_file()
+    current = rr.load_runs(pub / "models", pub / "results", ["capsnet_r3"], [0, 1])
+    runs = publish.with_earlier(current, pub / "models", ["capsnet_r3"], [0, 1])
+    assert [(r.seed, r.commit, r.metrics["error_pct"]) for r in runs] == [(0, "17bb48c", 1.0), (0, "b8f3efe", 0.5), (1, "17bb48c", 1.0)]
+    assert [[r.seed for r in row] for row in rr.group(runs).values()] == [[0, 1], [0]]  # never pooled
 
 
 def test_commit_from_config_else_journal_else_not_recorded(tmp_path):

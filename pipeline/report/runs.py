@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from pipeline.core import registry
 from pipeline.core.errors import UserError
@@ -370,36 +369,3 @@ def run_provenance(runs: list[Run]) -> pd.DataFrame:
             "epochs_trained": len(r.history), "stop_reason": r.config.get("stop_reason", NOT_RECORDED),
         })
     return pd.DataFrame(rows)
-
-
-PUBLISHED = {"models": ("config.json", "history.csv"),
-             "results": ("metrics.json", "breakdown.json", "reconstructions.png", "fig4.png")}
-
-
-def publish_runs(models_dir: Path, results_dir: Path, dest: Path) -> list[tuple[str, int]]:
-    """Copy every complete run's records into dest/models and dest/results, small enough for git.
-
-    Predictions keep only what the report reads (labels, predicted classes, source digits): no
-    scores, no weights. `capsnet report DEST/models DEST/results ...` then rewrites the report
-    from the copies alone. Returns the (variant, seed) pairs copied.
-    """
-    copied = []
-    for metrics in sorted(results_dir.glob("*/seed*/metrics.json")):
-        variant, seed_dir = metrics.parent.parent.name, metrics.parent.name
-        seed = int(seed_dir.removeprefix("seed"))
-        if not all(p.is_file() for p in _needed(models_dir, results_dir, variant, seed)):
-            continue
-        for kind, names in PUBLISHED.items():
-            src = (models_dir if kind == "models" else results_dir) / variant / seed_dir
-            out = dest / kind / variant / seed_dir
-            out.mkdir(parents=True, exist_ok=True)
-            for name in names:
-                if (src / name).is_file():
-                    shutil.copyfile(src / name, out / name)
-        pred = load_file(str(metrics.parent / "predictions.safetensors"))
-        # MultiMNIST's (P, 2) pairs are left out (10M rows at paper size): the report reads only their metrics
-        keep = {k: t.contiguous() for k, t in pred.items()
-                if k.endswith(("_labels", "_preds", "_digit_index")) and t.dim() == 1}
-        save_file(keep, str(dest / "results" / variant / seed_dir / "predictions.safetensors"))
-        copied.append((variant, seed))
-    return copied

@@ -25,6 +25,7 @@ from pipeline.core.files import writable_dir, write_json, write_text
 from pipeline.core.params import Params
 from pipeline.report import costs, figures
 from pipeline.report import document as doc
+from pipeline.report import publish
 from pipeline.report import runs as rr
 from pipeline.report.runs import METRIC_KEYS
 from pipeline.training.train import ADAM_EPS
@@ -42,7 +43,8 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     variants, seeds = list(p.ablation.variants), list(p.ablation.seeds)
     skip = rr.missing_runs(models_dir, results_dir, variants, seeds) if missing == "list" else []
     not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
-    runs = rr.bridge(rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p),
+    runs = rr.bridge(publish.with_earlier(rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p),
+                                          models_dir, variants, seeds, p),
                      rr.load_tables(fingerprints))
     if not runs:
         raise UserError("no variant of params.yaml's ablation has an evaluation to report; run the pipeline "
