@@ -200,7 +200,7 @@ MUTATIONS = [
              "        set_aside(dest, variant, seed_dir, run_id(models_dir / variant / seed_dir))\n", "",
              ("tests/test_report.py::test_a_seed_trained_again_sets_its_published_record_aside_and_the_report_keeps_both",)),
     Mutation("the report leaves out the published records set aside", "pipeline/stages/report.py",
-             "models_dir, variants, seeds, p),", "models_dir.parent / 'none', variants, seeds, p),",
+             "models_dir, variants, seeds, p),", "models_dir / 'none', variants, seeds, p),",
              ("tests/test_published.py",)),
     Mutation("the report never reads the fingerprint tables", "pipeline/stages/report.py",
              "rr.load_tables(fingerprints))", "rr.load_tables(None))",
