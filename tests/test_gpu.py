@@ -9,15 +9,16 @@ zero and pass):
   with inductor on CPU the whole gradient of baseline_cnn differed by 2.5e-3, every other variant's
   by less than 1e-3);
 - compiled bf16 autocast (what the gpu profile trains), and bf16 with train.channels_last: loss
-  within BF16_LOSS_BOUND = 1e-3 (measured ≤ 1e-5 on an H100 at commit 17bb48c, batch 128; the CPU
-  proxy below reaches 5e-3 for multimnist_baseline at batch 16), each parameter's gradient within
-  its layer family's BF16_LAYER_BOUNDS: 3× the largest difference measured per family with
-  `scripts/grad_diffs.py --batch 16` (eager bf16 autocast on CPU against fp32, 8 variants:
-  capsnet_r1, capsnet_r3_recon(_official), capsnet_affnist, multimnist_r3_recon, baseline_cnn,
-  cnn_affnist, multimnist_baseline). The CNNs' deep wide layers accumulate the most bf16 rounding
-  (≈ 10 %; their whole gradient differed by 7.4 % and 9.7 % on an H100, and by 7.4 % in eager bf16
-  on CPU). A family measured on no variant fails the test until it is measured. The bounds are a CPU
-  proxy until a GPU session replaces them with the per-layer values it writes to gpu_diffs.jsonl.
+  within BF16_LOSS_BOUND = 1e-3 (measured ≤ 1e-5 on an H100 at commit 17bb48c and ≤ 1.8e-4 on an
+  H200 at b8f3efe, batch 128), but multimnist_baseline's (BF16_LOSS_BOUNDS: its margin loss on raw
+  outputs is 453 at step 0, and bf16 moves it by 4e-3 on the H200, 5e-3 on CPU); each parameter's
+  gradient within its layer family's BF16_LAYER_BOUNDS: 3× the largest difference measured per
+  family, the larger of `scripts/grad_diffs.py --batch 16` (eager bf16 autocast on CPU against fp32,
+  8 variants: capsnet_r1, capsnet_r3_recon(_official), capsnet_affnist, multimnist_r3_recon,
+  baseline_cnn, cnn_affnist, multimnist_baseline) and the H200's gpu_diffs.jsonl (every variant,
+  2026-11-26, commit b8f3efe). The CNNs' deep wide layers accumulate the most bf16 rounding (≈ 10 %;
+  up to 13 % per layer on the H200, cnn_affnist's fc2.bias, 2.4× its CPU value). A family measured on
+  no variant fails the test until it is measured.
 Nothing may be non-finite. Dropout (the CNNs') is off for the comparisons because eager and compiled
 code draw different random masks; the real training steps that follow run with it on.
 scripts/gpu_session.sh --tests runs this module (every test marked cuda). CAPSNET_GPU_REPORT=FILE
@@ -139,27 +140,31 @@ def compare(variant: str, amp: bool, compiled: bool = True, channels_last: bool 
 
 FP32_LOSS_BOUND = 1e-4
 FP32_LAYER_BOUND = 1e-2  # the whole gradient: measured up to 2.5e-3 (module docstring)
-BF16_LOSS_BOUND = 1e-3
-BF16_LAYER_BOUNDS = {  # 3× the CPU bf16 measurement per family (module docstring), floor 0.01
-    "conv1.bias": 0.113,  # measured 0.038
-    "conv1.weight": 0.216,  # measured 0.072
-    "conv2.bias": 0.108,  # measured 0.036
-    "conv2.weight": 0.116,  # measured 0.039
-    "convs.#.bias": 0.343,  # measured 0.114
-    "convs.#.weight": 0.314,  # measured 0.105
-    "decoder.net.#.bias": 0.047,  # measured 0.016
-    "decoder.net.#.weight": 0.06,  # measured 0.020
-    "digits.W": 0.028,  # measured 0.009
-    "digits.bias": 0.01,  # measured 0.001
-    "fc1.bias": 0.32,  # measured 0.107
-    "fc1.weight": 0.256,  # measured 0.085
-    "fc2.bias": 0.163,  # measured 0.054
-    "fc2.weight": 0.121,  # measured 0.040
-    "out.bias": 0.025,  # measured 0.008
-    "out.weight": 0.026,  # measured 0.009
-    "primary.bias": 0.06,  # measured 0.020
-    "primary.conv.bias": 0.021,  # measured 0.007
-    "primary.conv.weight": 0.049,  # measured 0.016
+BF16_LOSS_BOUND = 1e-3  # every variant but those below: measured ≤ 1.8e-4 on an H200 at b8f3efe
+BF16_LOSS_BOUNDS = {  # 3× the larger measurement (CPU batch 16, H200 batch 128 at b8f3efe)
+    "multimnist_baseline": 1.5e-2,  # CPU 5e-3, H200 4.0e-3: margin loss on raw outputs of O(10) at the
+    # official initialisation (loss 453 at step 0), so bf16's 8-bit mantissa shows in the loss itself
+}
+BF16_LAYER_BOUNDS = {  # 3× the larger of the CPU and H200 bf16 measurements per family (module docstring), floor 0.01
+    "conv1.bias": 0.113,  # measured CPU 0.038, H200 0.011
+    "conv1.weight": 0.216,  # measured CPU 0.072, H200 0.030
+    "conv2.bias": 0.108,  # measured CPU 0.036, H200 0.010
+    "conv2.weight": 0.116,  # measured CPU 0.039, H200 0.012
+    "convs.#.bias": 0.394,  # measured CPU 0.114, H200 0.131
+    "convs.#.weight": 0.364,  # measured CPU 0.105, H200 0.121
+    "decoder.net.#.bias": 0.052,  # measured CPU 0.016, H200 0.017
+    "decoder.net.#.weight": 0.06,  # measured CPU 0.020, H200 0.017
+    "digits.W": 0.028,  # measured CPU 0.009, H200 0.008
+    "digits.bias": 0.01,  # measured CPU 0.001, H200 0.001
+    "fc1.bias": 0.374,  # measured CPU 0.107, H200 0.125
+    "fc1.weight": 0.284,  # measured CPU 0.085, H200 0.095
+    "fc2.bias": 0.392,  # measured CPU 0.054, H200 0.131
+    "fc2.weight": 0.222,  # measured CPU 0.040, H200 0.074
+    "out.bias": 0.066,  # measured CPU 0.008, H200 0.022
+    "out.weight": 0.057,  # measured CPU 0.009, H200 0.019
+    "primary.bias": 0.06,  # measured CPU 0.020, H200 0.003
+    "primary.conv.bias": 0.021,  # measured CPU 0.007, H200 0.006
+    "primary.conv.weight": 0.049,  # measured CPU 0.016, H200 0.007
 }
 
 
@@ -172,7 +177,7 @@ def test_compiled_fp32_step_matches_eager_fp32(variant, tf32_off):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_bf16_compiled_step_matches_eager_fp32(variant, tf32_off):
     loss_rel, _ = compare(variant, amp=True)  # each parameter within its family's bound, checked in compare
-    assert loss_rel < BF16_LOSS_BOUND, f"{variant}: loss relative difference {loss_rel:.2e}"
+    assert loss_rel < BF16_LOSS_BOUNDS.get(variant, BF16_LOSS_BOUND), f"{variant}: loss relative difference {loss_rel:.2e}"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -181,7 +186,7 @@ def test_bf16_channels_last_step_matches_eager_fp32(variant, tf32_off):
     CNNs eager, train.compile_cnns: false), against eager fp32 NCHW: the bf16 test's bounds."""
     capsnet = PARAMS.variant(variant).model == "capsnet"
     loss_rel, _ = compare(variant, amp=True, compiled=capsnet, channels_last=True)
-    assert loss_rel < BF16_LOSS_BOUND, f"{variant}: loss relative difference {loss_rel:.2e}"
+    assert loss_rel < BF16_LOSS_BOUNDS.get(variant, BF16_LOSS_BOUND), f"{variant}: loss relative difference {loss_rel:.2e}"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
