@@ -80,22 +80,40 @@ EVAL_SECONDS = 30  # a seed's evaluation, MultiMNIST's 1M test pairs the longest
 MARGIN = 1.1  # an estimate's head room
 
 
+def trained_rows(params: dict, variant: str, rows: list[dict]) -> tuple[str, list[dict]]:
+    """The variant timed for ``variant``'s model and its bench rows in the mode and stack layout the
+    params train it with (one-seed rows whatever their layout)."""
+    spec, train = params["variants"][variant], params["train"]
+    mode, benched = trained_mode(train, spec["model"]), BENCHED.get(spec["model"], BENCHED["baseline_cnn"])
+    layout = train.get("stack_layout", "fused")
+    return benched, [r for r in rows if r.get("variant") == benched and r.get("mode") == mode and r.get("train_images_per_s")
+                     and (r.get("seeds", 1) == 1 or r.get("stack", "fused") == layout)]
+
+
+def stacking_pays(params: dict, variant: str, rows: list[dict]) -> bool:
+    """False when the bench rows say seeds stacked in one process train fewer images/s all together than
+    one seed alone (2026-11-26, H200: 31.6k for three capsnet_r3_recon seeds, 66.1k for one): its seeds
+    then train one after another; True when they say otherwise or say nothing."""
+    _, mine = trained_rows(params, variant, rows)
+    one = [r["train_images_per_s"] for r in mine if r.get("seeds", 1) == 1]
+    stacked = [r["train_images_per_s"] for r in mine if r.get("seeds", 1) > 1]
+    return not (one and stacked and max(stacked) < one[-1])
+
+
 def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parallel: int) -> tuple[float, str] | None:
     """The estimated seconds of ``seeds`` seeds of a variant trained stacked in one of ``parallel``
     processes sharing the GPU, then evaluated, and the bench row it comes from (that many seeds
     stacked, else one seed, stacking then counted as no faster); None without a row to estimate from."""
     spec, train = params["variants"][variant], params["train"]
-    mode, benched = trained_mode(train, spec["model"]), BENCHED.get(spec["model"], BENCHED["baseline_cnn"])
-    layout = train.get("stack_layout", "fused")
-    mine = [r for r in rows if r.get("variant") == benched and r.get("mode") == mode and r.get("train_images_per_s")]
-    same = [r for r in mine if r.get("seeds", 1) == seeds and (seeds == 1 or r.get("stack", "fused") == layout)]
+    benched, mine = trained_rows(params, variant, rows)
+    same = [r for r in mine if r.get("seeds", 1) == seeds]
     row = (same or [r for r in mine if r.get("seeds", 1) == 1] or [None])[-1]
     if row is None:
         return None
     experiment = spec.get("experiment", "table1")
     epoch = train["multimnist_epoch_size"] if experiment == "multimnist" else params["prepare"]["train_subset"] or 60_000
     images = seeds * train["epochs"] * epoch * (SIDE[experiment] / 28) ** 2
-    source = f"{benched} {mode} ×{row.get('seeds', 1)}: {row['train_images_per_s']:,.0f} images/s over {parallel}"
+    source = f"{benched} {row['mode']} ×{row.get('seeds', 1)}: {row['train_images_per_s']:,.0f} images/s over {parallel}"
     return MARGIN * images / (row["train_images_per_s"] / parallel) + seeds * EVAL_SECONDS, source
 
 
@@ -105,19 +123,22 @@ def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
     of the window: a job an earlier call of this window started and its deadline stopped (its
     checkpoint, seed<S1-S2...>.pt in ``checkpoints``, holds none but these seeds: it resumes, it was
     started to end inside the window), else the item, its first seeds only (the others wait for the
-    next window), or None; and a line saying why."""
+    next window; its first seed only where stacking does not pay, `stacking_pays`: gpu_session.sh then
+    asks again for the rest), or None; and a line saying why."""
     variant, seeds = item.split(":")[0], item.split(":")[1].split(",")
     for path in sorted(checkpoints.glob("seed*.pt")) if checkpoints and checkpoints.is_dir() else []:
         stopped = path.stem.removeprefix("seed").split("-")
         if set(stopped) <= set(seeds):
             return f"{variant}:{','.join(stopped)}", f"{item}: seed(s) {','.join(stopped)} resume from {path}"
-    for n in range(len(seeds), 0, -1):
+    alone = not stacking_pays(params, variant, rows)  # then one seed per process, the next after it
+    for n in [1] if alone else range(len(seeds), 0, -1):
         estimate = job_seconds(params, variant, n, rows, parallel)
         if estimate is None:
             return item, f"{item}: no bench row to estimate from; it starts"
         seconds, source = estimate
         if seconds <= left:
-            rest = f", seed(s) {','.join(seeds[n:])} next window" if n < len(seeds) else ""
+            rest = f", seed(s) {','.join(seeds[n:])} {'after it, one by one: stacked seeds train slower here' if alone else 'next window'}" \
+                if n < len(seeds) else ""
             return f"{variant}:{','.join(seeds[:n])}", f"{item}: {seconds:.0f} s estimated of {left:.0f} s left ({source}){rest}"
     return None, f"{item}: not started: {seconds:.0f} s estimated for one seed, {left:.0f} s left in the window ({source})"
 

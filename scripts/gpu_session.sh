@@ -139,14 +139,32 @@ fi
 # results/**/metrics.json are (a 2026-11-23 session lost every earlier call's metrics.json that way).
 job() {  # one variant's seeds "V:S" or "V:S1,S2,S3" (stacked in one process): train, then evaluate each seed
   touch "logs/running/${1%%:*}"  # the jobs in flight share the GPU: each one's estimate counts them
-  run_job "$1"
+  while run_job "$1"; [ $? = 3 ]; do :; done  # 3: some of its seeds trained and were evaluated, ask again for the rest
   rm -f "logs/running/${1%%:*}"
 }
+evaluate() {  # variant, seeds "S1,S2", log: each seed's evaluation into gpu_results/, stopped at the deadline
+  local s status=0
+  for s in ${2//,/ }; do
+    timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pipeline.cli \
+      evaluate "models/$1/seed$s" data/prepared "gpu_results/$1/seed$s" >>"$3" 2>&1 || status=$?
+  done
+  return $status
+}
 run_job() {
-  local variant=${1%%:*} left=$((DEADLINE - $(date +%s))) s seeds=""
-  for s in $(tr , ' ' <<<"${1##*:}"); do [ -f "gpu_results/$variant/seed$s/metrics.json" ] || seeds="${seeds:+$seeds,}$s"; done
-  if [ -z "$seeds" ]; then echo "$1 done before"; return 0; fi
+  local variant=${1%%:*} left=$((DEADLINE - $(date +%s))) s seeds="" trained=""
+  for s in $(tr , ' ' <<<"${1##*:}"); do
+    if [ -f "gpu_results/$variant/seed$s/metrics.json" ]; then continue; fi
+    if [ -f "models/$variant/seed$s/config.json" ]; then trained="${trained:+$trained,}$s"  # its evaluation was cut
+    else seeds="${seeds:+$seeds,}$s"; fi
+  done
+  if [ -z "$seeds$trained" ]; then echo "$1 done before"; return 0; fi
   if [ "$left" -lt 60 ]; then echo "$1 not started: ${left}s left"; return 0; fi
+  if [ -n "$trained" ]; then  # trained by an earlier call of this window (config.json is written last): evaluate only
+    evaluate "$variant" "$trained" "logs/$variant-evaluate.log"
+    echo "$variant:$trained trained before, evaluated: exit $?"
+    [ -z "$seeds" ] && return 0
+    return 3
+  fi
   local model params=params.gpu.yaml  # or the levers scripts/gpu_levers.py picked for the variant's model
   model=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open("params.gpu.yaml"))["variants"][sys.argv[1]]["model"])' "$variant")
   [ -f "params.gpu.$model.yaml" ] && params="params.gpu.$model.yaml"
@@ -160,13 +178,14 @@ run_job() {
   timeout "$left" python3 -m pipeline.cli train "$variant" "$seeds" data/prepared "models/$variant/seed{seed}" \
       --checkpoint "checkpoints/$variant/seed${seeds//,/-}.pt" --params "$params" >>"logs/$tag.log" 2>&1
   local status=$?
-  for s in ${seeds//,/ }; do
-    [ $status = 0 ] && timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pipeline.cli \
-      evaluate "models/$variant/seed$s" data/prepared "gpu_results/$variant/seed$s" >>"logs/$tag.log" 2>&1 || status=$?
-  done
+  [ $status = 0 ] && { evaluate "$variant" "$seeds" "logs/$tag.log" || status=$?; }
   echo "$1 exit $status after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$tag.log")"
+  local rest=",${1##*:},"
+  for s in ${seeds//,/ }; do rest=${rest/,$s,/,}; done
+  [ $status = 0 ] && [ "$rest" != , ] && return 3  # seeds left that this process did not train: ask again
+  return 0
 }
-export -f job run_job
+export -f job evaluate run_job
 rm -rf logs/running && mkdir -p logs/running
 if [ -n "$TRAIN" ]; then
   say "training $TRAIN, $PARALLEL at a time, until $((DEADLINE - START))s"

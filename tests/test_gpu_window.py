@@ -73,6 +73,18 @@ def test_a_job_starts_only_as_far_as_the_window_allows(gpu_params):
     assert gpu_queue.fit("baseline_cnn:1,2", 10, gpu_params, rows()[:3], 2)[0] == "baseline_cnn:1,2"
 
 
+def test_where_stacked_seeds_train_slower_a_job_trains_one_seed_and_asks_again_for_the_next(gpu_params):
+    """The H200's rows (2026-11-26): three stacked seeds 0.48x one seed's images/s; one seed per process
+    then, gpu_session.sh's job asking again after each; no stacked row, or a faster one: stacked as before."""
+    slow = rows(capsnet_three=20_000.0, capsnet_one=24_000.0)
+    assert not gpu_queue.stacking_pays(gpu_params, "capsnet_r3_recon", slow)
+    assert gpu_queue.stacking_pays(gpu_params, "capsnet_r3_recon", rows())  # 60k stacked beats 24k alone
+    assert gpu_queue.stacking_pays(gpu_params, "baseline_cnn", slow)  # no stacked CNN row: nothing said
+    start, why = gpu_queue.fit("capsnet_r3_recon:0,1,2", 10_000, gpu_params, slow, 2)
+    assert start == "capsnet_r3_recon:0" and "seed(s) 1,2 after it" in why and "×1: 24,000" in why
+    assert gpu_queue.fit("capsnet_r3_recon:2", 10_000, gpu_params, slow, 2)[0] == "capsnet_r3_recon:2"
+
+
 def test_a_job_the_last_call_stopped_resumes_whatever_the_estimate(gpu_params, tmp_path):
     """Its checkpoint, of seeds that still lack metrics, resumes (it was started to end in the window; a
     new estimate would start it afresh or not at all); a checkpoint holding a seed with metrics does not."""
@@ -144,6 +156,52 @@ def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_b
     assert (work / "logs" / "bench" / "capsnet_r3_recon@bf16#1.jsonl").read_text() == json.dumps(rows()[2]) + "\n"
     assert not (tmp_path / "out" / "bench.jsonl").exists()
     assert (work / "logs" / "bench" / ".device").read_text().strip() == kept.name  # what gpu_import.sh files them under
+
+
+STUB_CLI = """#!/bin/sh
+# python3 with `python3 -m pipeline.cli train|evaluate|fingerprint` recorded and faked (the job logic under test)
+if [ "$1 $2" = "-m pipeline.cli" ]; then
+  echo "$3 $4 $5" >>calls.log
+  case "$3" in
+    train) for s in $(echo "$5" | tr , ' '); do mkdir -p "models/$4/seed$s" && echo {} >"models/$4/seed$s/config.json"; done ;;
+    evaluate) mkdir -p "$6" && echo {} >"$6/metrics.json" ;;
+  esac
+  exit 0
+fi
+exec "%s" "$@"
+"""
+
+
+def test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower(tmp_path):
+    """gpu_session.sh's jobs: a seed whose training an earlier call finished (config.json, written last)
+    but whose evaluation the deadline cut is evaluated, not trained again; where the bench rows say
+    stacked seeds train slower, the job trains one seed per process and asks again for the next."""
+    work = tmp_path / "device"
+    for part in ("scripts", "pipeline", "params.yaml"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, work / part)
+    (work / "data" / "prepared").mkdir(parents=True)
+    (work / "data" / "prepared" / "train.safetensors").write_text("prepared before")
+    (work / "models" / "capsnet_r3" / "seed0").mkdir(parents=True)
+    (work / "models" / "capsnet_r3" / "seed0" / "config.json").write_text("{}")  # trained; evaluation cut
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "smoke", "--write", "params.gpu.yaml"], cwd=work, check=True)
+    mode = gpu_queue.trained_mode(yaml.safe_load((work / "params.gpu.yaml").read_text())["train"], "capsnet")
+    (work / "logs" / "bench").mkdir(parents=True)
+    (work / "logs" / "bench" / "capsnet.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"variant": "capsnet_r3_recon", "mode": mode, "seeds": 1, "train_images_per_s": 1e9},
+        {"variant": "capsnet_r3_recon", "mode": mode, "seeds": 3, "stack": "fused", "train_images_per_s": 5e8}]) + "\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(STUB_CLI % sys.executable)
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "CAPSNET_GPU_PROFILE": "smoke", "CAPSNET_GIT_COMMIT": "",
+           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--train", "capsnet_r3:0,1,2", "--deadline", "300"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "out" / "session.log").read_text()
+    assert done.returncode == 0, done.stderr + log
+    calls = [c for c in (work / "calls.log").read_text().splitlines() if not c.startswith("fingerprint")]
+    assert calls == ["evaluate models/capsnet_r3/seed0 data/prepared", "train capsnet_r3 1", "evaluate models/capsnet_r3/seed1 data/prepared",
+                     "train capsnet_r3 2", "evaluate models/capsnet_r3/seed2 data/prepared"], calls
+    assert "capsnet_r3:0 trained before, evaluated: exit 0" in log and "seed(s) 2 after it" in log
 
 
 def test_the_bench_table_is_what_the_report_prices_seeds_with(tmp_path):

@@ -189,9 +189,9 @@ def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path)
     assert "capsnet_r3_recon:0" not in items and "capsnet_r1:2" not in items
     assert items[0] == "capsnet_r3_recon_official:0" and items[8] == "capsnet_r3_recon:1"  # the old protocol: again
     assert items.index("baseline_cnn:2") < items.index("multimnist_r3_recon:0") < items.index("capsnet_affnist:0")
-    published = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--limit", "3"],
-                               cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    assert published == ["capsnet_r3_recon:0", "capsnet_r3_recon_official:0", "capsnet_r1_recon:0"]
+    published = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--limit", "3",
+                                "--runs", str(runs)], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert published == items[:3] == ["capsnet_r3_recon_official:0", "capsnet_r1_recon:0", "capsnet_r1_recon_official:0"]
     stacked = gpu_queue.stacked(items)  # one item per variant, its missing seeds in one process
     assert stacked[:2] == ["capsnet_r3_recon_official:0,1,2", "capsnet_r1_recon:0,1,2"]
     assert "capsnet_r3_recon:1,2" in stacked and "capsnet_r1:0,1" in stacked and len(stacked) == 14
