@@ -36,8 +36,9 @@ def test_committed_params_are_the_paper_protocol():
 
 
 def test_a_record_from_before_stacking_reads_as_separate_variants():
-    """reports/runs/params.yaml (the published GPU runs) lists ablation.variants: one process per seed."""
-    p = load_params(REPO / "reports" / "runs" / "params.yaml")
+    """The params the 2026-11-23 GPU runs were published with (reports/runs/params.yaml until the
+    2026-11-26 window rewrote it) list ablation.variants: one process per seed."""
+    p = load_params(REPO / "tests" / "data" / "params_2026-11-23.yaml")
     assert p.ablation.stacked == () and len(p.ablation.separate) == 14
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["ablation"]["variants"] = ["capsnet_r1"]  # beside the new keys: refused, not guessed
