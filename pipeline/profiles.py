@@ -52,10 +52,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     # compiled together for the CapsNets (the CNNs train faster eager, reports/benchmarks.md), cuDNN
     # autotuning instead of deterministic kernels, a checkpoint every 5 epochs; MultiMNIST is scored
     # on 100 partners per test digit (1M pairs) instead of the paper's 1,000 (10M): about 19 s instead
-    # of 190 s per run, estimated from the fp32 inference rate the H100 bench measured (52.6k images/s)
+    # of 190 s per run, estimated from the fp32 inference rate the H100 bench measured (52.6k images/s).
+    # The whole step captured as one CUDA graph (train.cuda_graph): on an H200 (2026-11-26, b8f3efe)
+    # capsnet_r3_recon's one seed 66.1k images/s against 31.8k uncaptured, baseline_cnn 31.8k against
+    # 30.5k, and its CUDA tests passed (reports/benchmarks.md); bf16 only: fp32 was not benched
     "gpu": {"base.profile": "gpu", "train.epochs": 50, "train.lr_schedule_epochs": 640, "train.amp": True,
             "train.compile": True, "train.compile_cnns": False, "train.deterministic": False, "train.device": "cuda",
-            "train.checkpoint_every": 5, "prepare.multimnist_pairs_per_digit": 100},
+            "train.checkpoint_every": 5, "prepare.multimnist_pairs_per_digit": 100, "train.cuda_graph": True},
     # the paper protocol (640 epochs, its schedule, 3 seeds, the paper's 10M MultiMNIST test pairs) with
     # the fast path's settings: compiled CapsNets, eager CNNs, cuDNN autotuning, a checkpoint every 5
     # epochs (a call's 10 min limit stops a run mid-way; the next call resumes it). fp32 until the

@@ -28,24 +28,28 @@ def gpu_params(tmp_path_factory):
     return yaml.safe_load(path.read_text())
 
 
+CAPS, CNN = "bf16-compile-capture", "bf16-capture"  # the gpu profile's bench modes (asserted below)
+
+
 def rows(capsnet_three=60_000.0, capsnet_one=24_000.0, cnn_one=27_000.0):
-    return [{"variant": "capsnet_r3_recon", "mode": "bf16-compile", "seeds": 3, "stack": "fused",
+    return [{"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 3, "stack": "fused",
              "train_images_per_s": capsnet_three},
-            {"variant": "capsnet_r3_recon", "mode": "bf16-compile", "seeds": 1, "train_images_per_s": capsnet_one},
+            {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 1, "train_images_per_s": capsnet_one},
             {"variant": "capsnet_r3_recon", "mode": "bf16", "seeds": 1, "train_images_per_s": 1.0},  # not how it trains
-            {"variant": "baseline_cnn", "mode": "bf16", "seeds": 1, "train_images_per_s": cnn_one},
+            {"variant": "baseline_cnn", "mode": CNN, "seeds": 1, "train_images_per_s": cnn_one},
             {"variant": "baseline_cnn", "mode": "bf16-compile", "seeds": 1, "train_images_per_s": 1.0}]
 
 
 def test_the_estimate_is_the_bench_row_of_the_settings_the_job_trains_with(gpu_params):
-    """The gpu profile compiles the CapsNets, not the CNNs (compile_cnns: false): each job is priced by
+    """The gpu profile compiles the CapsNets, not the CNNs (compile_cnns: false), and captures every step
+    (cuda_graph): each job is priced by
     its model's row in that mode; three stacked seeds at the three-seed row, shared by the processes."""
-    assert gpu_queue.trained_mode(gpu_params["train"], "capsnet") == "bf16-compile"
-    assert gpu_queue.trained_mode(gpu_params["train"], "baseline_cnn") == "bf16"
+    assert gpu_queue.trained_mode(gpu_params["train"], "capsnet") == CAPS
+    assert gpu_queue.trained_mode(gpu_params["train"], "baseline_cnn") == CNN
     epochs, margin, evaluation = gpu_params["train"]["epochs"], gpu_queue.MARGIN, gpu_queue.EVAL_SECONDS
     seconds, source = gpu_queue.job_seconds(gpu_params, "capsnet_r3_recon", 3, rows(), parallel=2)
     assert seconds == pytest.approx(margin * 3 * epochs * 60_000 / (60_000 / 2) + 3 * evaluation)
-    assert "capsnet_r3_recon bf16-compile ×3: 60,000 images/s over 2" in source
+    assert f"capsnet_r3_recon {CAPS} ×3: 60,000 images/s over 2" in source
     one, _ = gpu_queue.job_seconds(gpu_params, "capsnet_r1", 1, rows(), parallel=1)  # every CapsNet: r3_recon's row
     assert one == pytest.approx(margin * epochs * 60_000 / 24_000 + evaluation)
     # MultiMNIST's 36×36 and §5.2's 40×40 images cost their area over MNIST's 28×28
@@ -55,7 +59,7 @@ def test_the_estimate_is_the_bench_row_of_the_settings_the_job_trains_with(gpu_p
     two, _ = gpu_queue.job_seconds(gpu_params, "capsnet_r3", 2, rows(), parallel=1)
     assert two == pytest.approx(2 * one)
     cnn, source = gpu_queue.job_seconds(gpu_params, "baseline_cnn", 1, rows(), parallel=1)
-    assert cnn == pytest.approx(margin * epochs * 60_000 / 27_000 + evaluation) and "baseline_cnn bf16 ×1" in source
+    assert cnn == pytest.approx(margin * epochs * 60_000 / 27_000 + evaluation) and f"baseline_cnn {CNN} ×1" in source
     assert gpu_queue.job_seconds(gpu_params, "baseline_cnn", 1, rows()[:3], parallel=1) is None  # no CNN row
 
 
@@ -100,9 +104,9 @@ def test_fit_from_the_command_line(gpu_params, tmp_path):
     """What gpu_session.sh runs before each job: the item to start on stdout, why on stderr."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(gpu_params))
     (tmp_path / "bench").mkdir()
-    (tmp_path / "bench" / "capsnet_r3_recon@bf16-compile#1,3.jsonl").write_text(
+    (tmp_path / "bench" / f"capsnet_r3_recon@{CAPS}#1,3.jsonl").write_text(
         "\n".join(json.dumps(r) for r in rows()[1:]) + "\nnot JSON\n")
-    (tmp_path / "bench" / "capsnet_r3_recon@bf16-compile#3.jsonl.tmp").write_text(  # a bench the deadline cut
+    (tmp_path / "bench" / f"capsnet_r3_recon@{CAPS}#3.jsonl.tmp").write_text(  # a bench the deadline cut
         json.dumps(rows()[0]) + '\n{"variant": "capsnet_r3_')
     args = [sys.executable, "scripts/gpu_queue.py", "--fit", "capsnet_r3_recon:0,1,2", "--params",
             str(tmp_path / "params.yaml"), "--bench", str(tmp_path / "bench"), "--parallel", "2",
