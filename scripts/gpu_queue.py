@@ -22,7 +22,9 @@ cuts off is lost (its checkpoint stays on the machine given back), and it slows 
 into the same end, so a job starts only when its estimate fits: epochs × images per epoch (× the
 image area over MNIST's 28×28: MultiMNIST 36, §5.2 40) per seed over the bench row of the settings it
 trains with (params P's levers; capsnet_r3_recon's rows for every CapsNet, baseline_cnn's for the
-CNNs), the GPU shared by N processes, plus EVAL_SECONDS per seed. No bench row: no estimate, it starts.
+CNNs), the GPU shared by N processes, plus EVAL_SECONDS per seed and the process's STARTUP_SECONDS. No
+bench row: no estimate, it starts. A variant's seeds train stacked unless that is slower than one
+process per seed, one after another (`stacking_pays`).
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def stacked(items: list[str]) -> list[str]:
 
 SIDE = {"table1": 28, "multimnist": 36, "affnist": 40}  # each experiment's image side (its IMAGE_SIZE)
 EVAL_SECONDS = 30  # a seed's evaluation, MultiMNIST's 1M test pairs the longest (about 19 s, estimated, not timed)
+STARTUP_SECONDS = 25  # a process's start to its first epoch: 22-24 s on the H200 (2026-11-26, capsnet_r3_recon
+# seed 0: 71 s of wall time, 46.8 s of it in 30 epochs; imports, data, the fingerprint, compile from the cache)
 MARGIN = 1.1  # an estimate's head room
 
 
@@ -90,31 +94,32 @@ def trained_rows(params: dict, variant: str, rows: list[dict]) -> tuple[str, lis
                      and (r.get("seeds", 1) == 1 or r.get("stack", "fused") == layout)]
 
 
-def stacking_pays(params: dict, variant: str, rows: list[dict]) -> bool:
-    """False when the bench rows say seeds stacked in one process train fewer images/s all together than
-    one seed alone (2026-11-26, H200: 31.6k for three capsnet_r3_recon seeds, 66.1k for one): its seeds
-    then train one after another; True when they say otherwise or say nothing."""
-    _, mine = trained_rows(params, variant, rows)
-    one = [r["train_images_per_s"] for r in mine if r.get("seeds", 1) == 1]
-    stacked = [r["train_images_per_s"] for r in mine if r.get("seeds", 1) > 1]
-    return not (one and stacked and max(stacked) < one[-1])
+def stacking_pays(params: dict, variant: str, seeds: int, rows: list[dict], parallel: int) -> bool:
+    """Whether ``seeds`` seeds of a variant finish sooner stacked in one process than one process after
+    another, each paying its STARTUP_SECONDS (`job_seconds`): no stacked row prices the stack as one
+    seed after another, so it pays by the startups it saves; on the H200 (2026-11-26: three
+    capsnet_r3_recon seeds stacked 31.6k images/s all together, one alone 66.1k) it does not."""
+    stacked, alone = job_seconds(params, variant, seeds, rows, parallel), job_seconds(params, variant, 1, rows, parallel)
+    return stacked is None or alone is None or stacked[0] <= seeds * alone[0]
 
 
 def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parallel: int) -> tuple[float, str] | None:
-    """The estimated seconds of ``seeds`` seeds of a variant trained stacked in one of ``parallel``
+    """The estimated seconds of ``seeds`` seeds of a variant started, trained stacked in one of ``parallel``
     processes sharing the GPU, then evaluated, and the bench row it comes from (that many seeds
-    stacked, else one seed, stacking then counted as no faster); None without a row to estimate from."""
+    stacked, else the nearest count stacked, its images/s all seeds together, else one seed, stacking
+    then counted as no faster); None without a row to estimate from."""
     spec, train = params["variants"][variant], params["train"]
     benched, mine = trained_rows(params, variant, rows)
     same = [r for r in mine if r.get("seeds", 1) == seeds]
-    row = (same or [r for r in mine if r.get("seeds", 1) == 1] or [None])[-1]
+    nearest = sorted((r for r in mine if r.get("seeds", 1) > 1), key=lambda r: abs(r["seeds"] - seeds)) if seeds > 1 else []
+    row = (same or nearest[:1] or [r for r in mine if r.get("seeds", 1) == 1] or [None])[-1]
     if row is None:
         return None
     experiment = spec.get("experiment", "table1")
     epoch = train["multimnist_epoch_size"] if experiment == "multimnist" else params["prepare"]["train_subset"] or 60_000
     images = seeds * train["epochs"] * epoch * (SIDE[experiment] / 28) ** 2
     source = f"{benched} {row['mode']} ×{row.get('seeds', 1)}: {row['train_images_per_s']:,.0f} images/s over {parallel}"
-    return MARGIN * images / (row["train_images_per_s"] / parallel) + seeds * EVAL_SECONDS, source
+    return STARTUP_SECONDS + MARGIN * images / (row["train_images_per_s"] / parallel) + seeds * EVAL_SECONDS, source
 
 
 def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
@@ -130,7 +135,7 @@ def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
         stopped = path.stem.removeprefix("seed").split("-")
         if set(stopped) <= set(seeds):
             return f"{variant}:{','.join(stopped)}", f"{item}: seed(s) {','.join(stopped)} resume from {path}"
-    alone = not stacking_pays(params, variant, rows)  # then one seed per process, the next after it
+    alone = not stacking_pays(params, variant, len(seeds), rows, parallel)  # one seed per process, the next after it
     for n in [1] if alone else range(len(seeds), 0, -1):
         estimate = job_seconds(params, variant, n, rows, parallel)
         if estimate is None:

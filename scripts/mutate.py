@@ -203,7 +203,7 @@ MUTATIONS = [
              'while run_job "$1"; [ $? = 3 ]; do :; done', 'run_job "$1"',
              ("tests/test_gpu_window.py::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
     Mutation("seeds train stacked where the bench says stacking is slower", "scripts/gpu_queue.py",
-             "alone = not stacking_pays(params, variant, rows)", "alone = False",
+             "alone = not stacking_pays(params, variant, len(seeds), rows, parallel)", "alone = False",
              ("tests/test_gpu_window.py::test_where_stacked_seeds_train_slower_a_job_trains_one_seed_and_asks_again_for_the_next",)),
     Mutation("a seed trained again overwrites its published record", "pipeline/report/publish.py",
              "        set_aside(dest, variant, seed_dir, run_id(models_dir / variant / seed_dir))\n", "",
