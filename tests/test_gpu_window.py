@@ -230,7 +230,9 @@ def test_the_bench_table_is_what_the_report_prices_seeds_with(tmp_path):
              "train_images_per_s": 70_000, "captured": False},
             {**common, "variant": "capsnet_r3_recon", "mode": "bf16-compile", "seeds": 3, "stack": "bmm",
              "train_images_per_s": 140_000, "speedup_vs_separate": 1.75},
-            {**common, "variant": "baseline_cnn", "mode": "bf16", "seeds": 1, "train_images_per_s": 30_000}]
+            {**common, "variant": "baseline_cnn", "mode": "bf16", "seeds": 1, "train_images_per_s": 30_000},
+            {**common, "variant": "baseline_cnn", "mode": "bf16-capture", "seeds": 1, "train_images_per_s": 33_000,
+             "captured": True}]
     folder = tmp_path / "nvidia-h100-80gb-hbm3"
     folder.mkdir()
     (folder / "a.jsonl").write_text("\n".join(json.dumps(r) for r in kept[:2]) + "\n")
@@ -240,10 +242,13 @@ def test_the_bench_table_is_what_the_report_prices_seeds_with(tmp_path):
     (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n" + out)
     rows = costs.bench_rows(tmp_path / "benchmarks.md")
     assert {(r.variant, r.images_per_s) for r in rows} == {("capsnet_r3_recon", 80_000), ("capsnet_r3_recon", 70_000),
-                                                          ("baseline_cnn", 30_000)}  # never the stacked aggregate
+                                                          ("baseline_cnn", 30_000), ("baseline_cnn", 33_000)}  # never the stacked aggregate
     device = "NVIDIA H100 80GB HBM3"
-    assert costs.speed(rows, "capsnet_r3_recon", device, amp=True, compiled=True).images_per_s == 80_000
-    assert costs.speed(rows, "baseline_cnn", device, amp=True, compiled=False).images_per_s == 30_000
+    assert costs.speed(rows, "capsnet_r3_recon", device, {"amp": True, "compile": True}).images_per_s == 80_000
+    assert costs.speed(rows, "baseline_cnn", device, {"amp": True, "compile": False}).images_per_s == 30_000
+    captured = {"amp": True, "compile": False, "cuda_graph": True, "compile_mode": "default"}  # as a run records it
+    assert costs.speed(rows, "baseline_cnn", device, captured).images_per_s == 33_000  # its own mode's row
+    assert costs.speed(rows, "capsnet_r3_recon", device, {**captured, "compile": True}) is None  # that row ran uncaptured
     assert "(ran uncaptured)" in out and "commit abc1234, torch 2.11.0+cu130" in out
     assert "| stacked bf16 + compile (model+loss) | 3 | bmm | 140,000 | – | 1.75 |" in out
     assert "- 1 seed ≥ 75,000 images/s: **reached**, 80,000 (bf16 + compile (model+loss))" in out

@@ -34,12 +34,11 @@ def run_cost(runs: list[Run], seeds: int, bench: list[costs.BenchRow], epochs: i
     run = runs[0]
     recorded = [r.images_trained for r in runs if r.images_trained]
     device = run.config.get("environment", {}).get("device_name", "")
-    row = costs.speed(bench, run.variant, device, run.cfg.get("amp", False), run.cfg.get("compile", False))
+    row = costs.speed(bench, run.variant, device, run.cfg)
     if not recorded:
         return math.nan, f"{run.variant}: training length not recorded"
     if row is None:
-        amp, compiled = bool(run.cfg.get("amp")), bool(run.cfg.get("compile"))
-        return math.nan, (f"no bench row for {run.variant} ({costs.CONFIGURATIONS[amp, compiled]}) on "
+        return math.nan, (f"no bench row for {run.variant} ({costs.configuration(run.cfg)}) on "
                           f"{device or 'its device'} in reports/benchmarks.md")
     if epochs is None:
         return costs.gpu_hours(seeds, float(np.mean(recorded)), row), row.cite()

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core.params import BENCH_MODES, BenchMode
+
 PAPER_EPOCHS = 640  # the paper protocol: the official code's 300,000 steps of 128 (paper_reference.yaml's recipe)
 
 CONFIGURATIONS = {  # (bf16 autocast, compile) -> how benchmarks.md names the training step's row
@@ -68,13 +70,28 @@ def bench_rows(path: Path) -> list[BenchRow]:
     return rows
 
 
-def speed(rows: list[BenchRow], variant: str, device: str, amp: bool, compiled: bool) -> BenchRow | None:
-    """``variant``'s row on ``device`` (a run's recorded device name) in the configuration it trained
-    with, or None when none was measured."""
-    wanted = CONFIGURATIONS[bool(amp), bool(compiled)]
+def configuration(cfg: dict) -> str:
+    """How reports/benchmarks.md names the row of the speed settings a run's config recorded
+    (scripts/bench_table.py's labels): bf16 and compile alone by CONFIGURATIONS, a lever's mode by its
+    bench name ('bf16-compile-capture' for train.cuda_graph with compile). Settings recorded before the
+    levers existed read as off."""
+    amp, compiled = bool(cfg.get("amp")), bool(cfg.get("compile"))
+    mode = BenchMode(amp, cfg.get("compile_mode", "default") if compiled else None, bool(cfg.get("channels_last")),
+                     bool(cfg.get("cuda_graph")))
+    name = next((m for m, b in BENCH_MODES.items() if b == mode), None)
+    plain = mode.compile_mode in (None, "default") and not mode.channels_last and not mode.cuda_graph
+    return CONFIGURATIONS[amp, compiled] if plain or name is None else name
+
+
+def speed(rows: list[BenchRow], variant: str, device: str, cfg: dict) -> BenchRow | None:
+    """``variant``'s row on ``device`` (a run's recorded device name) in the configuration its config
+    ``cfg`` trained with (`configuration`), or None when none was measured; a captured mode's row the
+    bench ran uncaptured prices no run."""
+    wanted = configuration(cfg)
     for row in rows:
         name = row.configuration.removeprefix("capsnet-repro ")
-        if row.variant == variant and row.device and row.device in device and name.startswith(wanted):
+        if (row.variant == variant and row.device and row.device in device and not name.endswith("(ran uncaptured)")
+                and (name == wanted or name.startswith((wanted + " (", wanted + ":")))):
             return row
     return None
 
