@@ -8,7 +8,8 @@ tests (--tests), and for each model whose variant was benched (capsnet_r3_recon 
 CapsNet, baseline_cnn for the Table 1 CNN) writes params.gpu.<model>.yaml beside --params: the
 profile's params with the train.* levers of the fastest eligible row (compile, compile_mode,
 channels_last, cuda_graph, stack_layout). Eligible: the row's precision is the profile's (train.amp
-is protocol, never a lever), it trained the seeds a window stacks (3, else 1), a captured mode
+is protocol, never a lever), it trained the seeds the window will put in one process (3 where some
+stacked row beats every one-seed row, else 1: on the H200 one seed ran 2.1x three stacked), a captured mode
 really captured, and every CUDA test that proves that mode on that variant passed (MODE_TESTS;
 a mode no CUDA test proves, such as torch.compile's own CUDA graphs, is never picked). The
 profile's own setting competes as the row of its mode, so nothing is picked that the bench did not
@@ -107,8 +108,7 @@ def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) 
     variant = BENCHED[model]
     mine = [r for r in rows if r.get("variant") == variant and r.get("mode") in PROOFS
             and BENCH_MODES[r["mode"]].amp == train["amp"]]  # bf16 autocast is protocol, never a lever
-    seeds = STACKED if any(r.get("seeds") == STACKED for r in mine) else 1
-    mine = [r for r in mine if r.get("seeds", 1) == seeds]
+    mine = [r for r in mine if r.get("seeds", 1) in (1, STACKED)]
     if not mine:
         precision = "bf16" if train["amp"] else "fp32"
         return None, f"{model}: no bench row of {variant} in a proven mode at the profile's {precision}; the profile's settings stay"
@@ -118,6 +118,13 @@ def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) 
         if row["mode"].endswith("-capture") and not row.get("captured"):
             ok, why = False, "the bench ran it uncaptured"
         (eligible if ok else refused).append((row, why))
+    # the seeds the window will put in one process (gpu_queue.stacking_pays): three where a stacked row
+    # beats every one-seed row, else one; then only rows of that many seeds compete
+    fastest = {n: max((r["train_images_per_s"] for r, _ in eligible if r.get("seeds", 1) == n), default=0.0)
+               for n in (1, STACKED)}
+    seeds = STACKED if fastest[STACKED] > fastest[1] else 1
+    eligible = [(r, why) for r, why in eligible if r.get("seeds", 1) == seeds]
+    refused = [(r, why) for r, why in refused if r.get("seeds", 1) == seeds] or refused
     if not eligible:
         return None, f"{model}: no bench mode of {variant} passed its CUDA tests ({refused[0][0]['mode']}: " \
                      f"{refused[0][1]}); the profile's settings stay"
