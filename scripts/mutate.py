@@ -244,7 +244,7 @@ MUTATIONS = [
     Mutation("seeds needed from one arm's seed variance for both", "pipeline/report/stats.py",
              "(self.var_b / n_b, n_b - 1)", "(self.var_a / n_b, n_b - 1)", (POWER,)),
     Mutation("GPU time from another variant's speed", "pipeline/report/costs.py",
-             "if row.variant == variant and row.device", "if row.device", (POWER,)),
+             "if (row.variant == variant and row.device", "if (row.device", (POWER,)),
     Mutation("an effect's GPU time counts one arm twice", "pipeline/report/claims.py",
              "run_cost(runs_a, seeds, bench, epochs), run_cost(runs_b, seeds, bench, epochs)",
              "run_cost(runs_a, seeds, bench, epochs), run_cost(runs_a, seeds, bench, epochs)", (POWER,)),

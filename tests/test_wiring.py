@@ -155,3 +155,19 @@ def test_the_gpu_session_runs_every_cuda_only_test():
             assert f"tests/{path.name}" in listed, f"{path.name} has CUDA-only tests gpu_session.sh does not run"
             skips = text.count('reason="needs CUDA"') - text.count("pytestmark = [pytest.mark.cuda")
             assert skips <= text.count("@pytest.mark.cuda"), f"{path.name}: a CUDA-only test without the cuda mark"
+
+
+def test_every_mutation_still_finds_the_line_it_cuts():
+    """scripts/mutate.py's mutations name their code by a line: one a refactor rewrote would report
+    STALE only when a sweep runs (one did on 2026-11-26, left behind when costs.speed changed)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import mutate
+    finally:
+        sys.path.pop(0)
+    stale = [m.name for m in mutate.MUTATIONS if m.old not in (REPO / m.path).read_text()]
+    assert not stale, f"mutations whose line is gone: {stale}"
+    missing = [t for m in mutate.MUTATIONS for t in m.tests if not (REPO / t.split("::")[0]).is_file()]
+    assert not missing, f"mutations naming test files that do not exist: {missing}"
