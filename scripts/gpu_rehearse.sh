@@ -96,6 +96,7 @@ published=$(ls -d "$SCRATCH"/home/reports/runs/models/*/seed* | wc -l)
 [ "$published" = "$(echo "$wanted" | wc -w)" ] || fail "$published runs published, $(echo "$wanted" | wc -w) trained"
 [ "$SCRATCH/home/reports/ablation.md" -nt "$SCRATCH/import.started" ] || fail "no report written (reports/ablation.md)"
 ls "$SCRATCH"/home/reports/runs/fingerprints/"$COMMIT".json >/dev/null 2>&1 || fail "no fingerprint table of $COMMIT imported"
-kept=$(ls "$SCRATCH"/home/reports/bench/*/*.jsonl 2>/dev/null | wc -l)
-[ "$kept" = "$(wc -w <<<"$BENCH")" ] || fail "$kept bench entries kept in reports/bench/, $(wc -w <<<"$BENCH") benched"
+slug=$(cat "$SCRATCH/device/logs/bench/.device")  # this CPU's folder: the committed GPU models' folders are there too
+kept=$(ls "$SCRATCH/home/reports/bench/$slug"/*.jsonl 2>/dev/null | wc -l)
+[ "$kept" = "$(wc -w <<<"$BENCH")" ] || fail "$kept bench entries kept in reports/bench/$slug/, $(wc -w <<<"$BENCH") benched"
 say "rehearsal passed: $published runs published, the report in $SCRATCH/home/reports"
