@@ -39,6 +39,12 @@
 # into the gpu profile itself by a commit, once reports/benchmarks.md holds its rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the runs' commit is this tree's HEAD where the copy has .git (the device tool's does): a mistyped
+# CAPSNET_GIT_COMMIT (2026-11-26: b8f3efe padded with zeros) would name a commit nobody can check out
+if head=$(git rev-parse HEAD 2>/dev/null) && [ "${CAPSNET_GIT_COMMIT:-$head}" != "$head" ]; then
+  echo "CAPSNET_GIT_COMMIT=$CAPSNET_GIT_COMMIT is not this tree's HEAD $head: the runs record $head" >&2
+  export CAPSNET_GIT_COMMIT=$head
+fi
 # CAPSNET_GPU_PROFILE and CAPSNET_GPU_BENCH are for scripts/gpu_rehearse.sh (this window rehearsed on a CPU)
 python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml
 BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl"}
