@@ -160,10 +160,11 @@ run_job() {
   if [ -z "$seeds$trained" ]; then echo "$1 done before"; return 0; fi
   if [ "$left" -lt 60 ]; then echo "$1 not started: ${left}s left"; return 0; fi
   if [ -n "$trained" ]; then  # trained by an earlier call of this window (config.json is written last): evaluate only
-    evaluate "$variant" "$trained" "logs/$variant-evaluate.log"
-    echo "$variant:$trained trained before, evaluated: exit $?"
-    [ -z "$seeds" ] && return 0
-    return 3
+    local evaluated=0
+    evaluate "$variant" "$trained" "logs/$variant-evaluate.log" || evaluated=$?
+    echo "$variant:$trained trained before, evaluated: exit $evaluated"
+    [ "$evaluated" = 0 ] && [ -n "$seeds" ] && return 3  # a failed evaluation is not asked again (it would loop)
+    return 0
   fi
   local model params=params.gpu.yaml  # or the levers scripts/gpu_levers.py picked for the variant's model
   model=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open("params.gpu.yaml"))["variants"][sys.argv[1]]["model"])' "$variant")

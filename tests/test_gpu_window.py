@@ -177,7 +177,7 @@ if [ "$1 $2" = "-m pipeline.cli" ]; then
   echo "$3 $4 $5" >>calls.log
   case "$3" in
     train) for s in $(echo "$5" | tr , ' '); do mkdir -p "models/$4/seed$s" && echo {} >"models/$4/seed$s/config.json"; done ;;
-    evaluate) mkdir -p "$6" && echo {} >"$6/metrics.json" ;;
+    evaluate) [ -f "$4/broken" ] && exit 1; mkdir -p "$6" && echo {} >"$6/metrics.json" ;;
   esac
   exit 0
 fi
@@ -215,6 +215,15 @@ def test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by
     assert calls == ["evaluate models/capsnet_r3/seed0 data/prepared", "train capsnet_r3 1", "evaluate models/capsnet_r3/seed1 data/prepared",
                      "train capsnet_r3 2", "evaluate models/capsnet_r3/seed2 data/prepared"], calls
     assert "capsnet_r3:0 trained before, evaluated: exit 0" in log and "seed(s) 2 after it" in log
+    # an evaluation that fails is not asked again (the job would loop to the deadline), nor trained again
+    (work / "models" / "capsnet_r1" / "seed0").mkdir(parents=True)
+    (work / "models" / "capsnet_r1" / "seed0" / "config.json").write_text("{}")
+    (work / "models" / "capsnet_r1" / "seed0" / "broken").write_text("")
+    (work / "calls.log").unlink()
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--train", "capsnet_r1:0,1", "--deadline", "90"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    calls = [c for c in (work / "calls.log").read_text().splitlines() if not c.startswith("fingerprint")]
+    assert done.returncode == 0 and calls == ["evaluate models/capsnet_r1/seed0 data/prepared"], calls
 
 
 def test_the_bench_table_is_what_the_report_prices_seeds_with(tmp_path):
