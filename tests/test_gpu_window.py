@@ -267,16 +267,19 @@ def test_the_bench_table_is_what_the_report_prices_seeds_with(tmp_path):
     assert empty.returncode != 0 and "holds no bench rows" in empty.stderr and "gpu_import.sh" in empty.stderr
 
 
-def test_a_mistyped_commit_gives_way_to_the_trees_head():
+def test_a_mistyped_commit_gives_way_to_the_trees_head(tmp_path):
     """scripts/gpu_plan.sh: where the copy has .git (the device tool's does), the runs record its HEAD,
     not a CAPSNET_GIT_COMMIT that differs from it (a padded b8f3efe named the first H200 window's runs)."""
     plan = (REPO / "scripts" / "gpu_plan.sh").read_text()
     check = plan[plan.index("if head=$(git rev-parse HEAD"):]
     check = check[:check.index("\nfi\n") + 4]
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    tree = {"cwd": tmp_path, "capture_output": True, "text": True, "check": True}  # a copy with .git, as the device's
+    subprocess.run(["git", "init", "-q"], **tree)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"], **tree)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], **tree).stdout.strip()
     for given, said in (("b8f3efe000", "is not this tree's HEAD"), (head, ""), ("", "")):
         env = {**os.environ, "CAPSNET_GIT_COMMIT": given} if given else {k: v for k, v in os.environ.items()
                                                                         if k != "CAPSNET_GIT_COMMIT"}
-        done = subprocess.run(["bash", "-c", check + 'echo "${CAPSNET_GIT_COMMIT:-unset}"'], cwd=REPO, env=env,
+        done = subprocess.run(["bash", "-c", check + 'echo "${CAPSNET_GIT_COMMIT:-unset}"'], cwd=tmp_path, env=env,
                               capture_output=True, text=True, check=True)
         assert done.stdout.strip() == (given and head or "unset") and said in done.stderr
