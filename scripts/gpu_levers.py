@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.core.params import BENCH_MODES, BenchMode
+from pipeline.core.params import BENCH_MODES, bench_mode_name
 
 BENCHED = {"capsnet": "capsnet_r3_recon", "baseline_cnn": "baseline_cnn"}  # model: the variant timed for it
 # the CUDA tests (pytest id prefixes, "{v}" the variant) that prove a bench mode computes the same step;
@@ -84,9 +84,8 @@ def trained_mode(train: dict, model: str) -> str | None:
     """The bench mode of the speed settings a params file's train section trains ``model`` with (the
     inverse of `levers`; CNNs compile only with compile_cnns), None if no bench mode is those settings."""
     compiled = train["compile"] and (model == "capsnet" or train.get("compile_cnns", True))
-    wanted = BenchMode(train["amp"], train.get("compile_mode", "default") if compiled else None,
-                       train.get("channels_last", False), train.get("cuda_graph", False))
-    return next((m for m, mode in BENCH_MODES.items() if mode == wanted), None)
+    return bench_mode_name(train["amp"], train.get("compile_mode", "default") if compiled else None,
+                           train.get("channels_last", False), train.get("cuda_graph", False))
 
 
 def bench_rows(path: Path) -> list[dict]:
@@ -107,29 +106,29 @@ def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) 
     """The fastest eligible row for ``model`` (see the module) and a line saying why; None: keep the profile."""
     variant = BENCHED[model]
     mine = [r for r in rows if r.get("variant") == variant and r.get("mode") in PROOFS
-            and BENCH_MODES[r["mode"]].amp == train["amp"]]  # bf16 autocast is protocol, never a lever
-    mine = [r for r in mine if r.get("seeds", 1) in (1, STACKED)]
+            and BENCH_MODES[r["mode"]].amp == train["amp"]  # bf16 autocast is protocol, never a lever
+            and r.get("seeds", 1) in (1, STACKED)]
     if not mine:
         precision = "bf16" if train["amp"] else "fp32"
         return None, f"{model}: no bench row of {variant} in a proven mode at the profile's {precision}; the profile's settings stay"
-    eligible, refused = [], []
-    for row in mine:
-        ok, why = proven(row["mode"], variant, outcomes)
+
+    def why_not(row: dict) -> str:  # "" where the row's mode passed its CUDA tests and ran as it says
         if row["mode"].endswith("-capture") and not row.get("captured"):
-            ok, why = False, "the bench ran it uncaptured"
-        (eligible if ok else refused).append((row, why))
+            return "the bench ran it uncaptured"
+        return proven(row["mode"], variant, outcomes)[1]
+    eligible = [r for r in mine if not why_not(r)]
+    if not eligible:
+        return None, f"{model}: no bench mode of {variant} passed its CUDA tests ({mine[0]['mode']}: " \
+                     f"{why_not(mine[0])}); the profile's settings stay"
     # the seeds the window will put in one process (gpu_queue.stacking_pays): three where a stacked row
     # beats every one-seed row, else one; then only rows of that many seeds compete
-    fastest = {n: max((r["train_images_per_s"] for r, _ in eligible if r.get("seeds", 1) == n), default=0.0)
+    fastest = {n: max((r["train_images_per_s"] for r in eligible if r.get("seeds", 1) == n), default=0.0)
                for n in (1, STACKED)}
     seeds = STACKED if fastest[STACKED] > fastest[1] else 1
-    eligible = [(r, why) for r, why in eligible if r.get("seeds", 1) == seeds]
-    refused = [(r, why) for r, why in refused if r.get("seeds", 1) == seeds] or refused
-    if not eligible:
-        return None, f"{model}: no bench mode of {variant} passed its CUDA tests ({refused[0][0]['mode']}: " \
-                     f"{refused[0][1]}); the profile's settings stay"
-    best = max(eligible, key=lambda rw: rw[0]["train_images_per_s"])[0]
-    default = [r for r, _ in eligible if r["mode"] == trained_mode(train, model) and r.get("stack", "fused") == "fused"]
+    eligible = [r for r in eligible if r.get("seeds", 1) == seeds]
+    refused = [r for r in mine if r.get("seeds", 1) == seeds and why_not(r)]
+    best = max(eligible, key=lambda r: r["train_images_per_s"])
+    default = [r for r in eligible if r["mode"] == trained_mode(train, model) and r.get("stack", "fused") == "fused"]
     than = f"; the profile's {default[0]['mode']}: {default[0]['train_images_per_s']:,.0f}" if default else ""
     line = (f"{model}: {best['mode']}, stack {best.get('stack', 'fused')}: {best['train_images_per_s']:,.0f} "
             f"images/s ({variant}, {seeds} seed{'s' if seeds > 1 else ''}{than}; "

@@ -38,6 +38,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine runs it from a bare copy
 from gpu_levers import BENCHED, bench_rows, trained_mode  # noqa: E402  (beside this script; PyYAML's, no torch)
+from pipeline.core import registry  # noqa: E402  (names and image sizes only, no torch)
 
 ORDER = ["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", "capsnet_r1_recon_official",
          "capsnet_r3", "capsnet_r3_official", "capsnet_r1", "capsnet_r1_official", "baseline_cnn",
@@ -77,7 +78,7 @@ def stacked(items: list[str]) -> list[str]:
     return [f"{v}:{','.join(sorted(s, key=int))}" for v, s in seeds.items()]
 
 
-SIDE = {"table1": 28, "multimnist": 36, "affnist": 40}  # each experiment's image side (its IMAGE_SIZE)
+MNIST_SIDE = registry.entry("table1").image_size  # the bench rows' images (capsnet_r3_recon, baseline_cnn)
 EVAL_SECONDS = 30  # a seed's evaluation, MultiMNIST's 1M test pairs the longest (about 19 s, estimated, not timed)
 STARTUP_SECONDS = 25  # a process's start to its first epoch: 22-24 s on the H200 (2026-11-26, capsnet_r3_recon
 # seed 0: 71 s of wall time, 46.8 s of it in 30 epochs; imports, data, the fingerprint, compile from the cache)
@@ -117,7 +118,7 @@ def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parall
         return None
     experiment = spec.get("experiment", "table1")
     epoch = train["multimnist_epoch_size"] if experiment == "multimnist" else params["prepare"]["train_subset"] or 60_000
-    images = seeds * train["epochs"] * epoch * (SIDE[experiment] / 28) ** 2
+    images = seeds * train["epochs"] * epoch * (registry.entry(experiment).image_size / MNIST_SIDE) ** 2
     source = f"{benched} {row['mode']} ×{row.get('seeds', 1)}: {row['train_images_per_s']:,.0f} images/s over {parallel}"
     return STARTUP_SECONDS + MARGIN * images / (row["train_images_per_s"] / parallel) + seeds * EVAL_SECONDS, source
 

@@ -56,6 +56,8 @@ def test_the_estimate_is_the_bench_row_of_the_settings_the_job_trains_with(gpu_p
     # MultiMNIST's 36×36 and §5.2's 40×40 images cost their area over MNIST's 28×28
     multi, _ = gpu_queue.job_seconds(gpu_params, "multimnist_r3_recon", 1, rows(), parallel=1)
     assert multi - evaluation - start == pytest.approx((one - evaluation - start) * (36 / 28) ** 2)
+    canvas, _ = gpu_queue.job_seconds(gpu_params, "capsnet_affnist", 1, rows(), parallel=1)
+    assert canvas - evaluation - start == pytest.approx((one - evaluation - start) * (40 / 28) ** 2)
     # two seeds stacked, no two-seed row: at the three-seed row's images/s, all seeds together; no
     # stacked row at all: training counts as no faster than one seed after another
     two, source = gpu_queue.job_seconds(gpu_params, "capsnet_r3", 2, rows(), parallel=1)
@@ -129,13 +131,6 @@ def test_fit_from_the_command_line(gpu_params, tmp_path):
     (tmp_path / "checkpoints" / "seed0-1-2.pt").write_bytes(b"stopped")
     resumed = subprocess.run([*args, "20"], cwd=REPO, capture_output=True, text=True, check=True)
     assert resumed.stdout.strip() == "capsnet_r3_recon:0,1,2" and "resume from" in resumed.stderr
-
-
-def test_the_image_sides_are_the_experiments(gpu_params):
-    from pipeline.experiments import affnist, multimnist
-
-    assert gpu_queue.SIDE == {"table1": 28, "multimnist": multimnist.IMAGE_SIZE, "affnist": affnist.IMAGE_SIZE}
-    assert {v.get("experiment", "table1") for v in gpu_params["variants"].values()} == set(gpu_queue.SIDE)
 
 
 def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_benched(tmp_path):

@@ -63,6 +63,14 @@ BENCH_MODES = {
 }
 
 
+def bench_mode_name(amp: bool, compile_mode: str | None, channels_last: bool = False,
+                    cuda_graph: bool = False) -> str | None:
+    """The BENCH_MODES name of these train.* speed settings (``compile_mode`` None: not compiled), None
+    if no bench mode is them: what a run's config or a profile trains with, named as the bench rows are."""
+    wanted = BenchMode(bool(amp), compile_mode, bool(channels_last), bool(cuda_graph))
+    return next((name for name, mode in BENCH_MODES.items() if mode == wanted), None)
+
+
 @dataclass(frozen=True)
 class BaseParams:
     seed: int = field(metadata=_range(0))

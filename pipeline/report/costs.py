@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.params import BENCH_MODES, BenchMode
+from pipeline.core.params import bench_mode_name
 
 PAPER_EPOCHS = 640  # the paper protocol: the official code's 300,000 steps of 128 (paper_reference.yaml's recipe)
 
@@ -76,10 +76,9 @@ def configuration(cfg: dict) -> str:
     bench name ('bf16-compile-capture' for train.cuda_graph with compile). Settings recorded before the
     levers existed read as off."""
     amp, compiled = bool(cfg.get("amp")), bool(cfg.get("compile"))
-    mode = BenchMode(amp, cfg.get("compile_mode", "default") if compiled else None, bool(cfg.get("channels_last")),
-                     bool(cfg.get("cuda_graph")))
-    name = next((m for m, b in BENCH_MODES.items() if b == mode), None)
-    plain = mode.compile_mode in (None, "default") and not mode.channels_last and not mode.cuda_graph
+    compile_mode = cfg.get("compile_mode", "default") if compiled else None
+    name = bench_mode_name(amp, compile_mode, cfg.get("channels_last", False), cfg.get("cuda_graph", False))
+    plain = compile_mode in (None, "default") and not cfg.get("channels_last") and not cfg.get("cuda_graph")
     return CONFIGURATIONS[amp, compiled] if plain or name is None else name
 
 
