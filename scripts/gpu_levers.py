@@ -32,8 +32,10 @@ from pipeline.core.params import BENCH_MODES, bench_mode_name
 
 BENCHED = {"capsnet": "capsnet_r3_recon", "baseline_cnn": "baseline_cnn"}  # model: the variant timed for it
 # the CUDA tests (pytest id prefixes, "{v}" the variant) that prove a bench mode computes the same step;
-# a mode of the profile's own settings needs none; a mode not listed is proven by none
+# the eager modes need none (no lever: what the CPU tests check, at the profile's precision); a mode
+# not listed is proven by none
 PROOFS = {
+    "fp32": [],
     "bf16": [],
     "bf16-compile": ["test_gpu.py::test_bf16_compiled_step_matches_eager_fp32[{v}]",
                      "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"],
@@ -67,8 +69,10 @@ def test_outcomes(log: str) -> dict[str, str]:
     return outcomes
 
 
-def proven(mode: str, variant: str, outcomes: dict[str, str]) -> tuple[bool, str]:
+def proven(mode: str | None, variant: str, outcomes: dict[str, str]) -> tuple[bool, str]:
     """Whether every CUDA test proving ``mode`` on ``variant`` ran and passed; why not, if not."""
+    if mode not in PROOFS:
+        return False, f"no CUDA test proves {mode or 'these settings'}"
     for prefix in PROOFS[mode]:
         prefix = prefix.format(v=variant)
         ran = {t: o for t, o in outcomes.items() if t.startswith(prefix)}
@@ -88,6 +92,18 @@ def trained_mode(train: dict, model: str) -> str | None:
                            train.get("channels_last", False), train.get("cuda_graph", False))
 
 
+def run_unproven(config: dict, outcomes: dict[str, str]) -> str:
+    """Why the speed settings a trained run recorded (its config.json's "config") are not proven by the
+    CUDA tests' ``outcomes``, or "" where they are: its bench mode's proofs on the variant timed for its
+    model. A model no variant is timed for (BENCHED) keeps the profile, as the levers do: "" too."""
+    cfg = config["config"]
+    if cfg["model"] not in BENCHED:
+        return ""
+    mode = bench_mode_name(cfg["amp"], cfg.get("compile_mode", "default") if cfg["compile"] else None,
+                           cfg.get("channels_last", False), cfg.get("cuda_graph", False))
+    return proven(mode, BENCHED[cfg["model"]], outcomes)[1]
+
+
 def bench_rows(path: Path) -> list[dict]:
     """Every `capsnet bench` row in a file, or in a folder's *.jsonl files and the *.jsonl.tmp of a bench
     the deadline cut short (its rows are whole measurements); a line that is not a JSON row (a torn
@@ -102,6 +118,18 @@ def bench_rows(path: Path) -> list[dict]:
     return rows
 
 
+def fallback(outcomes: dict[str, str], train: dict, model: str, why: str) -> tuple[dict | None, str]:
+    """No bench row to choose from: the profile's settings where its mode is proven, else eager at its
+    precision (issue #36: a variant whose compiled or captured path fails trains uncompiled at once)."""
+    mode = trained_mode(train, model)
+    ok, not_proven = proven(mode, BENCHED[model], outcomes)
+    if ok:
+        return None, f"{model}: {why}; the profile's {mode} stays"
+    eager = "bf16" if train["amp"] else "fp32"
+    return ({**levers(eager), "stack_layout": "fused"},
+            f"{model}: {why}; the profile's {mode} is not proven either ({not_proven}): {eager}, eager")
+
+
 def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) -> tuple[dict | None, str]:
     """The fastest eligible row for ``model`` (see the module) and a line saying why; None: keep the profile."""
     variant = BENCHED[model]
@@ -109,8 +137,7 @@ def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) 
             and BENCH_MODES[r["mode"]].amp == train["amp"]  # bf16 autocast is protocol, never a lever
             and r.get("seeds", 1) in (1, STACKED)]
     if not mine:
-        precision = "bf16" if train["amp"] else "fp32"
-        return None, f"{model}: no bench row of {variant} in a proven mode at the profile's {precision}; the profile's settings stay"
+        return fallback(outcomes, train, model, f"no bench row of {variant} in a proven mode at the profile's precision")
 
     def why_not(row: dict) -> str:  # "" where the row's mode passed its CUDA tests and ran as it says
         if row["mode"].endswith("-capture") and not row.get("captured"):
@@ -118,8 +145,8 @@ def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) 
         return proven(row["mode"], variant, outcomes)[1]
     eligible = [r for r in mine if not why_not(r)]
     if not eligible:
-        return None, f"{model}: no bench mode of {variant} passed its CUDA tests ({mine[0]['mode']}: " \
-                     f"{why_not(mine[0])}); the profile's settings stay"
+        return fallback(outcomes, train, model, f"no bench mode of {variant} passed its CUDA tests "
+                                                f"({mine[0]['mode']}: {why_not(mine[0])})")
     # the seeds the window will put in one process (gpu_queue.stacking_pays): three where a stacked row
     # beats every one-seed row, else one; then only rows of that many seeds compete
     fastest = {n: max((r["train_images_per_s"] for r in eligible if r.get("seeds", 1) == n), default=0.0)
@@ -141,23 +168,29 @@ def main() -> None:
     parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="a folder of bench JSON lines, or one file")
     parser.add_argument("--tests", type=Path, default=Path("logs/gpu_tests.txt"), help="the CUDA tests' pytest -v log")
     parser.add_argument("--params", type=Path, default=Path("params.gpu.yaml"), help="the profile's params")
+    parser.add_argument("--check-run", type=Path, metavar="CONFIG_JSON",
+                        help="only check a trained run's speed settings against the CUDA tests: exit 1 naming why not")
     args = parser.parse_args()
+    outcomes = test_outcomes(args.tests.read_text()) if args.tests.is_file() else {}
+    if args.check_run:
+        why = run_unproven(json.loads(args.check_run.read_text()), outcomes)
+        sys.exit(f"{args.check_run}: {why}" if why else 0)
     if not args.params.is_file():
         sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
     rows = bench_rows(args.bench)
-    outcomes = test_outcomes(args.tests.read_text()) if args.tests.is_file() else {}
     raw = yaml.safe_load(args.params.read_text())
     for model in BENCHED:
         out = args.params.with_name(f"{args.params.stem}.{model}.yaml")
-        levers, line = choose(rows, outcomes, raw["train"], model)
+        picked, line = choose(rows, outcomes, raw["train"], model)
         print(line)
-        if levers is None:
+        if picked is None:
             out.unlink(missing_ok=True)
             continue
-        chosen = {**raw, "train": {**raw["train"], **levers}}
+        chosen = {**raw, "train": {**raw["train"], **picked}}
         if model != "capsnet":
-            chosen["train"]["compile_cnns"] = levers["compile"]
-        out.write_text(yaml.safe_dump(chosen, sort_keys=False))
+            chosen["train"]["compile_cnns"] = picked["compile"]
+        out.with_suffix(".tmp").write_text(yaml.safe_dump(chosen, sort_keys=False))
+        out.with_suffix(".tmp").replace(out)  # whole: jobs already training read it as they start
 
 
 if __name__ == "__main__":

@@ -80,16 +80,22 @@ fi
 
 # the test files holding CUDA-only tests (tests/test_wiring.py checks that this list names every one)
 CUDA_TEST_FILES="tests/test_gpu.py tests/test_capture_gpu.py tests/test_wiring.py tests/test_multimnist.py"
-if [ "$TESTS" = 1 ]; then
+pick_levers() {
+  [ "$LEVERS" = 1 ] || return 0
+  python3 scripts/gpu_levers.py --bench logs/bench --tests logs/gpu_tests.txt --params params.gpu.yaml 2>&1 \
+    | while read -r line; do say "levers: $line"; done
+}
+cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone when both are done
   rm -f "$OUT/gpu_diffs.jsonl"
   workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")  # pytest-xdist is on the GPU image; else one by one
   # shellcheck disable=SC2086
-  CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" python3 -m pytest -m cuda $CUDA_TEST_FILES $workers -p no:cacheprovider -v \
-    >"$OUT/gpu_tests.txt" 2>&1
+  CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" timeout "$((DEADLINE - $(date +%s)))" python3 -m pytest -m cuda \
+    $CUDA_TEST_FILES $workers -p no:cacheprovider -v >"$OUT/gpu_tests.txt" 2>&1
   say "gpu tests exit $?: $(tail -1 "$OUT/gpu_tests.txt")"
-  cp "$OUT/gpu_tests.txt" logs/gpu_tests.txt  # the warm machine's later calls pick levers from it
-fi
-
+  cp "$OUT/gpu_tests.txt" logs/gpu_tests.txt  # the jobs' proofs and the warm machine's later calls read it
+  pick_levers
+  rm -f logs/gpu_tests.pending logs/running/cuda-tests
+}
 mkdir -p logs/bench
 if [ -n "$BENCH" ]; then
   # this GPU model's rows from earlier windows (reports/bench/<model>/, committed by gpu_import.sh) count as
@@ -129,9 +135,20 @@ for entry in $BENCH; do
 done
 
 rm -f params.gpu.*.yaml
-if [ "$LEVERS" = 1 ]; then
-  python3 scripts/gpu_levers.py --bench logs/bench --tests logs/gpu_tests.txt --params params.gpu.yaml 2>&1 \
-    | while read -r line; do say "levers: $line"; done
+rm -rf logs/running && mkdir -p logs/running
+TESTS_PID=""
+if [ "$TESTS" = 1 ] && [ -n "$TRAIN" ]; then
+  # beside the first jobs, not before them (about 130 s of a 15-minute window on the H200): those train
+  # with the profile's settings, and a seed whose settings the tests then do not prove is trained again
+  # with the levers they do prove (run_job's proofs); the tests count as a process sharing the GPU
+  touch logs/gpu_tests.pending logs/running/cuda-tests
+  cuda_tests &
+  TESTS_PID=$!
+  say "CUDA tests beside the first jobs"
+elif [ "$TESTS" = 1 ]; then
+  touch logs/gpu_tests.pending && cuda_tests
+else
+  pick_levers
 fi
 
 # Evaluations go to gpu_results/ (git-ignored), packed as results/: the device tool re-sends the
@@ -150,6 +167,24 @@ evaluate() {  # variant, seeds "S1,S2", log: each seed's evaluation into gpu_res
   done
   return $status
 }
+proofs() {  # variant, seeds "S1,S2": 0 where the CUDA tests of this window prove the speed settings each
+  # seed's config.json recorded (waiting for tests still running beside it; no tests, no check), else 3
+  # after removing the unproven seeds, so that the job asks again and trains them with the proven levers
+  local s why bad=""
+  while [ -f logs/gpu_tests.pending ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 2; done
+  [ -f logs/gpu_tests.txt ] || return 0
+  for s in ${2//,/ }; do
+    why=$(python3 scripts/gpu_levers.py --tests logs/gpu_tests.txt --check-run "models/$1/seed$s/config.json" 2>&1) && continue
+    echo "$1:$s trained with settings its CUDA tests do not prove, removed to train again: $why"
+    rm -rf "models/$1/seed$s" && bad="${bad:+$bad,}$s"
+  done
+  [ -z "$bad" ] && return 0
+  rm -f "checkpoints/$1"/seed*.pt  # its resume state is of those settings too
+  # asked again once: the levers picked after the tests are proven (scripts/gpu_levers.py)
+  if [ "$LEVERS" = 1 ] && [ ! -f "logs/$1.retrained" ]; then touch "logs/$1.retrained"; return 3; fi
+  echo "$1:$bad not trained again (no proven levers to switch to)"
+  return 1
+}
 run_job() {
   local variant=${1%%:*} left=$((DEADLINE - $(date +%s))) s seeds="" trained=""
   for s in $(tr , ' ' <<<"${1##*:}"); do
@@ -161,6 +196,7 @@ run_job() {
   if [ "$left" -lt 60 ]; then echo "$1 not started: ${left}s left"; return 0; fi
   if [ -n "$trained" ]; then  # trained by an earlier call of this window (config.json is written last): evaluate only
     local evaluated=0
+    proofs "$variant" "$trained" || return $?
     evaluate "$variant" "$trained" "logs/$variant-evaluate.log" || evaluated=$?
     echo "$variant:$trained trained before, evaluated: exit $evaluated"
     [ "$evaluated" = 0 ] && [ -n "$seeds" ] && return 3  # a failed evaluation is not asked again (it would loop)
@@ -179,6 +215,7 @@ run_job() {
   timeout "$left" python3 -m pipeline.cli train "$variant" "$seeds" data/prepared "models/$variant/seed{seed}" \
       --checkpoint "checkpoints/$variant/seed${seeds//,/-}.pt" --params "$params" >>"logs/$tag.log" 2>&1
   local status=$?
+  if [ $status = 0 ]; then proofs "$variant" "$seeds" || return $?; fi
   [ $status = 0 ] && { evaluate "$variant" "$seeds" "logs/$tag.log" || status=$?; }
   echo "$1 exit $status after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$tag.log")"
   local rest=",${1##*:},"
@@ -186,13 +223,14 @@ run_job() {
   [ $status = 0 ] && [ "$rest" != , ] && return 3  # seeds left that this process did not train: ask again
   return 0
 }
-export -f job evaluate run_job
-rm -rf logs/running && mkdir -p logs/running
+export -f job evaluate proofs run_job
+export LEVERS
 if [ -n "$TRAIN" ]; then
   say "training $TRAIN, $PARALLEL at a time, until $((DEADLINE - START))s"
   printf '%s\n' $TRAIN | xargs -P "$PARALLEL" -I{} bash -c 'job "$1"' _ {} | tee -a "$LOG"
 fi
 
+if [ -n "$TESTS_PID" ]; then wait "$TESTS_PID"; fi
 if [ -n "$FP_PID" ]; then wait "$FP_PID"; say "fingerprint table $FP_TABLE: exit $?"; fi
 say "packing"
 shopt -s nullglob

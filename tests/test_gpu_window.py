@@ -278,3 +278,75 @@ def test_a_mistyped_commit_gives_way_to_the_trees_head(tmp_path):
         done = subprocess.run(["bash", "-c", check + 'echo "${CAPSNET_GIT_COMMIT:-unset}"'], cwd=tmp_path, env=env,
                               capture_output=True, text=True, check=True)
         assert done.stdout.strip() == (given and head or "unset") and said in done.stderr
+
+
+STUB_GPU = """#!%s
+# python3 on a GPU window with its CUDA tests and training faked: `-m pytest` prints STUB_TESTS (after a
+# moment: the first job trains meanwhile); `-m pipeline.cli train` records the speed settings of the
+# --params it was given in each seed's config.json, as a run does; evaluate writes metrics
+import json, os, sys, time
+import yaml
+args = sys.argv[1:]
+if args[:2] == ["-m", "pytest"]:
+    time.sleep(3)
+    print(os.environ["STUB_TESTS"])
+    sys.exit(0)
+if args[:2] == ["-m", "pipeline.cli"] and args[2] in ("train", "evaluate"):
+    params = args[args.index("--params") + 1] if "--params" in args else ""
+    with open("calls.log", "a") as log:
+        print(" ".join([*args[2:5], os.path.basename(params)]).strip(), file=log)
+    if args[2] == "evaluate":
+        os.makedirs(args[5], exist_ok=True)
+        open(os.path.join(args[5], "metrics.json"), "w").write("{}")
+        sys.exit(0)
+    raw = yaml.safe_load(open(params))
+    train, model = raw["train"], raw["variants"][args[3]]["model"]
+    cfg = {"model": model, "amp": train["amp"], "compile": train["compile"] and (model == "capsnet" or train["compile_cnns"]),
+           "compile_mode": train["compile_mode"], "channels_last": train["channels_last"], "cuda_graph": train["cuda_graph"]}
+    for s in args[4].split(","):
+        os.makedirs(f"models/{args[3]}/seed{s}", exist_ok=True)
+        json.dump({"config": cfg}, open(f"models/{args[3]}/seed{s}/config.json", "w"))
+    sys.exit(0)
+if args[:2] == ["-m", "pipeline.cli"]:
+    sys.exit(0)  # fingerprint
+os.execv(sys.executable, [sys.executable, *args])
+"""
+
+
+@pytest.mark.parametrize("capture_test", ["PASSED", "FAILED"])
+def test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_trains_again(tmp_path, capture_test):
+    """gpu_session.sh --tests with training: the tests run beside the first job, which trains with the
+    profile's settings (compiled and captured); once they pass, its seed is evaluated as trained; where
+    the capture test fails, the levers fall back to eager bf16 and the seed trains again with them
+    before it is evaluated."""
+    work = tmp_path / "device"
+    for part in ("scripts", "pipeline", "params.yaml"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, work / part)
+    (work / "data" / "prepared").mkdir(parents=True)
+    (work / "data" / "prepared" / "train.safetensors").write_text("prepared before")
+    (work / "logs" / "bench").mkdir(parents=True)
+    (work / "logs" / "bench" / "caps.jsonl").write_text(json.dumps(  # fast enough to fit any window
+        {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 1, "captured": True, "train_images_per_s": 1e9}) + "\n")
+    capture = "tests/test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+    tests = "\n".join([f"{capture}[capsnet_r3_recon-bf16-compiled-fused-1seed] {capture_test} [ 1%]",
+                       "tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon] PASSED"])
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(STUB_GPU % sys.executable)
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "CAPSNET_GPU_PROFILE": "gpu", "CAPSNET_GIT_COMMIT": "",
+           "STUB_TESTS": tests, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--levers", "--train", "capsnet_r3:0",
+                           "--deadline", "300"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "out" / "session.log").read_text()
+    assert done.returncode == 0, done.stderr + log
+    assert "CUDA tests beside the first jobs" in log
+    calls = (work / "calls.log").read_text().splitlines()
+    if capture_test == "PASSED":
+        assert calls == ["train capsnet_r3 0 params.gpu.yaml", "evaluate models/capsnet_r3/seed0 data/prepared"], calls
+        return
+    assert "the profile's bf16-compile-capture is not proven either" in log and "bf16, eager" in log
+    assert "capsnet_r3:0 trained with settings its CUDA tests do not prove, removed to train again" in log
+    assert calls == ["train capsnet_r3 0 params.gpu.yaml", "train capsnet_r3 0 params.gpu.capsnet.yaml",
+                     "evaluate models/capsnet_r3/seed0 data/prepared"], calls
+    retrained = json.loads((work / "models" / "capsnet_r3" / "seed0" / "config.json").read_text())["config"]
+    assert (retrained["compile"], retrained["cuda_graph"], retrained["amp"]) == (False, False, True)
