@@ -37,6 +37,7 @@ BENCHED = {"capsnet": "capsnet_r3_recon", "baseline_cnn": "baseline_cnn"}  # mod
 PROOFS = {
     "fp32": [],
     "bf16": [],
+    "compile": ["test_gpu.py::test_compiled_fp32_step_matches_eager_fp32[{v}]"],  # the paper-gpu profile's CapsNets
     "bf16-compile": ["test_gpu.py::test_bf16_compiled_step_matches_eager_fp32[{v}]",
                      "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"],
     "bf16-cl": ["test_gpu.py::test_bf16_channels_last_step_matches_eager_fp32[{v}]"],

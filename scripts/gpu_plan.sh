@@ -10,7 +10,8 @@
 # starts a training job only when its estimate fits them (scripts/gpu_queue.py --fit). Typically two
 # calls: the first about 9 min, the second the 2-3 min left. Without CAPSNET_GPU_LEFT a call only knows
 # its own deadline (the first argument, 560 s).
-# Each call picks up where the last stopped: the CUDA tests run once per warm machine, a bench this
+# Each call picks up where the last stopped: the CUDA tests run once per warm machine (beside the first
+# jobs, which train with the profile's settings and train again where the tests fail them), a bench this
 # machine or an earlier window on this GPU model already ran is skipped, a run already evaluated is
 # skipped, a run the deadline stopped resumes from its checkpoint. A run the window's end cuts off is
 # lost (the machine goes back with it), so none is started that the estimate says cannot finish.

@@ -2,7 +2,9 @@
 # One self-contained GPU session on a machine with torch but no DVC or MLflow (the device tool's
 # H100/H200). Prepares the data from the MNIST .gz files in .gpu/mnist, then, as asked:
 #   --tests          every CUDA-only test (marked cuda: tests/test_gpu.py's fast path vs eager fp32 per
-#                    variant and layer, the CUDA generator on resume, MultiMNIST composed on the device)
+#                    variant and layer, the CUDA generator on resume, MultiMNIST composed on the device),
+#                    after the bench, beside the --train jobs (those wait for them before evaluating: a
+#                    seed whose speed settings they do not prove trains again with the levers they do)
 #   --bench "V ..."  `capsnet bench` rows for these variants: the reference loop, then fp32, bf16 and
 #                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs),
 #                    with seeds stacked as V@mode#1,3 (one seed, then three stacked: bench --seeds;
@@ -11,7 +13,7 @@
 #                    model (reports/bench/<model>/, gpu_import.sh keeps them), is not run again; a bench
 #                    starts only within the first --bench-budget seconds (default 300) of benching on
 #                    this machine, the rest waits for the next window
-#   --levers         after the bench, train each benched model with the fastest bench mode that passed its
+#   --levers         after the bench and tests, train each benched model with the fastest bench mode that passed its
 #                    CUDA tests (scripts/gpu_levers.py writes params.gpu.<model>.yaml; the others keep the profile)
 #   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile ("V:0,1,2": three seeds
 #                     stacked in one process, issue #23), --parallel at a time, stopped at --deadline
@@ -89,7 +91,7 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   rm -f "$OUT/gpu_diffs.jsonl"
   workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")  # pytest-xdist is on the GPU image; else one by one
   # shellcheck disable=SC2086
-  CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" timeout "$((DEADLINE - $(date +%s)))" python3 -m pytest -m cuda \
+  CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pytest -m cuda \
     $CUDA_TEST_FILES $workers -p no:cacheprovider -v >"$OUT/gpu_tests.txt" 2>&1
   say "gpu tests exit $?: $(tail -1 "$OUT/gpu_tests.txt")"
   cp "$OUT/gpu_tests.txt" logs/gpu_tests.txt  # the jobs' proofs and the warm machine's later calls read it

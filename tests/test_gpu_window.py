@@ -15,6 +15,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 try:
+    import gpu_levers
     import gpu_queue
 finally:
     sys.path.pop(0)
@@ -350,3 +351,27 @@ def test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_t
                      "evaluate models/capsnet_r3/seed0 data/prepared"], calls
     retrained = json.loads((work / "models" / "capsnet_r3" / "seed0" / "config.json").read_text())["config"]
     assert (retrained["compile"], retrained["cuda_graph"], retrained["amp"]) == (False, False, True)
+
+
+def test_a_run_is_checked_against_the_cuda_tests_of_the_speed_settings_it_recorded():
+    """gpu_levers.run_unproven (gpu_session.sh's proofs): a run's recorded settings name its bench mode,
+    whose proving tests on its model's timed variant must all have passed; eager needs none; a model
+    the levers do not choose for keeps the profile, unchecked."""
+    capture = "test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+    passed = {f"{capture}[capsnet_r3_recon-bf16-compiled-fused-1seed]": "PASSED",
+              "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon]": "PASSED",
+              "test_gpu.py::test_compiled_fp32_step_matches_eager_fp32[capsnet_r3_recon]": "FAILED",
+              f"{capture}[baseline_cnn-bf16-eager-fused-3seed]": "PASSED"}
+
+    def run(model, amp, compile_, cuda_graph):
+        return {"config": {"model": model, "amp": amp, "compile": compile_, "compile_mode": "default",
+                           "channels_last": False, "cuda_graph": cuda_graph}}
+
+    assert gpu_levers.run_unproven(run("capsnet", True, True, True), passed) == ""  # the gpu profile's CapsNets
+    assert gpu_levers.run_unproven(run("baseline_cnn", True, False, True), passed) == ""  # its CNN, captured eager
+    assert "FAILED" in gpu_levers.run_unproven(run("capsnet", False, True, False), passed)  # paper-gpu's compiled fp32
+    assert "did not run" in gpu_levers.run_unproven(run("capsnet", True, True, True), {})
+    assert gpu_levers.run_unproven(run("capsnet", False, False, False), {}) == ""  # eager fp32: nothing to prove
+    assert gpu_levers.run_unproven(run("multimnist_cnn", True, False, True), {}) == ""  # no lever chosen for it
+    assert "no CUDA test proves" in gpu_levers.run_unproven(
+        {"config": {**run("capsnet", True, True, False)["config"], "compile_mode": "reduce-overhead"}}, passed)
