@@ -10,8 +10,9 @@ Table 1 comes from one protocol. Needs only PyYAML and this repository (the GPU 
 Order: the five Table 1 rows and their four official twins (seed 0 of each first, then 1, then 2),
 then MultiMNIST's three variants, then §5.2's two; with --stack one item per variant, its missing
 seeds trained stacked in one process (`V:0,1,2`). The paper protocol (640 epochs, `make
-paper-gpu`) is not queued: 3 seeds of one variant need about 40 min of H100 time side by side, more
-than a window's 15, until seeds train stacked (issue #23).
+paper-gpu`) is not queued: one seed is about 10 min of training at the H200's captured 66k images/s
+(stacking is slower there), about all of a window, and it trains in bf16 only once the precision
+check (#36, item 6) shows bf16 within the seed noise.
 
     python3 scripts/gpu_queue.py --fit V:0,1,2 --left S --params P [--bench logs/bench] [--parallel N]
                                  [--checkpoints checkpoints/V]
