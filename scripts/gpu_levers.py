@@ -10,12 +10,19 @@ profile's params with the train.* levers of the fastest eligible row (compile, c
 channels_last, cuda_graph, stack_layout). Eligible: the row's precision is the profile's (train.amp
 is protocol, never a lever), it trained the seeds the window will put in one process (3 where some
 stacked row beats every one-seed row, else 1: on the H200 one seed ran 2.1x three stacked), a captured mode
-really captured, and every CUDA test that proves that mode on that variant passed (MODE_TESTS;
+really captured, and every CUDA test that proves that mode on that variant passed (PROOFS;
 a mode no CUDA test proves, such as torch.compile's own CUDA graphs, is never picked). The
 profile's own setting competes as the row of its mode, so nothing is picked that the bench did not
-show faster. A model with no eligible row keeps the profile. Prints one line per model saying what
-it picked, from what, and why. Needs PyYAML and this repository on the path (gpu_session.sh sets
-PYTHONPATH), not torch, DVC or MLflow.
+show faster. A model with no eligible row keeps the profile where the tests prove the profile's own
+mode, else trains eager at the profile's precision. Prints one line per model saying what it picked,
+from what, and why.
+
+    python3 scripts/gpu_levers.py --tests logs/gpu_tests.txt --check-run models/V/seedS/config.json
+
+exits 1, naming why, where the tests do not prove the speed settings a trained run recorded
+(gpu_session.sh then trains that seed again with the levers they do prove).
+
+Needs PyYAML and this repository on the path (gpu_session.sh sets PYTHONPATH), not torch, DVC or MLflow.
 """
 
 from __future__ import annotations
@@ -97,12 +104,10 @@ def run_unproven(config: dict, outcomes: dict[str, str]) -> str:
     """Why the speed settings a trained run recorded (its config.json's "config") are not proven by the
     CUDA tests' ``outcomes``, or "" where they are: its bench mode's proofs on the variant timed for its
     model. A model no variant is timed for (BENCHED) keeps the profile, as the levers do: "" too."""
-    cfg = config["config"]
+    cfg = config["config"]  # its "compile" is what the run did (compile_cnns resolved)
     if cfg["model"] not in BENCHED:
         return ""
-    mode = bench_mode_name(cfg["amp"], cfg.get("compile_mode", "default") if cfg["compile"] else None,
-                           cfg.get("channels_last", False), cfg.get("cuda_graph", False))
-    return proven(mode, BENCHED[cfg["model"]], outcomes)[1]
+    return proven(trained_mode(cfg, cfg["model"]), BENCHED[cfg["model"]], outcomes)[1]
 
 
 def bench_rows(path: Path) -> list[dict]:
