@@ -61,8 +61,8 @@ PROFILES: dict[str, dict[str, Any]] = {
             "train.checkpoint_every": 5, "prepare.multimnist_pairs_per_digit": 100, "train.cuda_graph": True},
     # the paper protocol (640 epochs, its schedule, 3 seeds, the paper's 10M MultiMNIST test pairs) with
     # the fast path's settings: compiled CapsNets, eager CNNs, cuDNN autotuning, a checkpoint every 5
-    # epochs (a call's 10 min limit stops a run mid-way; the next call resumes it). fp32 until the
-    # precision check (bf16 vs fp32 under the gpu profile, 3 seeds each) shows bf16 within seed noise
+    # epochs (a call's 10 min limit stops a run mid-way; the next call resumes it). fp32 (TF32 off,
+    # train.tf32) until the precision check (bf16 vs fp32 under the gpu profile, 3 seeds each) shows bf16 within seed noise
     "paper-gpu": {"base.profile": "paper-gpu", "train.compile": True, "train.compile_cnns": False,
                   "train.deterministic": False, "train.device": "cuda", "train.checkpoint_every": 5},
 }

@@ -4,7 +4,7 @@ profile's protocol, most needed first, as `VARIANT:SEED` words for gpu_session.s
     python3 scripts/gpu_queue.py [--runs reports/runs] [--params params.gpu.yaml] [--limit N]
 
 A run counts as published when reports/runs/models/VARIANT/seedS/config.json exists and was trained
-under the protocol the params give (epochs, batch, every lr* setting, amp): runs of an older protocol
+under the protocol the params give (epochs, batch, every lr* setting, amp, tf32): runs of an older protocol
 (the 2026-11-23 runs, cut at 50 epochs of the 640-epoch schedule) are queued again, so the next
 Table 1 comes from one protocol. Needs only PyYAML and this repository (the GPU machine has no DVC or MLflow).
 Order: the five Table 1 rows and their four official twins (seed 0 of each first, then 1, then 2),
@@ -45,13 +45,16 @@ ORDER = ["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", "c
          "capsnet_r3", "capsnet_r3_official", "capsnet_r1", "capsnet_r1_official", "baseline_cnn",
          "multimnist_r3_recon", "multimnist_r1_recon", "multimnist_baseline", "capsnet_affnist", "cnn_affnist"]
 SEEDS = (0, 1, 2)
-PROTOCOL_KEYS = ("epochs", "batch_size", "lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "lr_schedule_epochs", "amp")
+PROTOCOL_KEYS = ("epochs", "batch_size", "lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "lr_schedule_epochs", "amp",
+                 "tf32")
+DEFAULTS = {"lr_schedule_epochs": 0, "tf32": False}  # what a record from before the key trained with (tf32: as
+# the report reads it for bf16 runs, whose convolutions and matmuls autocast puts in bf16 either way)
 
 
 def wanted_protocol(params_path: Path) -> dict:
     """The protocol fields of a params file's train section."""
     train = yaml.safe_load(params_path.read_text())["train"]
-    return {k: train.get(k, 0 if k == "lr_schedule_epochs" else None) for k in PROTOCOL_KEYS}
+    return {k: train.get(k, DEFAULTS.get(k)) for k in PROTOCOL_KEYS}
 
 
 def published(runs: Path, variant: str, seed: int, protocol: dict) -> bool:
@@ -59,7 +62,7 @@ def published(runs: Path, variant: str, seed: int, protocol: dict) -> bool:
     if not config.is_file():
         return False
     cfg = json.loads(config.read_text())["config"]
-    return all(cfg.get(k, 0 if k == "lr_schedule_epochs" else None) == v for k, v in protocol.items())
+    return all(cfg.get(k, DEFAULTS.get(k)) == v for k, v in protocol.items())
 
 
 def queue(runs: Path, protocol: dict) -> list[str]:

@@ -34,7 +34,7 @@ COMMIT = "c0ffee0123456789abcdef0123456789abcdef01"
 def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="capsnet", recon=True, image_size=28,
               stop_reason="budget", bins=None, recipe=None, history=None, epochs=None, commit=COMMIT,
               adam_eps=1e-8, resumed=None, amp=False, device="cpu", lr_schedule_epochs=None, fingerprint=None,
-              fingerprint_env=None):
+              fingerprint_env=None, tf32=None):
     """Evaluation files whose per-image predictions give exactly error_pct (clean set) and affine_pct
     (transformed set) on n images; 40×40 variants get §5.2's set names. ``commit``/``adam_eps``/
     ``resumed`` None: the run does not record them (as the 17bb48c runs)."""
@@ -64,6 +64,8 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
         config["recipe"] = recipe
     if lr_schedule_epochs is not None:  # runs from before compressed schedules have none
         config["lr_schedule_epochs"] = lr_schedule_epochs
+    if tf32 is not None:  # runs from before train.tf32 have none
+        config["tf32"] = tf32
     record = {"config": config, "params": {"device": device}, "train_seconds": 1.0, "stop_reason": stop_reason,
               "epochs_trained": len(history), "run_id": f"{variant}-{seed}",
               "environment": {"torch_version": "t", "python_version": "p"} | ({"git_commit": commit} if commit else {})
@@ -488,6 +490,10 @@ def test_run_provenance_shows_what_each_run_recorded_and_nothing_else(tmp_path):
     assert table.loc[0, "adam_eps"] == "not recorded" and table.loc[1, "adam_eps"] == 1e-8
     assert table.loc[0, "resumed_at_epoch"] == "not recorded" and table.loc[1, "resumed_at_epoch"] == "20, 35"
     assert table.loc[0, "precision"] == "bf16 autocast" and table.loc[1, "precision"] == "fp32"  # amp only on CUDA
+    for seed, (tf32, precision) in enumerate([(False, "fp32"), (True, "TF32"),
+                                              (None, "fp32, TF32 convolutions (not recorded: torch's default)")], 2):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0, device="cuda", tf32=tf32)  # fp32 on CUDA: as train.tf32 said
+        assert load(tmp_path, ["capsnet_r1"], [seed])[0].precision == precision
     runs[0].config["resumed_from_epoch"] = 40  # what the published runs record: the last resume only
     assert runs[0].resume_epochs == [40] and runs[0].resumed == ("40 (the last resume; earlier ones not recorded) "
                                                                  "(its checkpoint was already final: the last start trained nothing)")

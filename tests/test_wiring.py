@@ -55,6 +55,24 @@ def test_a_variant_trains_with_its_recipes_loss_and_model(tmp_path, variant, rec
     assert (0.08 < w_std < 0.095) if official else (0.009 < w_std < 0.0115)
 
 
+def test_tf32_is_on_only_where_train_tf32_says():
+    """On CUDA an fp32 run is fp32: train.tf32 (default false) sets TF32 for matmuls and cuDNN's
+    convolutions, whose torch default is on; on a CPU nothing is touched. (A torch.device("cuda")
+    object needs no GPU: only the flags are read.)"""
+    cfg = one_step_config("capsnet_r1")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # torch's cuDNN default
+        train_module.configure_backends(cfg, torch.device("cpu"))
+        assert torch.backends.cudnn.allow_tf32 is True
+        for flag in (False, True, False):
+            train_module.configure_backends(dataclasses.replace(cfg, tf32=flag), torch.device("cuda"))
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (flag, flag)
+        assert cfg.tf32 is False and dataclasses.replace(cfg, tf32=True).digest() != cfg.digest()  # precision: the key
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
+
+
 @pytest.mark.parametrize("compile_", [False, True])
 def test_the_deterministic_flag_reaches_torch(compile_):
     """train.deterministic switches torch's deterministic algorithms on and off, compiled or eager

@@ -119,6 +119,9 @@ class TrainParams:
     # rate the E-epoch schedule ends at (the gpu profile: the paper's 640 epochs into 50)
     lr_schedule_epochs: int = field(default=0, metadata=_range(0))
     amp: bool = False  # bf16 autocast (CUDA only; ignored with a warning on CPU)
+    # TensorFloat-32 for CUDA's fp32 matmuls and cuDNN convolutions (10-bit mantissas). false: fp32 is
+    # fp32 (torch's own default leaves cuDNN's on); precision, so inside the checkpoint's key
+    tf32: bool = False
     compile: bool = False  # torch.compile the model
     # with compile: compile the CNN baselines too (false: they run eager; on an H100 eager bf16 trains
     # them 8–10 % faster than compiled, reports/benchmarks.md); the CapsNets are compiled either way

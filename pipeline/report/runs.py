@@ -97,9 +97,16 @@ class Run:
 
     @property
     def precision(self) -> str:
-        """bf16 autocast where amp was on and the device CUDA (train.py falls back to fp32 elsewhere)."""
+        """bf16 autocast where amp was on and the device CUDA (train.py falls back to fp32 elsewhere);
+        on CUDA without it, fp32 or TF32 (train.tf32; a record from before the key ran cuDNN's
+        convolutions in TF32, torch's default)."""
         device = str(self.config.get("params", {}).get("device", self.cfg.get("device", "")))
-        return "bf16 autocast" if self.cfg.get("amp") and device.startswith("cuda") else "fp32"
+        if not device.startswith("cuda"):
+            return "fp32"
+        if self.cfg.get("amp"):
+            return "bf16 autocast"
+        tf32 = self.cfg.get("tf32")
+        return "fp32" if tf32 is False else "TF32" if tf32 else "fp32, TF32 convolutions (not recorded: torch's default)"
 
     @property
     def resume_epochs(self) -> list[int] | None:

@@ -96,6 +96,7 @@ class RunConfig:
     stack_layout: str = "fused"  # how stacked seeds run (pipeline.training.stack): a speed lever too
     cuda_graph: bool = False  # the whole step captured as one CUDA graph (pipeline.training.steps): a speed lever
     experiment: str = ""  # pipeline.core.registry's name; "" in records from before the key (image_size says)
+    tf32: bool = False  # TF32 for CUDA's fp32 matmuls and cuDNN convolutions (false: fp32 is fp32)
 
     @property
     def experiment_name(self) -> str:
@@ -117,6 +118,8 @@ class RunConfig:
             fields.pop("experiment")  # the key stay valid: the image size said the same
         if not self.lr_schedule_epochs:  # uncompressed: digests from before the key existed stay valid
             fields.pop("lr_schedule_epochs")
+        if not self.tf32:  # likewise (no checkpoint outlives its GPU machine, and on a CPU it changes nothing)
+            fields.pop("tf32")
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -204,13 +207,16 @@ def schedule(cfg: RunConfig, steps: int) -> list[float]:
 
 
 def configure_backends(cfg: RunConfig, device: torch.device) -> None:
-    """Deterministic algorithms, or (deterministic: false) cuDNN autotuning for speed."""
+    """Deterministic algorithms, or (deterministic: false) cuDNN autotuning for speed; on CUDA, TF32
+    for fp32 matmuls and convolutions only where train.tf32 says so (torch's default turns it on for
+    cuDNN's: an "fp32" run's convolutions would round to 10-bit mantissas)."""
     if cfg.compile:  # the public switch also sets inductor's kernels, importing torch._inductor
         torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
     else:  # the same switch of eager ops without that import: 2.2 s of every CPU stage process
         torch._C._set_deterministic_algorithms(cfg.deterministic, warn_only=True)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = not cfg.deterministic
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
 
 
 @dataclass
