@@ -148,7 +148,7 @@ if [ "$TESTS" = 1 ] && [ -n "$TRAIN" ]; then
   TESTS_PID=$!
   say "CUDA tests beside the first jobs"
 elif [ "$TESTS" = 1 ]; then
-  touch logs/gpu_tests.pending && cuda_tests
+  cuda_tests
 else
   pick_levers
 fi

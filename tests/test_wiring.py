@@ -73,6 +73,29 @@ def test_tf32_is_on_only_where_train_tf32_says():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 
 
+def test_the_evaluate_stage_runs_the_model_in_the_precision_it_trained_in(tmp_path, monkeypatch):
+    """An fp32 run's evaluation on CUDA is fp32 too: the evaluate stage's load_model sets TF32 from the
+    run's config as training did (the device faked: only the flags are read)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from pipeline.stages import evaluate as evaluate_stage
+
+    cfg = one_step_config("capsnet_r1")
+    (tmp_path / "config.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
+    save_file(train_module.build_model(cfg).state_dict(), str(tmp_path / "model.safetensors"))
+    monkeypatch.setattr(evaluate_stage, "resolve_device", lambda _: torch.device("cuda"))
+    monkeypatch.setattr(evaluate_stage, "place_model", lambda model, *_: model)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # torch's cuDNN default
+        evaluate_stage.load_model(tmp_path)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 @pytest.mark.parametrize("compile_", [False, True])
 def test_the_deterministic_flag_reaches_torch(compile_):
     """train.deterministic switches torch's deterministic algorithms on and off, compiled or eager

@@ -105,8 +105,9 @@ class Run:
             return "fp32"
         if self.cfg.get("amp"):
             return "bf16 autocast"
-        tf32 = self.cfg.get("tf32")
-        return "fp32" if tf32 is False else "TF32" if tf32 else "fp32, TF32 convolutions (not recorded: torch's default)"
+        if "tf32" not in self.cfg:
+            return "fp32, TF32 convolutions (not recorded: torch's default)"
+        return "TF32" if self.cfg["tf32"] else "fp32"
 
     @property
     def resume_epochs(self) -> list[int] | None:

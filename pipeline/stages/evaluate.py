@@ -21,7 +21,7 @@ from pipeline.core.errors import UserError
 from pipeline.core.files import writable_dir, write_json
 from pipeline.core.params import Params
 from pipeline.core.stage_names import rerun_hint
-from pipeline.training.train import RunConfig, build_model, place_model, resolve_device
+from pipeline.training.train import RunConfig, build_model, configure_precision, place_model, resolve_device
 
 
 def load_model(model_dir: Path, params: Params | None = None) -> tuple[dict, RunConfig, torch.nn.Module]:
@@ -41,7 +41,9 @@ def load_model(model_dir: Path, params: Params | None = None) -> tuple[dict, Run
         raise UserError(f"{model_dir / 'model.safetensors'} is truncated or corrupt ({err}); {retrain}") from err
     model = build_model(cfg)
     model.load_state_dict(weights)
-    return saved, cfg, place_model(model, cfg, resolve_device(cfg.device)).eval()
+    device = resolve_device(cfg.device)
+    configure_precision(cfg, device)  # evaluated in the precision it trained in
+    return saved, cfg, place_model(model, cfg, device).eval()
 
 
 def run(model_dir: Path, data_dir: Path, out: Path, params: Params | None = None) -> dict[str, float]:

@@ -206,17 +206,24 @@ def schedule(cfg: RunConfig, steps: int) -> list[float]:
     return [cfg.lr * decay(step) for step in range(steps + 1)]
 
 
+def configure_precision(cfg: RunConfig, device: torch.device) -> None:
+    """On CUDA, TF32 for fp32 matmuls and convolutions only where train.tf32 says so (torch's default
+    turns it on for cuDNN's: an "fp32" run's convolutions would round to 10-bit mantissas); training
+    and the evaluate stage both run a model so."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
+
+
 def configure_backends(cfg: RunConfig, device: torch.device) -> None:
-    """Deterministic algorithms, or (deterministic: false) cuDNN autotuning for speed; on CUDA, TF32
-    for fp32 matmuls and convolutions only where train.tf32 says so (torch's default turns it on for
-    cuDNN's: an "fp32" run's convolutions would round to 10-bit mantissas)."""
+    """Deterministic algorithms, or (deterministic: false) cuDNN autotuning for speed; the run's
+    precision (`configure_precision`)."""
     if cfg.compile:  # the public switch also sets inductor's kernels, importing torch._inductor
         torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
     else:  # the same switch of eager ops without that import: 2.2 s of every CPU stage process
         torch._C._set_deterministic_algorithms(cfg.deterministic, warn_only=True)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = not cfg.deterministic
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
+    configure_precision(cfg, device)
 
 
 @dataclass
