@@ -32,6 +32,15 @@ from pipeline import warm as warm_mod
 from pipeline.core import registry
 from pipeline.core.params import ablation_variants, cpu_epoch_seconds
 
+class Twins(dict):
+    """A profile value for an ablation list: {twin: original}, each twin added to the list params.yaml
+    holds there wherever its original trains (resolved by `apply`; `dvc exp run -S` gets the whole list)."""
+
+
+# the precision check (#36 item 6): capsnet_r3_recon_fp32 trains beside the gpu profile's bf16 original;
+# the smoke profile trains it too, so every stage of it runs on the CPU (where both are fp32)
+PRECISION_TWINS = Twins({"capsnet_r3_recon_fp32": "capsnet_r3_recon"})
+
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {},  # params.yaml as committed: 640 epochs, 3 seeds, every variant
     # tiny deterministic subsets, 1 epoch, CPU; one affNIST-style transform per digit, not 32; two
@@ -44,7 +53,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {"base.profile": "smoke", "prepare.train_subset": 32, "prepare.test_subset": 32,
               "prepare.affnist_transforms": 1, "train.epochs": 1, "train.batch_size": 16, "train.device": "cpu",
               "train.log_every": 1, "ablation.seeds": [0, 1], "prepare.multimnist_pairs_per_digit": 2,
-              "train.multimnist_epoch_size": 32},
+              "train.multimnist_epoch_size": 32, "ablation.stacked": PRECISION_TWINS},
     # 50 epochs (the length popular re-runs use) with the paper's 640-epoch learning-rate decay
     # compressed into them (so the last epoch ends at the paper's final rate, ≈ 2.2e-6, instead of
     # 62 % of the first: the published 2026-11-23 runs were cut, not compressed), 3 seeds, on CUDA:
@@ -58,7 +67,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     # 30.5k, and its CUDA tests passed (reports/benchmarks.md); bf16 only: fp32 was not benched
     "gpu": {"base.profile": "gpu", "train.epochs": 50, "train.lr_schedule_epochs": 640, "train.amp": True,
             "train.compile": True, "train.compile_cnns": False, "train.deterministic": False, "train.device": "cuda",
-            "train.checkpoint_every": 5, "prepare.multimnist_pairs_per_digit": 100, "train.cuda_graph": True},
+            "train.checkpoint_every": 5, "prepare.multimnist_pairs_per_digit": 100, "train.cuda_graph": True,
+            "ablation.stacked": PRECISION_TWINS},
     # the paper protocol (640 epochs, its schedule, 3 seeds, the paper's 10M MultiMNIST test pairs) with
     # the fast path's settings: compiled CapsNets, eager CNNs, cuDNN autotuning, a checkpoint every 5
     # epochs (a call's 10 min limit stops a run mid-way; the next call resumes it). fp32 (TF32 off,
@@ -80,8 +90,13 @@ def apply(raw: dict, name: str) -> dict:
             section = section[part]
         if key not in section:
             raise KeyError(f"profile {name}: {dotted} is not a key of params.yaml")
-        section[key] = value
+        section[key] = with_twins(section[key], value, ablation_variants(out)) if isinstance(value, Twins) else value
     return out
+
+
+def with_twins(names: list[str], twins: Twins, trained: list[str]) -> list[str]:
+    """``names`` and each twin whose original is among the ``trained`` variants (once)."""
+    return [*names, *(t for t, original in twins.items() if original in trained and t not in trained)]
 
 
 RESTORED = ("params.yaml", "dvc.lock")  # what a smoke run puts back as it was
@@ -202,10 +217,13 @@ def _restore(saved: dict[str, bytes]) -> None:
             print(f"restored {path}", file=sys.stderr)
 
 
-def dvc_set_args(name: str) -> list[str]:
-    """`-S key=value` arguments for `dvc exp run` (values in YAML/JSON flow syntax)."""
+def dvc_set_args(name: str, raw: dict) -> list[str]:
+    """`-S key=value` arguments for `dvc exp run` (values in YAML/JSON flow syntax) that turn params.yaml's
+    mapping ``raw`` into profile ``name``'s (an `Extend` value as the whole list it makes)."""
+    flat = flatten(apply(raw, name))
     args = []
-    for dotted, value in PROFILES[name].items():
+    for dotted in PROFILES[name]:
+        value = flat[dotted]
         args += ["-S", f"{dotted}={value if isinstance(value, str) else json.dumps(value)}"]
     return args
 
@@ -243,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.exec:
         parser.error("--exec needs a command")
-    command = args.exec + dvc_set_args(args.profile)
+    command = args.exec + dvc_set_args(args.profile, yaml.safe_load(Path(args.params).read_text()))
     print(" ".join(command), flush=True)
     if args.profile == "smoke":
         prefill = None if args.prefill is None else (apply(yaml.safe_load(Path(args.params).read_text()), "smoke"),

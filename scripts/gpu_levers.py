@@ -7,8 +7,10 @@ Reads every `capsnet bench` row under --bench (JSON lines) and the `pytest -v` l
 tests (--tests), and for each model whose variant was benched (capsnet_r3_recon stands for every
 CapsNet, baseline_cnn for the Table 1 CNN) writes params.gpu.<model>.yaml beside --params: the
 profile's params with the train.* levers of the fastest eligible row (compile, compile_mode,
-channels_last, cuda_graph, stack_layout). Eligible: the row's precision is the profile's (train.amp
-is protocol, never a lever), it trained the seeds the window will put in one process (3 where some
+channels_last, cuda_graph, stack_layout); a precision twin (a variant whose own precision is not the
+profile's: capsnet_r3_recon_fp32) gets params.gpu.<model>-<precision>.yaml, chosen among rows of its
+precision (`lever_key`; `--key VARIANT` prints whose file a variant reads). Eligible: the row's precision is the
+variant's (bf16 autocast is protocol, never a lever), it trained the seeds the window will put in one process (3 where some
 stacked row beats every one-seed row, else 1: on the H200 one seed ran 2.1x three stacked), a captured mode
 really captured, and every CUDA test that proves that mode on that variant passed (PROOFS;
 a mode no CUDA test proves, such as torch.compile's own CUDA graphs, is never picked). The
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.core import protocol
 from pipeline.core.params import BENCH_MODES, bench_mode_name
 
 BENCHED = {"capsnet": "capsnet_r3_recon", "baseline_cnn": "baseline_cnn"}  # model: the variant timed for it
@@ -54,6 +57,10 @@ PROOFS = {
     "bf16-compile-capture": ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
                              "[{v}-bf16-compiled",
                              "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[{v}]"],
+    # fp32 (the precision check's twin, capsnet_r3_recon_fp32; the paper-gpu profile)
+    "capture": ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes[{v}-fp32-eager"],
+    "compile-capture": ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+                        "[{v}-fp32-compiled", "test_gpu.py::test_compiled_fp32_step_matches_eager_fp32[{v}]"],
 }
 STACKED = 3  # the seeds a window trains in one process (scripts/gpu_queue.py --stack)
 
@@ -98,6 +105,30 @@ def trained_mode(train: dict, model: str) -> str | None:
     compiled = train["compile"] and (model == "capsnet" or train.get("compile_cnns", True))
     return bench_mode_name(train["amp"], train.get("compile_mode", "default") if compiled else None,
                            train.get("channels_last", False), train.get("cuda_graph", False))
+
+
+def variant_train(raw: dict, variant: str) -> dict:
+    """The train section a params mapping trains ``variant`` with: its own precision where it names one
+    (a precision twin such as capsnet_r3_recon_fp32 trains fp32 under the bf16 gpu profile)."""
+    return {**raw["train"], "amp": protocol.variant_amp(raw, variant)}
+
+
+def lever_key(raw: dict, variant: str) -> str:
+    """Whose levers a variant trains with (params.gpu.<key>.yaml): its model's, or, where its own
+    precision is not the profile's, its model's at that precision (`capsnet-fp32`): bf16 autocast is
+    protocol, never a lever, so each precision has its own fastest mode."""
+    model, amp = raw["variants"][variant]["model"], protocol.variant_amp(raw, variant)
+    return model if amp == bool(raw["train"].get("amp", False)) else f"{model}-{'bf16' if amp else 'fp32'}"
+
+
+def lever_keys(raw: dict) -> dict[str, tuple[str, dict]]:
+    """{lever key: (model, its train section)} for every benched model at the profile's precision and
+    every precision twin of one (`lever_key`)."""
+    keys = {model: (model, raw["train"]) for model in BENCHED}
+    for variant, spec in raw["variants"].items():
+        if spec["model"] in BENCHED:
+            keys.setdefault(lever_key(raw, variant), (spec["model"], variant_train(raw, variant)))
+    return keys
 
 
 def run_unproven(config: dict, outcomes: dict[str, str]) -> str:
@@ -174,6 +205,7 @@ def main() -> None:
     parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="a folder of bench JSON lines, or one file")
     parser.add_argument("--tests", type=Path, default=Path("logs/gpu_tests.txt"), help="the CUDA tests' pytest -v log")
     parser.add_argument("--params", type=Path, default=Path("params.gpu.yaml"), help="the profile's params")
+    parser.add_argument("--key", metavar="VARIANT", help="only print whose levers VARIANT trains with (`lever_key`)")
     parser.add_argument("--check-run", type=Path, metavar="CONFIG_JSON",
                         help="only check a trained run's speed settings against the CUDA tests: exit 1 naming why not")
     args = parser.parse_args()
@@ -183,12 +215,15 @@ def main() -> None:
         sys.exit(f"{args.check_run}: {why}" if why else 0)
     if not args.params.is_file():
         sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
-    rows = bench_rows(args.bench)
     raw = yaml.safe_load(args.params.read_text())
-    for model in BENCHED:
-        out = args.params.with_name(f"{args.params.stem}.{model}.yaml")
-        picked, line = choose(rows, outcomes, raw["train"], model)
-        print(line)
+    if args.key:
+        print(lever_key(raw, args.key))
+        return
+    rows = bench_rows(args.bench)
+    for key, (model, train) in lever_keys(raw).items():
+        out = args.params.with_name(f"{args.params.stem}.{key}.yaml")
+        picked, line = choose(rows, outcomes, train, model)
+        print(line if key == model else f"{key} ({'bf16' if train['amp'] else 'fp32'} twin) — {line}")
         if picked is None:
             out.unlink(missing_ok=True)
             continue

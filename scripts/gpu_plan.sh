@@ -28,14 +28,15 @@
 #     (scripts/gpu_levers.py; params.gpu.<model>.yaml, recorded in every run's config.json);
 #  2. the short protocol (gpu profile: 50 epochs with the paper's 640-epoch decay compressed into
 #     them) for the five Table 1 rows and their four official twins, seeds 0-2, all at this commit,
-#     then MultiMNIST's three variants, then §5.2's two: scripts/gpu_queue.py --stack lists what
+#     then MultiMNIST's three variants, then the precision check's fp32 twin (capsnet_r3_recon_fp32: the
+#     same short protocol with bf16 autocast off and TF32 off, #36 item 6, its levers picked among the fp32
+#     bench rows of the last bench entry), then §5.2's two: scripts/gpu_queue.py --stack lists what
 #     reports/runs does not yet hold under this protocol, in that order, a variant's seeds stacked in
 #     one process (`capsnet train V 0,1,2`), or one seed per process, one after another, where the
 #     bench rows say stacking is slower (the H200: 0.48x; gpu_queue.stacking_pays);
 #  3. not queued yet: the paper protocol (`make paper-gpu`, 640 epochs: at the H200's 66k images/s one
 #     seed trains in about 10 min, all of a window's training time, and a seed the window's end cuts
-#     off is lost), and the bf16-vs-fp32 precision check (gpu profile, capsnet_r3_recon,
-#     3 seeds each), which waits until item 2 is done.
+#     off is lost); it trains in bf16 only if the precision check shows bf16 within the seed noise.
 # A lever the bench shows faster trains this window only after the CUDA tests pass with it; it goes
 # into the gpu profile itself by a commit, once reports/benchmarks.md holds its rows.
 set -euo pipefail
@@ -48,7 +49,7 @@ if head=$(git rev-parse HEAD 2>/dev/null) && [ "${CAPSNET_GIT_COMMIT:-$head}" !=
 fi
 # CAPSNET_GPU_PROFILE and CAPSNET_GPU_BENCH are for scripts/gpu_rehearse.sh (this window rehearsed on a CPU)
 python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml
-BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl"}
+BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture"}
 TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack)
 TESTS=() WINDOW=()
 mkdir -p logs

@@ -3,16 +3,19 @@ profile's protocol, most needed first, as `VARIANT:SEED` words for gpu_session.s
 
     python3 scripts/gpu_queue.py [--runs reports/runs] [--params params.gpu.yaml] [--limit N]
 
-A run counts as published when reports/runs/models/VARIANT/seedS/config.json exists and was trained
-under the protocol the params give (epochs, batch, every lr* setting, amp, tf32): runs of an older protocol
-(the 2026-11-23 runs, cut at 50 epochs of the 640-epoch schedule) are queued again, so the next
-Table 1 comes from one protocol. Needs only PyYAML and this repository (the GPU machine has no DVC or MLflow).
-Order: the five Table 1 rows and their four official twins (seed 0 of each first, then 1, then 2),
-then MultiMNIST's three variants, then §5.2's two; with --stack one item per variant, its missing
-seeds trained stacked in one process (`V:0,1,2`). The paper protocol (640 epochs, `make
-paper-gpu`) is not queued: one seed is about 10 min of training at the H200's captured 66k images/s
-(stacking is slower there), about all of a window, and it trains in bf16 only once the precision
-check (#36, item 6) shows bf16 within the seed noise.
+A run counts as published when a record of it in reports/runs (models/VARIANT/seedS/config.json, or
+one a later run set aside under earlier/) was trained under the protocol the params give for that
+variant (pipeline.core.protocol, the report's own definition: profile, epochs, batch, every lr*
+setting, precision): runs of an older protocol (the 2026-11-23 runs, cut at 50 epochs of the
+640-epoch schedule) are queued again, so the next Table 1 comes from one protocol, and the precision
+check's fp32 twin and its bf16 original never displace each other from the queue. Needs only PyYAML
+and this repository (the GPU machine has no DVC or MLflow).
+Order (GROUPS): the five Table 1 rows and their four official twins (seed 0 of each first, then 1,
+then 2), then MultiMNIST's three variants, then capsnet_r3_recon_fp32 (the precision check, #36 item
+6), then §5.2's two; with --stack one item per variant, its missing seeds trained stacked in one
+process (`V:0,1,2`). The paper protocol (640 epochs, `make paper-gpu`) is not queued: one seed is
+about 10 min of training at the H200's captured 66k images/s (stacking is slower there), about all of
+a window, and it trains in bf16 only once the precision check shows bf16 within the seed noise.
 
     python3 scripts/gpu_queue.py --fit V:0,1,2 --left S --params P [--bench logs/bench] [--parallel N]
                                  [--checkpoints checkpoints/V]
@@ -38,37 +41,37 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine runs it from a bare copy
-from gpu_levers import BENCHED, bench_rows, trained_mode  # noqa: E402  (beside this script; PyYAML's, no torch)
-from pipeline.core import registry  # noqa: E402  (names and image sizes only, no torch)
+from gpu_levers import BENCHED, bench_rows, trained_mode, variant_train  # noqa: E402  (beside this script; PyYAML's, no torch)
+from pipeline.core import protocol, registry  # noqa: E402  (names, image sizes, protocols: no torch)
 
-ORDER = ["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", "capsnet_r1_recon_official",
-         "capsnet_r3", "capsnet_r3_official", "capsnet_r1", "capsnet_r1_official", "baseline_cnn",
-         "multimnist_r3_recon", "multimnist_r1_recon", "multimnist_baseline", "capsnet_affnist", "cnn_affnist"]
+# the queue's groups, most needed first: Table 1's five rows and their four official twins (#36 item 3),
+# MultiMNIST (item 4), the precision check's fp32 twin of capsnet_r3_recon (item 6: the paper protocol
+# trains in bf16 only once it shows bf16 within the seed noise), §5.2 (item 7)
+GROUPS = [["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", "capsnet_r1_recon_official",
+           "capsnet_r3", "capsnet_r3_official", "capsnet_r1", "capsnet_r1_official", "baseline_cnn"],
+          ["multimnist_r3_recon", "multimnist_r1_recon", "multimnist_baseline"],
+          ["capsnet_r3_recon_fp32"],
+          ["capsnet_affnist", "cnn_affnist"]]
+ORDER = [v for g in GROUPS for v in g]
 SEEDS = (0, 1, 2)
-PROTOCOL_KEYS = ("epochs", "batch_size", "lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "lr_schedule_epochs", "amp",
-                 "tf32")
-DEFAULTS = {"lr_schedule_epochs": 0, "tf32": False}  # what a record from before the key trained with (tf32: as
-# the report reads it for bf16 runs, whose convolutions and matmuls autocast puts in bf16 either way)
+EARLIER = "earlier"  # pipeline.report.publish.EARLIER (that module needs torch; tests/test_gpu_queue.py checks they agree)
 
 
-def wanted_protocol(params_path: Path) -> dict:
-    """The protocol fields of a params file's train section."""
-    train = yaml.safe_load(params_path.read_text())["train"]
-    return {k: train.get(k, DEFAULTS.get(k)) for k in PROTOCOL_KEYS}
+def published_protocols(runs: Path, variant: str, seed: int) -> list[tuple]:
+    """The protocols (pipeline.core.protocol.recorded) of every published record of (variant, seed):
+    reports/runs/models/V/seedS and the records later runs set aside (reports/runs/earlier/*/models/V/seedS)."""
+    configs = [runs / "models" / variant / f"seed{seed}" / "config.json",
+               *sorted(runs.glob(f"{EARLIER}/*/models/{variant}/seed{seed}/config.json"))]
+    return [protocol.recorded(json.loads(c.read_text())) for c in configs if c.is_file()]
 
 
-def published(runs: Path, variant: str, seed: int, protocol: dict) -> bool:
-    config = runs / "models" / variant / f"seed{seed}" / "config.json"
-    if not config.is_file():
-        return False
-    cfg = json.loads(config.read_text())["config"]
-    return all(cfg.get(k, DEFAULTS.get(k)) == v for k, v in protocol.items())
-
-
-def queue(runs: Path, protocol: dict) -> list[str]:
+def queue(runs: Path, raw: dict) -> list[str]:
+    """Every (variant, seed) of GROUPS, in their order (seed 0 of each variant of a group first), that
+    has no published record under the protocol the params mapping ``raw`` trains it with."""
     items = []
-    for group in (ORDER[:9], ORDER[9:12], ORDER[12:]):
-        items += [f"{v}:{s}" for s in SEEDS for v in group if not published(runs, v, s, protocol)]
+    for group in GROUPS:
+        items += [f"{v}:{s}" for s in SEEDS for v in group
+                  if v in raw["variants"] and protocol.planned(raw, v) not in published_protocols(runs, v, s)]
     return items
 
 
@@ -91,8 +94,8 @@ MARGIN = 1.1  # an estimate's head room
 
 def trained_rows(params: dict, variant: str, rows: list[dict]) -> tuple[str, list[dict]]:
     """The variant timed for ``variant``'s model and its bench rows in the mode and stack layout the
-    params train it with (one-seed rows whatever their layout)."""
-    spec, train = params["variants"][variant], params["train"]
+    params train it with, at its own precision (one-seed rows whatever their layout)."""
+    spec, train = params["variants"][variant], variant_train(params, variant)
     mode, benched = trained_mode(train, spec["model"]), BENCHED.get(spec["model"], BENCHED["baseline_cnn"])
     layout = train.get("stack_layout", "fused")
     return benched, [r for r in rows if r.get("variant") == benched and r.get("mode") == mode and r.get("train_images_per_s")
@@ -173,7 +176,7 @@ def main() -> None:
         print(why, file=sys.stderr)
         print(start or "")
         return
-    items = queue(args.runs, wanted_protocol(args.params))
+    items = queue(args.runs, yaml.safe_load(args.params.read_text()))
     if args.stack:
         items = stacked(items)
     print(" ".join(items[:args.limit] if args.limit else items))

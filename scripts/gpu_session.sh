@@ -14,7 +14,8 @@
 #                    starts only within the first --bench-budget seconds (default 300) of benching on
 #                    this machine, the rest waits for the next window
 #   --levers         after the bench and tests, train each benched model with the fastest bench mode that passed its
-#                    CUDA tests (scripts/gpu_levers.py writes params.gpu.<model>.yaml; the others keep the profile)
+#                    CUDA tests (scripts/gpu_levers.py writes params.gpu.<model>.yaml, params.gpu.<model>-fp32.yaml
+#                    for the precision check's fp32 twin; the others keep the profile)
 #   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile ("V:0,1,2": three seeds
 #                     stacked in one process, issue #23), --parallel at a time, stopped at --deadline
 #                    (a stopped run resumes from its checkpoint if the same machine runs it again); a job
@@ -204,9 +205,9 @@ run_job() {
     [ "$evaluated" = 0 ] && [ -n "$seeds" ] && return 3  # a failed evaluation is not asked again (it would loop)
     return 0
   fi
-  local model params=params.gpu.yaml  # or the levers scripts/gpu_levers.py picked for the variant's model
-  model=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open("params.gpu.yaml"))["variants"][sys.argv[1]]["model"])' "$variant")
-  [ -f "params.gpu.$model.yaml" ] && params="params.gpu.$model.yaml"
+  local key params=params.gpu.yaml  # or the levers scripts/gpu_levers.py picked for the variant's model
+  key=$(python3 scripts/gpu_levers.py --params params.gpu.yaml --key "$variant")  # at its precision: capsnet-fp32
+  [ -f "params.gpu.$key.yaml" ] && params="params.gpu.$key.yaml"
   # a job an earlier call of this window stopped resumes; else the seeds whose estimate fits the window
   seeds=$(python3 scripts/gpu_queue.py --fit "$variant:$seeds" --left $((WINDOW_END - $(date +%s))) --params "$params" \
             --bench logs/bench --parallel "$(ls logs/running | wc -l)" --checkpoints "checkpoints/$variant" 2>"logs/$variant.fit")

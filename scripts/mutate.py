@@ -46,6 +46,8 @@ COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_com
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
 POWER = "tests/test_power.py"
+PROFILES = "tests/test_profiles.py"
+QUEUE = f"{PROFILES}::test_gpu_queue_skips_what_is_published_under_the_profiles_protocol"
 WARM = "tests/test_warm.py"
 TALLY = "tests/test_steps.py::test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_step"
 CAPTURED = "tests/test_steps.py::test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains[baseline_cnn-3seeds]"
@@ -179,8 +181,8 @@ MUTATIONS = [
     # --- statistics and report ---
     Mutation("effects pair two variants' rows only by an equal fingerprint (never equal)",
              "pipeline/experiments/table1_report.py",
-             "if (c := rr.shared_commit(by_variant[a][ka], by_variant[b][kb]))), None)",
-             "if ka == kb and (c := rr.shared_commit(by_variant[a][ka], by_variant[b][kb]))), None)",
+             "if (c := rr.shared_commit(rows_a[ka], rows_b[kb]))), None)",
+             "if ka == kb and (c := rr.shared_commit(rows_a[ka], rows_b[kb]))), None)",
              ("tests/test_report.py::test_runs_with_one_training_fingerprint_pool_across_commits",)),
     Mutation("README lines group rows by their labels, not the commits that compute them",
              "pipeline/experiments/table1_report.py",
@@ -363,8 +365,8 @@ MUTATIONS = [
     Mutation("an fp32 run on CUDA convolves in TF32 (torch's default)", "pipeline/training/train.py",
              "        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32\n", "",
              ("tests/test_wiring.py::test_tf32_is_on_only_where_train_tf32_says",)),
-    Mutation("a TF32 run reads as fp32 in the report", "pipeline/report/runs.py",
-             'if "tf32" not in self.cfg:', 'if self.cfg.get("tf32"):',
+    Mutation("a TF32 run reads as fp32 in the report", "pipeline/core/protocol.py",
+             'if "tf32" not in cfg:', 'if cfg.get("tf32"):',
              ("tests/test_report.py::test_run_provenance_shows_what_each_run_recorded_and_nothing_else",)),
     Mutation("the gpu levers pick a captured mode the bench ran uncaptured", "scripts/gpu_levers.py",
              'return "the bench ran it uncaptured"', "pass",
@@ -401,6 +403,30 @@ MUTATIONS = [
     Mutation("the train stage records a fingerprint of a fixed family", "pipeline/stages/train.py",
              "fingerprint = training_fingerprint(cfg)",
              "fingerprint = training_fingerprint(dataclasses.replace(cfg, max_shift=0))", (FINGERPRINT,)),
+    # --- the precision check (#36 item 6): the fp32 twin, its queue, its levers, its effect ---
+    Mutation("a precision twin trains in its profile's precision", "pipeline/training/train.py",
+             '    recipe["amp"] = protocol.amp_of(v.precision, params.train.amp)  # a precision twin\'s own\n', "",
+             (f"{PROFILES}::test_the_precision_twin_trains_in_fp32_beside_the_gpu_and_smoke_profiles_bf16_original",)),
+    Mutation("a profile adds the precision twin where its original does not train", "pipeline/profiles.py",
+             "if original in trained and t not in trained", "if t not in trained",
+             (f"{PROFILES}::test_the_precision_twin_trains_in_fp32_beside_the_gpu_and_smoke_profiles_bf16_original",)),
+    Mutation("the GPU queue plans the twin in its profile's precision", "pipeline/core/protocol.py",
+             '"amp": variant_amp(raw, variant)', '"amp": raw["train"].get("amp", False)', (QUEUE,)),
+    Mutation("the GPU queue ignores the published records a later run set aside", "scripts/gpu_queue.py",
+             '*sorted(runs.glob(f"{EARLIER}/*/models/{variant}/seed{seed}/config.json"))', "*[]", (QUEUE,)),
+    Mutation("the fp32 twin trains with its model's bf16 levers", "scripts/gpu_levers.py",
+             'return model if amp == bool(raw["train"].get("amp", False)) else', "return model if True else",
+             (f"{PROFILES}::test_the_fp32_twin_trains_with_the_fastest_fp32_mode_its_cuda_tests_prove",)),
+    Mutation("the fp32 twin's job is priced at the profile's bf16 rows", "scripts/gpu_queue.py",
+             'spec, train = params["variants"][variant], variant_train(params, variant)',
+             'spec, train = params["variants"][variant], params["train"]',
+             (f"{PROFILES}::test_the_fp32_twin_trains_with_the_fastest_fp32_mode_its_cuda_tests_prove",)),
+    Mutation("the precision effect looks for the fp32 twin in the bf16 protocol", "pipeline/experiments/table1_report.py",
+             "twins = _by_variant(runs, (*key[:-1], FP32)) if key[-1] == BF16 else {}", "twins = by_variant",
+             (f"{REPORT}::test_the_precision_check_compares_bf16_with_its_fp32_twin_across_the_precisions",)),
+    Mutation("the precision check allows bf16 whatever its interval", "pipeline/experiments/table1_report.py",
+             "within = effect.ci_low <= 0 <= effect.ci_high", "within = True",
+             (f"{REPORT}::test_the_precision_check_compares_bf16_with_its_fp32_twin_across_the_precisions",)),
     Mutation("every stage process imports scipy with the report's power analysis", "pipeline/report/power.py",
              "from collections.abc import Callable\n", "from collections.abc import Callable\nfrom scipy import optimize\n",
              (f"{LAYOUT}::test_a_train_or_evaluate_stage_imports_neither_scipy_nor_torchvision",)),

@@ -65,6 +65,7 @@ def case(variant: str, precision: str, compiled: bool, layout: str, seeds: tuple
 
 @pytest.mark.parametrize("variant,precision,compiled,layout,seeds", [
     case("capsnet_r3_recon", "fp32", False, "fused", (0, 1, 2)),
+    case("capsnet_r3_recon", "fp32", True, "fused", (0,)),  # the precision check's fp32 twin, compiled and captured
     case("capsnet_r3_recon", "bf16", False, "fused", (0, 1, 2)),
     case("capsnet_r3_recon", "bf16", True, "fused", (0, 1, 2)),  # the gpu profile's CapsNet step, captured
     case("capsnet_r3_recon", "bf16", True, "fused", (0,)),

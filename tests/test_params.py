@@ -32,7 +32,10 @@ def test_committed_params_are_the_paper_protocol():
     s52 = p.variant("capsnet_affnist"), p.variant("cnn_affnist")
     assert [(v.image_size, v.target_accuracy_pct) for v in s52] == [(40, 99.23), (40, 99.23)]
     assert p.prepare.affnist_transforms == 32 and {"capsnet_affnist", "cnn_affnist"} <= set(p.ablation.variants)
-    assert len(p.ablation.variants) == len(p.variants)  # every defined variant trains, stacked or separate
+    # every defined variant trains, stacked or separate, but the precision twin: in fp32 already, the
+    # paper protocol would train it as capsnet_r3_recon; the gpu and smoke profiles add it (test_profiles)
+    assert set(p.variants) - set(p.ablation.variants) == {"capsnet_r3_recon_fp32"}
+    assert len(p.ablation.variants) == len(set(p.ablation.variants))
 
 
 def test_a_record_from_before_stacking_reads_as_separate_variants():
@@ -62,6 +65,8 @@ def test_a_record_from_before_stacking_reads_as_separate_variants():
     ("ablation.stacked", ["capsnet_r1", "capsnet_r1"], "ablation.stacked lists a variant twice"),
     ("variants.baseline_cnn.reconstruction", True, "baseline_cnn has no routing or reconstruction"),
     ("train.device", "tpu", "train.device must be"),
+    ("variants.capsnet_r3_recon_fp32.precision", "fp16", "variants.capsnet_r3_recon_fp32.precision must be fp32, bf16 "
+                                                         "or left out (the profile's train.amp decides), got 'fp16'"),
     ("train.stack_layout", "grouped", "train.stack_layout must be one of fused, bmm, loop, got 'grouped'"),
     ("train.compile_mode", "fast", "train.compile_mode must be one of default, reduce-overhead, max-autotune, "
                                    "max-autotune-no-cudagraphs, got 'fast'"),

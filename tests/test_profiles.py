@@ -62,6 +62,30 @@ def test_gpu_profile_compiles_capsnets_and_runs_cnns_eager():
     assert not any(run_config(paper, v, 0).compile for v in paper.ablation.variants)  # compile: false wins
 
 
+def test_the_precision_twin_trains_in_fp32_beside_the_gpu_and_smoke_profiles_bf16_original():
+    """#36 item 6: the gpu profile (bf16 autocast) and the smoke profile train capsnet_r3_recon_fp32,
+    its fp32 twin (TF32 off), the paper profiles do not (their fp32 would repeat capsnet_r3_recon);
+    `dvc exp run -S` gets the whole stacked list, the twin added once."""
+    from pipeline.training.train import run_config
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    for name in ("gpu", "smoke"):
+        p = parse_params(profiles.apply(raw, name))
+        assert p.ablation.stacked == (*raw["ablation"]["stacked"], "capsnet_r3_recon_fp32")
+        twin, original = run_config(p, "capsnet_r3_recon_fp32", 0), run_config(p, "capsnet_r3_recon", 0)
+        assert not twin.amp and not twin.tf32 and original.amp == (name == "gpu")
+        assert dataclasses.replace(twin, variant="", amp=original.amp) == dataclasses.replace(original, variant="")
+        args = profiles.dvc_set_args(name, raw)
+        stacked = args[args.index(next(a for a in args if a.startswith("ablation.stacked=")))]
+        assert yaml.safe_load(stacked.split("=", 1)[1]) == list(p.ablation.stacked)
+    twice = profiles.apply(profiles.apply(raw, "gpu"), "gpu")["ablation"]["stacked"]
+    assert twice.count("capsnet_r3_recon_fp32") == 1
+    cut = {**raw, "ablation": {**raw["ablation"], "stacked": ["capsnet_r1"], "separate": ["baseline_cnn"]}}
+    assert profiles.apply(cut, "smoke")["ablation"]["stacked"] == ["capsnet_r1"]  # no original, no twin
+    for name in ("paper", "paper-gpu"):
+        assert "capsnet_r3_recon_fp32" not in parse_params(profiles.apply(raw, name)).ablation.variants
+
+
 def test_unknown_key_or_profile_is_named():
     with pytest.raises(KeyError, match="train.nonsense is not a key"):
         profiles.PROFILES["bad"] = {"train.nonsense": 1}
@@ -74,7 +98,7 @@ def test_unknown_key_or_profile_is_named():
 
 
 def test_dvc_arguments_and_written_file(tmp_path):
-    args = profiles.dvc_set_args("smoke")
+    args = profiles.dvc_set_args("smoke", yaml.safe_load((REPO / "params.yaml").read_text()))
     assert args[:2] == ["-S", "base.profile=smoke"] and "ablation.seeds=[0, 1]" in args and "train.device=cpu" in args
     out = tmp_path / "p.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
@@ -152,7 +176,7 @@ def test_gpu_session_writes_only_git_ignored_paths():
     script = (REPO / "scripts" / "gpu_session.sh").read_text()
     written = ["models/v/seed0/model.safetensors", "checkpoints/v/seed0.pt", "gpu_results/v/seed0/metrics.json",
                "logs/bench/v@bf16-graphs.jsonl", "journal/run.jsonl", "logs/v-0.log", "params.gpu.yaml",
-               "params.gpu.$model.yaml", "logs/gpu_tests.txt", "fingerprints/0953adc.json",
+               "params.gpu.$key.yaml", "logs/gpu_tests.txt", "fingerprints/0953adc.json",
                "data/prepared/train.safetensors"]
     for path in written:
         assert path.split("/")[0] in script, path
@@ -163,38 +187,58 @@ def test_gpu_session_writes_only_git_ignored_paths():
 
 
 def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path):
-    """scripts/gpu_queue.py: runs of the gpu profile's protocol are done; runs of an older protocol (the
-    published ones, cut at 50 epochs of the uncompressed schedule) are queued again; Table 1's rows
-    (seed by seed) come before MultiMNIST and §5.2."""
+    """scripts/gpu_queue.py: runs of the gpu profile's protocol are done, wherever their record is
+    published (models/, or set aside under earlier/ by a later run of the same seed); runs of an older
+    protocol (the published ones, cut at 50 epochs of the uncompressed schedule) are queued again;
+    the fp32 twin counts only its fp32 records; Table 1's rows (seed by seed) come before MultiMNIST,
+    the precision check's twin and §5.2."""
     import json
+
+    from pipeline.core import protocol
+    from pipeline.report import publish
+    from pipeline.training.train import run_config
 
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         import gpu_queue
     finally:
         sys.path.pop(0)
+    assert gpu_queue.EARLIER == publish.EARLIER
     params = tmp_path / "params.gpu.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
                     "--write", str(params)], check=True, cwd=REPO)
-    protocol = gpu_queue.wanted_protocol(params)
-    assert protocol["lr_schedule_epochs"] == 640 and protocol["epochs"] == 50 and protocol["amp"] is True
+    raw = yaml.safe_load(params.read_text())
+    gpu = parse_params(raw)
     runs = tmp_path / "runs"
-    for variant, seed, cfg in [("capsnet_r3_recon", 0, protocol), ("capsnet_r1", 2, protocol),
-                               ("capsnet_r3_recon", 1, {**protocol, "lr_schedule_epochs": None})]:
-        config = {k: v for k, v in cfg.items() if v is not None}
-        (runs / "models" / variant / f"seed{seed}").mkdir(parents=True)
-        (runs / "models" / variant / f"seed{seed}" / "config.json").write_text(json.dumps({"config": config}))
-    items = gpu_queue.queue(runs, protocol)
-    assert len(items) == 14 * 3 - 2
-    assert "capsnet_r3_recon:0" not in items and "capsnet_r1:2" not in items
+
+    def record(where: str, variant: str, seed: int, **changed) -> None:  # a config.json as the train stage writes it
+        cfg = {k: v for k, v in dataclasses.asdict(run_config(gpu, variant, seed)).items() if v is not None}
+        config = {"config": {**cfg, **changed}, "params": {"device": "cuda"}}
+        folder = runs / where / variant / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(config))
+
+    record("models", "capsnet_r3_recon", 0)
+    record("earlier/run1/models", "capsnet_r1", 2)  # set aside by a later run of another protocol
+    record("models", "capsnet_r1", 2, epochs=640)
+    record("models", "capsnet_r3_recon", 1, lr_schedule_epochs=0)  # the old, cut schedule
+    record("models", "capsnet_r3_recon_fp32", 0)
+    record("models", "capsnet_r3_recon_fp32", 1, amp=True)  # not the twin's precision
+    assert protocol.planned(raw, "capsnet_r3_recon_fp32")[-1] == "fp32"
+    assert protocol.planned(raw, "capsnet_r3_recon")[-1] == "bf16 autocast"
+    items = gpu_queue.queue(runs, raw)
+    assert len(items) == 15 * 3 - 3
+    assert not {"capsnet_r3_recon:0", "capsnet_r1:2", "capsnet_r3_recon_fp32:0"} & set(items)
     assert items[0] == "capsnet_r3_recon_official:0" and items[8] == "capsnet_r3_recon:1"  # the old protocol: again
-    assert items.index("baseline_cnn:2") < items.index("multimnist_r3_recon:0") < items.index("capsnet_affnist:0")
+    assert items.index("baseline_cnn:2") < items.index("multimnist_r3_recon:0") < items.index("capsnet_r3_recon_fp32:1") \
+        < items.index("capsnet_affnist:0")
     published = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--limit", "3",
                                 "--runs", str(runs)], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     assert published == items[:3] == ["capsnet_r3_recon_official:0", "capsnet_r1_recon:0", "capsnet_r1_recon_official:0"]
     stacked = gpu_queue.stacked(items)  # one item per variant, its missing seeds in one process
     assert stacked[:2] == ["capsnet_r3_recon_official:0,1,2", "capsnet_r1_recon:0,1,2"]
-    assert "capsnet_r3_recon:1,2" in stacked and "capsnet_r1:0,1" in stacked and len(stacked) == 14
+    assert "capsnet_r3_recon:1,2" in stacked and "capsnet_r1:0,1" in stacked and "capsnet_r3_recon_fp32:1,2" in stacked
+    assert len(stacked) == 15
 
 
 def test_the_gpu_scripts_call_capsnet_with_options_it_has():
@@ -287,3 +331,64 @@ def test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove(tmp_path):
     (tmp_path / "tests.txt").write_text(log)
     out, capsnet, _ = levers()
     assert "the profile's bf16-compile-capture stays" in out and not capsnet.exists()
+
+
+def test_the_fp32_twin_trains_with_the_fastest_fp32_mode_its_cuda_tests_prove(tmp_path):
+    """gpu_levers for the precision check (#36 item 6): capsnet_r3_recon_fp32 reads its own levers file
+    (`--key`: capsnet-fp32), chosen among fp32 rows only (a faster bf16 row is another precision, never a
+    lever); its compiled captured step needs its fp32 CUDA tests, else eager fp32; a run recorded in that
+    mode is checked against them (gpu_session.sh's proofs); the estimate prices the twin at the fp32 row."""
+    import json
+
+    from pipeline.core.params import load_params
+    from pipeline.training.train import run_config
+
+    params = tmp_path / "params.gpu.yaml"
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
+                    "--write", str(params)], check=True, cwd=REPO)
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_levers
+        import gpu_queue
+    finally:
+        sys.path.pop(0)
+
+    def key(variant):
+        return subprocess.run([sys.executable, "scripts/gpu_levers.py", "--params", str(params), "--key", variant],
+                              cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+    assert (key("capsnet_r3_recon_fp32"), key("capsnet_r3_recon"), key("baseline_cnn")) == ("capsnet-fp32", "capsnet",
+                                                                                         "baseline_cnn")
+    rows = [{"variant": "capsnet_r3_recon", "mode": mode, "seeds": 1, "train_images_per_s": rate, "captured": True}
+            for mode, rate in [("bf16-compile-capture", 66_000), ("fp32", 15_000), ("compile-capture", 30_000),
+                               ("capture", 20_000)]]
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    capture = "tests/test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+    proofs = [f"{capture}[capsnet_r3_recon-fp32-compiled-fused-1seed]",
+              "tests/test_gpu.py::test_compiled_fp32_step_matches_eager_fp32[capsnet_r3_recon]",
+              f"{capture}[capsnet_r3_recon-fp32-eager-fused-3seed]"]
+
+    def levers(outcome):
+        (tmp_path / "tests.txt").write_text("\n".join(f"{t} {outcome} [ 1%]" for t in proofs))
+        out = subprocess.run([sys.executable, "scripts/gpu_levers.py", "--bench", str(tmp_path / "bench"), "--tests",
+                              str(tmp_path / "tests.txt"), "--params", str(params)],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+        return out, load_params(tmp_path / "params.gpu.capsnet-fp32.yaml")
+
+    out, twin = levers("PASSED")
+    assert "capsnet-fp32 (fp32 twin) — capsnet: compile-capture, stack fused: 30,000 images/s" in out
+    assert (twin.train.compile, twin.train.cuda_graph, twin.train.amp) == (True, True, True)  # amp: the profile's
+    assert run_config(twin, "capsnet_r3_recon_fp32", 0).amp is False  # the twin's own precision still wins
+
+    recorded = {"config": {"model": "capsnet", "amp": False, "compile": True, "compile_mode": "default",
+                           "channels_last": False, "cuda_graph": True}}
+    passed = gpu_levers.test_outcomes((tmp_path / "tests.txt").read_text())
+    assert gpu_levers.run_unproven(recorded, passed) == ""
+    raw = yaml.safe_load((tmp_path / "params.gpu.capsnet-fp32.yaml").read_text())
+    assert gpu_queue.trained_rows(raw, "capsnet_r3_recon_fp32", rows)[1] == [rows[2]]  # priced at the fp32 row
+    assert gpu_queue.trained_rows(raw, "capsnet_r3_recon", rows)[1] == [rows[0]]  # the same levers, in bf16
+    out, twin = levers("FAILED")
+    assert "capsnet-fp32 (fp32 twin) — capsnet: fp32, stack fused: 15,000 images/s" in out
+    assert (twin.train.compile, twin.train.cuda_graph) == (False, False)  # eager fp32
+    assert "FAILED" in gpu_levers.run_unproven(recorded, gpu_levers.test_outcomes((tmp_path / "tests.txt").read_text()))

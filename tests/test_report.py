@@ -131,6 +131,37 @@ def test_effects_are_seed_aware_and_say_what_the_interval_supports(tmp_path):
     assert row.status == "not distinguishable from noise"  # an image-only interval would call −3.5 pp real
 
 
+def test_the_precision_check_compares_bf16_with_its_fp32_twin_across_the_precisions(tmp_path):
+    """#36 item 6: capsnet_r3_recon (bf16 autocast) against capsnet_r3_recon_fp32 (the same protocol in
+    fp32, TF32 off) is an effect of the bf16 protocol's table, though the two rows are two protocols;
+    TF32 or another schedule is not its twin; the decision for the paper protocol follows the interval;
+    the twin's own Table 1 row is compared with capsnet_r3_recon's paper value."""
+    def arms(root, bf16, fp32, **twin):
+        for seed, (a, b) in enumerate(zip(bf16, fp32)):
+            fabricate(root, "capsnet_r3_recon", seed, a, amp=True, device="cuda", tf32=False)
+            fabricate(root, "capsnet_r3_recon_fp32", seed, b, amp=False, device="cuda", **({"tf32": False} | twin))
+        return load(root, ["capsnet_r3_recon", "capsnet_r3_recon_fp32"], [0, 1, 2])
+
+    runs = arms(tmp_path / "same", [1.0, 1.5, 2.0], [1.5, 1.0, 2.0])
+    summary, table = t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE)
+    assert list(summary.protocol.str.rsplit(", ", n=1).str[1]) == ["bf16 autocast", "fp32"]
+    assert summary.set_index("variant").loc["capsnet_r3_recon_fp32", "paper_test_error"] == 0.25
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert (row.a, row.b, row.protocol) == ("capsnet_r3_recon", "capsnet_r3_recon_fp32", summary.protocol.iloc[0])
+    assert row.our_delta == pytest.approx(0.0) and row.ci_low < 0 < row.ci_high and math.isnan(row.paper_delta)
+    assert row.per_seed == "-0.50 +0.50 +0.00" and not math.isnan(row.equivalence_margin)
+    assert t1.precision_decision(row).endswith("within the seed noise, so the paper protocol may train in bf16 autocast")
+    text = markdown(summary, table, profile="gpu", deviations=["d"], provenance={}, figures={}, reference=REFERENCE)
+    assert "**Precision check** (bf16 autocast against the same protocol in fp32" in text
+    assert "Precision check: bf16 − fp32 = +0.00 pp" in "\n".join(t1.readme_lines(summary, table))
+    apart = t1.effects(arms(tmp_path / "apart", [5.0, 5.5, 4.5], [1.0, 1.5, 0.5]), REFERENCE).iloc[0]
+    assert apart.ci_low > 0 and t1.precision_decision(apart).endswith("beyond the seed noise, so the paper protocol "
+                                                                       "trains in fp32")
+    assert t1.effects(arms(tmp_path / "tf32", [1.0, 1.5, 2.0], [1.5, 1.0, 2.0], tf32=True), REFERENCE).empty
+    assert t1.effects(arms(tmp_path / "long", [1.0, 1.5, 2.0], [1.5, 1.0, 2.0], epochs=640), REFERENCE).empty
+
+
 def test_rows_never_pool_protocols_or_commits(tmp_path):
     """A row is (variant, protocol, commit): a variant's seeds at two commits are two rows; each protocol
     gets its own Table 1 (the longest first); an effect across commits is confounded, without interval."""

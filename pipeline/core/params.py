@@ -22,6 +22,7 @@ import yaml
 
 from pipeline.core import registry
 from pipeline.core.errors import UserError
+from pipeline.core.protocol import PRECISIONS
 
 
 class ParamsError(UserError, ValueError):
@@ -60,6 +61,8 @@ BENCH_MODES = {
     "bf16-autotune": BenchMode(True, "max-autotune-no-cudagraphs"),
     "bf16-capture": BenchMode(True, None, cuda_graph=True),
     "bf16-compile-capture": BenchMode(True, "default", cuda_graph=True),
+    # fp32 (TF32 off: train.tf32) captured: the precision check's fp32 twin (#36 item 6) and the paper-gpu profile
+    "capture": BenchMode(False, None, cuda_graph=True), "compile-capture": BenchMode(False, "default", cuda_graph=True),
 }
 
 
@@ -170,8 +173,14 @@ class VariantParams:
     # early stopping: stop once the per-epoch clean-test accuracy reaches this (%); 0 = train every epoch
     target_accuracy_pct: float = field(default=0.0, metadata=_range(0, 100))
     recipe: str = "paper"  # CapsNet: the paper's text, or what the official code computes (pipeline.models.capsnet)
+    # "": the train section's train.amp decides; fp32 | bf16: this variant trains in it whatever the profile
+    # says (a precision twin: capsnet_r3_recon_fp32 is the gpu profile's bf16 capsnet_r3_recon in fp32)
+    precision: str = ""
 
     def check(self, where: str) -> None:
+        if self.precision not in PRECISIONS:
+            raise ParamsError(f"{where}.precision must be fp32, bf16 or left out (the profile's train.amp decides), "
+                              f"got {self.precision!r}")
         if self.model not in MODELS:
             raise ParamsError(f"{where}.model must be one of {MODELS}, got {self.model!r}")
         if self.recipe not in RECIPES:

@@ -41,9 +41,20 @@ EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error
     ("official vs paper recipe, routing 3, with reconstruction", "capsnet_r3_recon_official", "capsnet_r3_recon"),
 ]
 
+# the precision check (#36 item 6), (what changes, A, B): A trained under bf16 autocast, B its precision twin
+# (params.yaml: variants.B.precision fp32) under the same protocol but in fp32, TF32 off; the paper has no
+# number (its code trains fp32): the paper protocol trains in bf16 only if this is within the seed noise
+PRECISION_EFFECTS = [("bf16 autocast vs fp32, routing 3, with reconstruction", "capsnet_r3_recon", "capsnet_r3_recon_fp32")]
+PRECISION_TWINS = {b for _, _, b in PRECISION_EFFECTS}
+BF16, FP32 = "bf16 autocast", "fp32"  # pipeline.core.protocol.precision's words for the two arms
+TWIN_SUFFIXES = ("_fp32", "_bf16")  # a precision twin's name: its original's and its precision
+
 
 def table1_row(variant: str, recipe: str) -> str:
-    """The paper's Table 1 row a variant replicates: an official-recipe twin shares its paper twin's row."""
+    """The paper's Table 1 row a variant replicates: an official-recipe twin shares its paper twin's row,
+    a precision twin its original's."""
+    for suffix in TWIN_SUFFIXES:
+        variant = variant.removesuffix(suffix)
     return variant.removesuffix("_official") if recipe == "official" else variant
 
 
@@ -105,42 +116,67 @@ def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.
     rows = []
     table1 = reference["table1"]
     for key in protocols(runs):
-        by_variant: dict[str, dict[str, list[Run]]] = {}
-        for r in runs:
-            if r.protocol_key == key:
-                by_variant.setdefault(r.variant, {}).setdefault(r.commit_key, []).append(r)
+        by_variant = _by_variant(runs, key)
         label = next(r.protocol for r in runs if r.protocol_key == key)
         for what, a, b in EFFECTS:
-            if a not in by_variant or b not in by_variant:
-                continue
-            paper = table1[a]["test_error_pct"] - table1[b]["test_error_pct"] if a in table1 and b in table1 else math.nan
-            row = {"protocol": label, "effect": what, "a": a, "b": b, "paper_delta": paper}
-            pair = next(((ka, kb, c) for ka in by_variant[a] for kb in by_variant[b]
-                         if (c := rr.shared_commit(by_variant[a][ka], by_variant[b][kb]))), None)
-            ra, rb = (by_variant[a][pair[0]], by_variant[b][pair[1]]) if pair else (
-                next(iter(by_variant[a].values())), next(iter(by_variant[b].values())))
-            err_a = np.stack([~r.correct["test"] for r in ra])  # (m, N)
-            err_b = np.stack([~r.correct["test"] for r in rb])  # (n, N)
-            parts = stats.effect_parts(err_a, err_b)
-            row |= {"n_seeds": min(len(ra), len(rb))} | rc.effect_settling(parts, paper, ra, rb, list(bench))
-            row |= rc.equivalence_settling(parts, ra, rb, list(bench)) if math.isnan(paper) else {}
-            if not pair:
-                rows.append(row | {
-                    "commit": "", "our_delta": _mean_error(ra) - _mean_error(rb), "ci_low": math.nan, "ci_high": math.nan,
-                    "per_seed": "", "mde": math.nan, "equivalence_margin": math.nan,
-                    "status": (f"confounded: {a} trained at {_origins(by_variant[a])} (Adam ε "
-                               f"{_recorded([r.adam_eps for r in ra])}), {b} at {_origins(by_variant[b])} "
-                               f"(Adam ε {_recorded([r.adam_eps for r in rb])}), no commit in common")})
-                continue
-            interval = stats.interval_of(parts)  # the parts above: per-image arrays read once
-            seeds_b = {r.seed: r.metrics["error_pct"] for r in rb}
-            per_seed = " ".join(f"{r.metrics['error_pct'] - seeds_b[r.seed]:+.2f}" for r in ra if r.seed in seeds_b)
-            rows.append(row | {"commit": pair[2], "our_delta": interval.estimate, "ci_low": interval.lo,
-                               "ci_high": interval.hi, "per_seed": per_seed, "status": stats.effect_words(interval)})
+            if a in by_variant and b in by_variant:
+                paper = table1[a]["test_error_pct"] - table1[b]["test_error_pct"] if a in table1 and b in table1 else math.nan
+                rows.append(_effect_row(label, what, a, b, by_variant[a], by_variant[b], paper, bench))
+        twins = _by_variant(runs, (*key[:-1], FP32)) if key[-1] == BF16 else {}  # the same protocol in fp32
+        for what, a, b in PRECISION_EFFECTS:
+            if a in by_variant and b in twins:
+                rows.append(_effect_row(label, what, a, b, by_variant[a], twins[b], math.nan, bench))
     return pd.DataFrame(rows, columns=["protocol", "effect", "a", "b", "paper_delta", "commit", "our_delta",
                                        "ci_low", "ci_high", "per_seed", "status", "n_seeds", "mde", "seeds_needed",
                                        "gpu_hours", "cost_source", "paper_protocol_hours", "equivalence_margin",
                                        "equivalence_seeds", "equivalence_hours", "equivalence_paper_protocol_hours"])
+
+
+def _by_variant(runs: list[Run], key: tuple) -> dict[str, dict[str, list[Run]]]:
+    """The runs of protocol ``key``: {variant: {commit_key: runs}}."""
+    out: dict[str, dict[str, list[Run]]] = {}
+    for r in runs:
+        if r.protocol_key == key:
+            out.setdefault(r.variant, {}).setdefault(r.commit_key, []).append(r)
+    return out
+
+
+def _effect_row(label: str, what: str, a: str, b: str, rows_a: dict[str, list[Run]], rows_b: dict[str, list[Run]],
+                paper: float, bench: list[BenchRow]) -> dict:
+    """One effect's row: error(A) − error(B) between rows of A and B one commit's code trains (else
+    `confounded`, no interval), with what would settle it."""
+    row = {"protocol": label, "effect": what, "a": a, "b": b, "paper_delta": paper}
+    pair = next(((ka, kb, c) for ka in rows_a for kb in rows_b if (c := rr.shared_commit(rows_a[ka], rows_b[kb]))), None)
+    ra, rb = (rows_a[pair[0]], rows_b[pair[1]]) if pair else (next(iter(rows_a.values())), next(iter(rows_b.values())))
+    err_a = np.stack([~r.correct["test"] for r in ra])  # (m, N)
+    err_b = np.stack([~r.correct["test"] for r in rb])  # (n, N)
+    parts = stats.effect_parts(err_a, err_b)
+    row |= {"n_seeds": min(len(ra), len(rb))} | rc.effect_settling(parts, paper, ra, rb, list(bench))
+    row |= rc.equivalence_settling(parts, ra, rb, list(bench)) if math.isnan(paper) else {}
+    if not pair:
+        return row | {
+            "commit": "", "our_delta": _mean_error(ra) - _mean_error(rb), "ci_low": math.nan, "ci_high": math.nan,
+            "per_seed": "", "mde": math.nan, "equivalence_margin": math.nan,
+            "status": (f"confounded: {a} trained at {_origins(rows_a)} (Adam ε {_recorded([r.adam_eps for r in ra])}), "
+                       f"{b} at {_origins(rows_b)} (Adam ε {_recorded([r.adam_eps for r in rb])}), no commit in common")}
+    interval = stats.interval_of(parts)  # the parts above: per-image arrays read once
+    seeds_b = {r.seed: r.metrics["error_pct"] for r in rb}
+    per_seed = " ".join(f"{r.metrics['error_pct'] - seeds_b[r.seed]:+.2f}" for r in ra if r.seed in seeds_b)
+    return row | {"commit": pair[2], "our_delta": interval.estimate, "ci_low": interval.lo, "ci_high": interval.hi,
+                  "per_seed": per_seed, "status": stats.effect_words(interval)}
+
+
+def precision_decision(effect) -> str:
+    """What the precision check's effect row (bf16 − fp32) decides for the paper protocol (#36 item 6):
+    bf16 autocast where its interval holds 0 (the difference within the seed noise), else fp32."""
+    if math.isnan(effect.ci_low):
+        return f"undecided ({effect.status}): the paper protocol trains in fp32"
+    within = effect.ci_low <= 0 <= effect.ci_high
+    bound = "" if math.isnan(effect.equivalence_margin) else \
+        f" (two one-sided tests at 5 % bound it within ±{effect.equivalence_margin:.2f} pp)"
+    return (f"bf16 − fp32 = {effect.our_delta:+.2f} pp {fmt_ci(effect.ci_low, effect.ci_high)} over {int(effect.n_seeds)} "
+            f"seeds a side{bound}: " + ("within the seed noise, so the paper protocol may train in bf16 autocast"
+                                        if within else "beyond the seed noise, so the paper protocol trains in fp32"))
 
 
 def _origins(rows: dict[str, list[Run]]) -> str:
@@ -211,6 +247,9 @@ def render_table1(summary: pd.DataFrame, effect_table: pd.DataFrame, reference: 
                 lines.append(f"| {e.effect} | {paper} | {e.our_delta:+.2f} | {fmt_ci(e.ci_low, e.ci_high)} | "
                              f"{e.per_seed or '–'} | {e.status} |")
             lines += ["", *_effect_power_lines(mine)]
+            decided = [f"**Precision check** (bf16 autocast against the same protocol in fp32, TF32 off; issue #36 "
+                       f"item 6): {precision_decision(e)}." for e in mine.itertuples() if e.b in PRECISION_TWINS]
+            lines += ["", *decided] if decided else []
         lines += ["", *_verdict_power_lines(rows)]
     return lines
 
@@ -347,4 +386,6 @@ def readme_lines(results: pd.DataFrame, effect_table: pd.DataFrame) -> list[str]
             paper_delta = "" if math.isnan(e.paper_delta) else f"; paper {e.paper_delta:+.2f}"
             interval = "(no interval)" if math.isnan(e.ci_low) else fmt_ci(e.ci_low, e.ci_high)
             lines.append(f"- {e.effect}: {e.our_delta:+.2f} {interval}, {e.status}{paper_delta}.")
+        decided = [f"Precision check: {precision_decision(e)}." for e in effects_here.itertuples() if e.b in PRECISION_TWINS]
+        lines += ["", *decided] if decided else []
     return lines

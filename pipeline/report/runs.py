@@ -20,12 +20,12 @@ import pandas as pd
 import yaml
 from safetensors.torch import load_file
 
-from pipeline.core import registry
+from pipeline.core import protocol, registry
 from pipeline.core.errors import UserError
 from pipeline.core.params import Params
+from pipeline.core.protocol import NOT_RECORDED  # the report's word for a field a run did not record
 from pipeline.core.stage_names import rerun_hint
 
-NOT_RECORDED = "not recorded"
 LAST_EPOCHS = 5  # the end-of-training stability diagnostic: mean test error of the last epochs
 
 # metrics.json's keys, the same for every variant so `dvc metrics show` is one filled table; which
@@ -97,17 +97,8 @@ class Run:
 
     @property
     def precision(self) -> str:
-        """bf16 autocast where amp was on and the device CUDA (train.py falls back to fp32 elsewhere);
-        on CUDA without it, fp32 or TF32 (train.tf32; a record from before the key ran cuDNN's
-        convolutions in TF32, torch's default)."""
-        device = str(self.config.get("params", {}).get("device", self.cfg.get("device", "")))
-        if not device.startswith("cuda"):
-            return "fp32"
-        if self.cfg.get("amp"):
-            return "bf16 autocast"
-        if "tf32" not in self.cfg:
-            return "fp32, TF32 convolutions (not recorded: torch's default)"
-        return "TF32" if self.cfg["tf32"] else "fp32"
+        """The arithmetic it trained in (pipeline.core.protocol.precision) on its recorded device."""
+        return protocol.precision(self.cfg, protocol.device_of(self.config))
 
     @property
     def resume_epochs(self) -> list[int] | None:
@@ -135,12 +126,9 @@ class Run:
 
     @property
     def protocol_key(self) -> tuple:
-        """What makes two runs comparable: profile, epochs, batch, every lr* setting, precision
-        (an uncompressed schedule, lr_schedule_epochs 0, is the same whether recorded or not)."""
-        cfg = self.cfg
-        schedule = tuple(sorted((k, cfg[k]) for k in cfg if k.startswith("lr")
-                                and not (k == "lr_schedule_epochs" and not cfg[k])))
-        return cfg.get("profile", NOT_RECORDED), cfg["epochs"], cfg["batch_size"], schedule, self.precision
+        """What makes two runs comparable (pipeline.core.protocol.protocol_key: profile, epochs, batch,
+        every lr* setting, precision): the GPU queue's definition too."""
+        return protocol.recorded(self.config)
 
     @property
     def schedule(self) -> str:

@@ -34,7 +34,7 @@ from typing import Literal, Protocol
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.core import registry
+from pipeline.core import protocol, registry
 from pipeline.core.errors import UserError
 from pipeline.core.params import Params
 from pipeline.models.baseline import BaselineCNN, MultiMNISTCNN, PoolingCNN
@@ -126,11 +126,12 @@ class RunConfig:
 def run_config(params: Params, variant: str, seed: int, **overrides) -> RunConfig:
     """The RunConfig of (variant, seed) under ``params``: the variant's model settings plus the
     train section's recipe (every TrainParams field is a RunConfig field, but compile_cnns decides
-    ``compile`` for the CNNs), then ``overrides``."""
+    ``compile`` for the CNNs, and a variant's own precision ``amp``), then ``overrides``."""
     v = params.variant(variant)
     recipe = dataclasses.asdict(params.train)
     compile_cnns = recipe.pop("compile_cnns")
     recipe["compile"] = params.train.compile and (v.model == "capsnet" or compile_cnns)
+    recipe["amp"] = protocol.amp_of(v.precision, params.train.amp)  # a precision twin's own
     cfg = RunConfig(variant=variant, model=v.model, routing_iterations=v.routing_iterations,
                     reconstruction=v.reconstruction, experiment=v.experiment, image_size=v.image_size, num_classes=10,
                     target_accuracy_pct=v.target_accuracy_pct, recipe=v.recipe, seed=seed,
