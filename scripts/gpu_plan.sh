@@ -30,7 +30,9 @@
 #     them) for the five Table 1 rows and their four official twins, seeds 0-2, all at this commit,
 #     then MultiMNIST's three variants, then the precision check's fp32 twin (capsnet_r3_recon_fp32: the
 #     same short protocol with bf16 autocast off and TF32 off, #36 item 6, its levers picked among the fp32
-#     bench rows of the last bench entry), then §5.2's two: scripts/gpu_queue.py --stack lists what
+#     bench rows of the last bench entry, one seed and three stacked: without a stacked row of its mode the
+#     queue would price three stacked seeds at three times one seed's time, and on the H200 stacking runs
+#     at half that speed, so a job started by that estimate could be cut off by the window's end), then §5.2's two: scripts/gpu_queue.py --stack lists what
 #     reports/runs does not yet hold under this protocol, in that order, a variant's seeds stacked in
 #     one process (`capsnet train V 0,1,2`), or one seed per process, one after another, where the
 #     bench rows say stacking is slower (the H200: 0.48x; gpu_queue.stacking_pays);
@@ -49,7 +51,7 @@ if head=$(git rev-parse HEAD 2>/dev/null) && [ "${CAPSNET_GIT_COMMIT:-$head}" !=
 fi
 # CAPSNET_GPU_PROFILE and CAPSNET_GPU_BENCH are for scripts/gpu_rehearse.sh (this window rehearsed on a CPU)
 python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml
-BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture"}
+BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture#1,3"}
 TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack)
 TESTS=() WINDOW=()
 mkdir -p logs
