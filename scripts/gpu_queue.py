@@ -54,7 +54,7 @@ GROUPS = [["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", 
           ["capsnet_affnist", "cnn_affnist"]]
 ORDER = [v for g in GROUPS for v in g]
 SEEDS = (0, 1, 2)
-EARLIER = "earlier"  # pipeline.report.publish.EARLIER (that module needs torch; tests/test_gpu_queue.py checks they agree)
+EARLIER = "earlier"  # pipeline.report.publish.EARLIER (that module needs torch; tests/test_profiles.py checks they agree)
 
 
 def published_protocols(runs: Path, variant: str, seed: int) -> list[tuple]:
