@@ -30,16 +30,17 @@ import yaml
 
 from pipeline import warm as warm_mod
 from pipeline.core import registry
-from pipeline.core.params import ablation_variants, cpu_epoch_seconds
+from pipeline.core.params import ablation_variants, cpu_epoch_seconds, precision_twins
 
-class Twins(dict):
-    """A profile value for an ablation list: {twin: original}, each twin added to the list params.yaml
-    holds there wherever its original trains (resolved by `apply`; `dvc exp run -S` gets the whole list)."""
+class Twins:
+    """A profile value for an ablation list: the list params.yaml holds there and every precision twin
+    (`params.precision_twins`) whose original trains (resolved by `apply`; `dvc exp run -S` gets the
+    whole list)."""
 
 
 # the precision check (#36 item 6): capsnet_r3_recon_fp32 trains beside the gpu profile's bf16 original;
 # the smoke profile trains it too, so every stage of it runs on the CPU (where both are fp32)
-PRECISION_TWINS = Twins({"capsnet_r3_recon_fp32": "capsnet_r3_recon"})
+PRECISION_TWINS = Twins()
 
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {},  # params.yaml as committed: 640 epochs, 3 seeds, every variant
@@ -90,11 +91,12 @@ def apply(raw: dict, name: str) -> dict:
             section = section[part]
         if key not in section:
             raise KeyError(f"profile {name}: {dotted} is not a key of params.yaml")
-        section[key] = with_twins(section[key], value, ablation_variants(out)) if isinstance(value, Twins) else value
+        section[key] = with_twins(section[key], precision_twins(out), ablation_variants(out)) \
+            if isinstance(value, Twins) else value
     return out
 
 
-def with_twins(names: list[str], twins: Twins, trained: list[str]) -> list[str]:
+def with_twins(names: list[str], twins: dict[str, str], trained: list[str]) -> list[str]:
     """``names`` and each twin whose original is among the ``trained`` variants (once)."""
     return [*names, *(t for t, original in twins.items() if original in trained and t not in trained)]
 
@@ -219,7 +221,7 @@ def _restore(saved: dict[str, bytes]) -> None:
 
 def dvc_set_args(name: str, raw: dict) -> list[str]:
     """`-S key=value` arguments for `dvc exp run` (values in YAML/JSON flow syntax) that turn params.yaml's
-    mapping ``raw`` into profile ``name``'s (an `Extend` value as the whole list it makes)."""
+    mapping ``raw`` into profile ``name``'s (a `Twins` value as the whole list it makes)."""
     flat = flatten(apply(raw, name))
     args = []
     for dotted in PROFILES[name]:
@@ -254,18 +256,17 @@ def main(argv: list[str] | None = None) -> None:
             print(line, file=sys.stderr)
         if args.check:
             return
+    raw = yaml.safe_load(Path(args.params).read_text())
     if args.write:
-        raw = yaml.safe_load(Path(args.params).read_text())
         Path(args.write).write_text(f"# {args.params} with profile {args.profile} (pipeline/profiles.py)\n"
                                     + yaml.safe_dump(apply(raw, args.profile), sort_keys=False))
         return
     if not args.exec:
         parser.error("--exec needs a command")
-    command = args.exec + dvc_set_args(args.profile, yaml.safe_load(Path(args.params).read_text()))
+    command = args.exec + dvc_set_args(args.profile, raw)
     print(" ".join(command), flush=True)
     if args.profile == "smoke":
-        prefill = None if args.prefill is None else (apply(yaml.safe_load(Path(args.params).read_text()), "smoke"),
-                                                     args.prefill)
+        prefill = None if args.prefill is None else (apply(raw, "smoke"), args.prefill)
         sys.exit(run_restoring(command, prefill=prefill, warm=args.warm))
     os.execvp(command[0], command)
 

@@ -31,8 +31,8 @@
 #     then MultiMNIST's three variants, then the precision check's fp32 twin (capsnet_r3_recon_fp32: the
 #     same short protocol with bf16 autocast off and TF32 off, #36 item 6, its levers picked among the fp32
 #     bench rows of the last bench entry, one seed and three stacked: without a stacked row of its mode the
-#     queue would price three stacked seeds at three times one seed's time, and on the H200 stacking runs
-#     at half that speed, so a job started by that estimate could be cut off by the window's end), then §5.2's two: scripts/gpu_queue.py --stack lists what
+#     queue would price three stacked seeds at three times one seed's time, and on the H200 three bf16
+#     captured seeds stacked ran at 0.48x one seed's speed (fp32 not measured), so a job started by that estimate could be cut off by the window's end), then §5.2's two: scripts/gpu_queue.py --stack lists what
 #     reports/runs does not yet hold under this protocol, in that order, a variant's seeds stacked in
 #     one process (`capsnet train V 0,1,2`), or one seed per process, one after another, where the
 #     bench rows say stacking is slower (the H200: 0.48x; gpu_queue.stacking_pays);

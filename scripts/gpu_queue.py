@@ -52,7 +52,6 @@ GROUPS = [["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", 
           ["multimnist_r3_recon", "multimnist_r1_recon", "multimnist_baseline"],
           ["capsnet_r3_recon_fp32"],
           ["capsnet_affnist", "cnn_affnist"]]
-ORDER = [v for g in GROUPS for v in g]
 SEEDS = (0, 1, 2)
 EARLIER = "earlier"  # pipeline.report.publish.EARLIER (that module needs torch; tests/test_profiles.py checks they agree)
 

@@ -354,6 +354,16 @@ def ablation_variants(raw: dict) -> list[str]:
     return [*ablation["stacked"], *ablation["separate"]]
 
 
+def precision_twins(raw: dict) -> dict[str, str]:
+    """{twin: original} of a raw params mapping: each variant naming its own precision, and the variant
+    with the same settings but none of its own (capsnet_r3_recon_fp32: capsnet_r3_recon)."""
+    variants = raw["variants"]
+    pairs = {name: next((o for o, other in variants.items() if other == {k: v for k, v in spec.items() if k != "precision"}),
+                        None)
+             for name, spec in variants.items() if spec.get("precision")}
+    return {twin: original for twin, original in pairs.items() if original}
+
+
 def check_combinations(p: Params) -> None:
     """Settings that are each valid but wrong together."""
     subsets = {k: v for k, v in (("prepare.train_subset", p.prepare.train_subset),

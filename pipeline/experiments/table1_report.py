@@ -45,16 +45,14 @@ EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error
 # (params.yaml: variants.B.precision fp32) under the same protocol but in fp32, TF32 off; the paper has no
 # number (its code trains fp32): the paper protocol trains in bf16 only if this is within the seed noise
 PRECISION_EFFECTS = [("bf16 autocast vs fp32, routing 3, with reconstruction", "capsnet_r3_recon", "capsnet_r3_recon_fp32")]
-PRECISION_TWINS = {b for _, _, b in PRECISION_EFFECTS}
+PRECISION_TWINS = {b: a for _, a, b in PRECISION_EFFECTS}  # twin: its original
 BF16, FP32 = "bf16 autocast", "fp32"  # pipeline.core.protocol.precision's words for the two arms
-TWIN_SUFFIXES = ("_fp32", "_bf16")  # a precision twin's name: its original's and its precision
 
 
 def table1_row(variant: str, recipe: str) -> str:
     """The paper's Table 1 row a variant replicates: an official-recipe twin shares its paper twin's row,
     a precision twin its original's."""
-    for suffix in TWIN_SUFFIXES:
-        variant = variant.removesuffix(suffix)
+    variant = PRECISION_TWINS.get(variant, variant)
     return variant.removesuffix("_official") if recipe == "official" else variant
 
 
@@ -179,6 +177,12 @@ def precision_decision(effect) -> str:
                                         if within else "beyond the seed noise, so the paper protocol trains in fp32"))
 
 
+def precision_lines(effect_table: pd.DataFrame, label: str) -> list[str]:
+    """A paragraph per precision-check row of ``effect_table``: ``label``, then what it decides."""
+    return [line for e in effect_table.itertuples() if e.b in PRECISION_TWINS
+            for line in ("", f"{label}: {precision_decision(e)}.")]
+
+
 def _origins(rows: dict[str, list[Run]]) -> str:
     """A variant's rows' origins (`row_commit`, commits shortened), for a confounded effect's status."""
     return "; ".join(short(row_commit(runs)) for runs in rows.values())
@@ -247,9 +251,8 @@ def render_table1(summary: pd.DataFrame, effect_table: pd.DataFrame, reference: 
                 lines.append(f"| {e.effect} | {paper} | {e.our_delta:+.2f} | {fmt_ci(e.ci_low, e.ci_high)} | "
                              f"{e.per_seed or '–'} | {e.status} |")
             lines += ["", *_effect_power_lines(mine)]
-            decided = [f"**Precision check** (bf16 autocast against the same protocol in fp32, TF32 off; issue #36 "
-                       f"item 6): {precision_decision(e)}." for e in mine.itertuples() if e.b in PRECISION_TWINS]
-            lines += ["", *decided] if decided else []
+            lines += precision_lines(mine, "**Precision check** (bf16 autocast against the same protocol in fp32, "
+                                           "TF32 off; issue #36 item 6)")
         lines += ["", *_verdict_power_lines(rows)]
     return lines
 
@@ -386,6 +389,5 @@ def readme_lines(results: pd.DataFrame, effect_table: pd.DataFrame) -> list[str]
             paper_delta = "" if math.isnan(e.paper_delta) else f"; paper {e.paper_delta:+.2f}"
             interval = "(no interval)" if math.isnan(e.ci_low) else fmt_ci(e.ci_low, e.ci_high)
             lines.append(f"- {e.effect}: {e.our_delta:+.2f} {interval}, {e.status}{paper_delta}.")
-        decided = [f"Precision check: {precision_decision(e)}." for e in effects_here.itertuples() if e.b in PRECISION_TWINS]
-        lines += ["", *decided] if decided else []
+        lines += precision_lines(effects_here, "Precision check")
     return lines
