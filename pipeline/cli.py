@@ -149,8 +149,8 @@ def evaluate(model_dir: str, data_dir: str, out_dir: str, params_path: str) -> N
     28×28 models: MNIST test and the affine-shifted set; 40×40 (§5.2): expanded MNIST and
     affNIST(-style). OUT_DIR gets metrics.json (for DVC), breakdown.json (per-class accuracy,
     accuracy by transform bins, which sets), predictions.safetensors (per image: label,
-    prediction, scores), confusion.png and, for reconstruction variants, reconstructions.png and
-    fig4.png. Everything is also logged to the training run in MLflow.
+    prediction, scores) and, in figures/, confusion.png and, for reconstruction variants,
+    reconstructions.png and fig4.png. Everything is also logged to the training run in MLflow.
     """
     from pipeline.stages import evaluate as evaluate_stage
 

@@ -209,7 +209,7 @@ def test_train_and_evaluate_cli_log_one_run_per_variant(pipeline_dir, monkeypatc
         metrics = json.loads((out_dir / "metrics.json").read_text())
         assert set(metrics) == set(rr.METRIC_KEYS)  # the same keys for every variant
         assert 0 <= metrics["error_pct"] <= 100 and 0 <= metrics["transformed_error_pct"] <= 100
-    assert (root / "results" / "capsnet_r1_recon" / "fig4.png").is_file()
+    assert (root / "results" / "capsnet_r1_recon" / "figures" / "fig4.png").is_file()
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
     experiment = client.get_experiment_by_name(tracking.experiment_name("smoke"))
     runs = client.search_runs([experiment.experiment_id])

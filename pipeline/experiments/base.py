@@ -40,6 +40,7 @@ from pipeline.core.errors import UserError
 from pipeline.core.files import atomic_path, write_json
 from pipeline.data.splits import dataset_input, load_split, split_metadata
 from pipeline.report import figures
+from pipeline.report.runs import RUN_FIGURES, run_figure
 from pipeline.training.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
 
 CPU_EPOCH_SECONDS: dict[str, float] = {}
@@ -92,7 +93,7 @@ def examples_per_epoch(cfg, n_train: int) -> int:
 def evaluate_sets(test_sets: tuple[str, str], model: torch.nn.Module, cfg, data_dir: Path, out: Path) -> Evaluation:
     """``model`` on the clean and transformed ``test_sets``: error and per-class accuracy of each,
     accuracy by transform bins where a set records its transforms, per-image predictions, confusion
-    matrices, and for reconstruction variants reconstructions.png and fig4.png."""
+    matrices, and for reconstruction variants reconstructions.png and fig4.png (figures in out/figures/)."""
     metrics, arrays, panels, datasets = {}, {}, [], []
     breakdown = {"per_class": {}, "sources": {}, "bins": {}}
     clean_set, transformed_set = test_sets
@@ -115,19 +116,19 @@ def evaluate_sets(test_sets: tuple[str, str], model: torch.nn.Module, cfg, data_
         if name == clean_set:
             clean_images = data["images"]
     title = f"{cfg.variant} seed {cfg.seed}"
-    figures.confusion(panels, title, out / "confusion.png")
+    figures.confusion(panels, title, run_figure(out, "confusion.png"))
     with atomic_path(out / "predictions.safetensors") as tmp:
         save_file(arrays, str(tmp))
     write_json(out / "breakdown.json", breakdown)
-    pngs = ["confusion.png"]
+    pngs = [f"{RUN_FIGURES}/confusion.png"]
     if cfg.reconstruction:
         k = min(10, clean_images.shape[0])
         figures.image_grid([clean_images[:k], reconstructions(model, clean_images[:k])], ["input", "reconstruction"],
-                           f"{title}: reconstructions (predicted capsule)", out / "reconstructions.png")
+                           f"{title}: reconstructions (predicted capsule)", run_figure(out, "reconstructions.png"))
         grid = fig4_grid(model, clean_images[0])
         figures.image_grid(list(grid), [f"dim {d}" for d in range(grid.shape[0])], f"{title}: Fig. 4 perturbations",
-                           out / "fig4.png", col_labels=[f"{round(s, 2) + 0.0:+.2f}" for s in FIG4_STEPS.tolist()])
-        pngs += ["reconstructions.png", "fig4.png"]
+                           run_figure(out, "fig4.png"), col_labels=[f"{round(s, 2) + 0.0:+.2f}" for s in FIG4_STEPS.tolist()])
+        pngs += [f"{RUN_FIGURES}/reconstructions.png", f"{RUN_FIGURES}/fig4.png"]
     # eval_*: training logs test_error_pct per epoch, so the evaluation's own keys never collide with it
     logged = {f"eval_{clean_set}_error_pct": metrics["error_pct"],
               f"eval_{transformed_set}_error_pct": metrics["transformed_error_pct"]}

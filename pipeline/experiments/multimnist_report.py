@@ -17,7 +17,7 @@ import pandas as pd
 from pipeline.report import figures
 from pipeline.report import stats
 from pipeline.report.document import fmt_ci
-from pipeline.report.runs import Run, group, row_commit, short
+from pipeline.report.runs import Run, group, row_commit, run_figure, short
 
 PAPER_PAIRS_PER_DIGIT = 1_000  # §6: "1K MultiMNIST examples for each digit in the MNIST test set" (10M)
 
@@ -109,6 +109,6 @@ def figure(runs: list[Run], table, results_dir: Path, fig_dir: Path) -> dict[str
         return {}
     means = table.set_index("variant").error_mean
     best = min(recon, key=lambda r: (means[r.variant], r.metrics["error_pct"]))
-    shutil.copyfile(results_dir / best.variant / f"seed{best.seed}" / "reconstructions.png", path)
+    shutil.copyfile(run_figure(results_dir / best.variant / f"seed{best.seed}", "reconstructions.png"), path)
     return {f"MultiMNIST reconstructions ({best.variant}, seed {best.seed}; red and green: the two predicted "
             "capsules)": "figures/multimnist_reconstructions.png"}

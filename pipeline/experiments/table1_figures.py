@@ -48,7 +48,7 @@ def figures_of(runs: list[Run], summary: pd.DataFrame, results_dir: Path, fig_di
     best_run = min((r for r in runs if (r.variant, r.protocol, r.commit_key) == (best, row.protocol, rr.row_key(row.commit))),
                    key=lambda r: r.metrics["error_pct"])  # the row's own runs, not another protocol's
     for name in ("reconstructions", "fig4"):
-        shutil.copyfile(results_dir / best / f"seed{best_run.seed}" / f"{name}.png", fig_dir / f"{name}.png")
+        shutil.copyfile(rr.run_figure(results_dir / best / f"seed{best_run.seed}", f"{name}.png"), fig_dir / f"{name}.png")
     shown[f"Reconstructions ({best}, seed {best_run.seed})"] = "figures/reconstructions.png"
     shown[f"Fig. 4 perturbations ({best}, seed {best_run.seed})"] = "figures/fig4.png"
     return shown

@@ -15,10 +15,10 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from pipeline.core.params import Params
-from pipeline.report.runs import Run, load_runs, missing_runs
+from pipeline.report.runs import RUN_FIGURES, Run, load_runs, missing_runs
 
 PUBLISHED = {"models": ("config.json", "history.csv"),
-             "results": ("metrics.json", "breakdown.json", "reconstructions.png", "fig4.png")}
+             "results": ("metrics.json", "breakdown.json", f"{RUN_FIGURES}/reconstructions.png", f"{RUN_FIGURES}/fig4.png")}
 EARLIER = "earlier"  # DEST/earlier/<run id>/{models,results}/<variant>/seed<s>: records a later run displaced
 
 
@@ -43,6 +43,7 @@ def publish_runs(models_dir: Path, results_dir: Path, dest: Path) -> list[tuple[
             out.mkdir(parents=True, exist_ok=True)
             for name in names:
                 if (src / name).is_file():
+                    (out / name).parent.mkdir(exist_ok=True)
                     shutil.copyfile(src / name, out / name)
         pred = load_file(str(metrics.parent / "predictions.safetensors"))
         # MultiMNIST's (P, 2) pairs are left out (10M rows at paper size): the report reads only their metrics

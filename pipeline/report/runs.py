@@ -26,6 +26,16 @@ from pipeline.core.params import Params
 from pipeline.core.protocol import NOT_RECORDED  # the report's word for a field a run did not record
 from pipeline.core.stage_names import rerun_hint
 
+# results/<variant>/seed<k>/figures/: every figure an evaluation draws, whichever its experiment draws, one
+# DVC output folder (dvc.yaml), so a stage restored from DVC's run-cache brings every one back
+RUN_FIGURES = "figures"
+
+
+def run_figure(run_dir: Path, name: str) -> Path:
+    """Where an evaluation in ``run_dir`` draws (and the report reads) figure ``name``."""
+    return run_dir / RUN_FIGURES / name
+
+
 LAST_EPOCHS = 5  # the end-of-training stability diagnostic: mean test error of the last epochs
 
 # metrics.json's keys, the same for every variant so `dvc metrics show` is one filled table; which

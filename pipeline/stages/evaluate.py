@@ -9,6 +9,7 @@ with the run's own parameter count, epochs and stopping reason, and logs it all 
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from pipeline.core.errors import UserError
 from pipeline.core.files import writable_dir, write_json
 from pipeline.core.params import Params
 from pipeline.core.stage_names import rerun_hint
+from pipeline.report.runs import RUN_FIGURES
 from pipeline.training.train import RunConfig, build_model, configure_precision, place_model, resolve_device
 
 
@@ -48,10 +50,12 @@ def load_model(model_dir: Path, params: Params | None = None) -> tuple[dict, Run
 
 def run(model_dir: Path, data_dir: Path, out: Path, params: Params | None = None) -> dict[str, float]:
     """Evaluate ``model_dir`` on its experiment's test sets (the experiment's `evaluate` writes the
-    predictions, breakdown and figures) and write ``out``/metrics.json; returns its content.
+    predictions, breakdown and figures, these into ``out``/figures/) and write ``out``/metrics.json; returns its content.
     ``params``: for the stage names a hint gives."""
     saved, cfg, model = load_model(model_dir, params)
     writable_dir(out, "output")
+    shutil.rmtree(out / RUN_FIGURES, ignore_errors=True)  # this evaluation's figures alone
+    (out / RUN_FIGURES).mkdir()
     evaluation = cfg.experiment_module().evaluate(model, cfg, data_dir, out)
     metrics = {**evaluation.metrics, "n_params": saved["params"]["n_params"], "epochs_trained": saved["epochs_trained"],
                "reached_target": saved["stop_reason"] == "target"}
