@@ -11,7 +11,8 @@ Profiles never mix. `--check` refuses, naming the keys, when the workspace's par
 from the committed one anywhere the profile does not set itself (a leftover smoke value under a
 gpu run, say), and warns with a time estimate before the paper protocol starts on a CPU. The
 smoke profile's `--exec` puts params.yaml and dvc.lock back as they were when it ends (its
-experiment stays in `dvc exp show`), so a smoke run never changes what `make repro` runs.
+experiment stays in `dvc exp show`), so a smoke run never changes what `make repro` runs, and
+reports/ too: the smoke's report goes to smoke-report/ and the published one stays as it was.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +104,9 @@ def with_twins(names: list[str], twins: dict[str, str], trained: list[str]) -> l
 
 
 RESTORED = ("params.yaml", "dvc.lock")  # what a smoke run puts back as it was
+# and the published report: the smoke's report stage writes reports/, whose files it puts back as they
+# were (new ones removed), its own report set aside where one reads it
+REPORTS, SMOKE_REPORT = Path("reports"), Path("smoke-report")
 
 
 def flatten(raw: dict, prefix: str = "") -> dict[str, Any]:
@@ -197,6 +202,7 @@ def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED, prefill
 
 def _run_restoring(command: list[str], paths: tuple[str, ...], prefill: tuple[dict, int] | None, env: dict) -> int:
     saved = {p: Path(p).read_bytes() for p in paths if Path(p).is_file()}
+    published = _snapshot(REPORTS)
     try:
         if prefill is not None:
             params, slots = prefill
@@ -210,6 +216,7 @@ def _run_restoring(command: list[str], paths: tuple[str, ...], prefill: tuple[di
         return subprocess.run(command, env=env).returncode
     finally:
         _restore(saved)
+        _set_aside(REPORTS, published, SMOKE_REPORT)
 
 
 def _restore(saved: dict[str, bytes]) -> None:
@@ -217,6 +224,37 @@ def _restore(saved: dict[str, bytes]) -> None:
         if Path(path).read_bytes() != content:
             Path(path).write_bytes(content)
             print(f"restored {path}", file=sys.stderr)
+
+
+def _snapshot(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
+
+
+def _set_aside(folder: Path, before: dict[Path, bytes], aside: Path) -> None:
+    """Copy what ``folder`` holds now to ``aside`` (each subfolder the run wrote in, whole, so the
+    report's links hold; untouched ones, such as reports/runs, not), then put ``folder`` back as
+    ``before`` had it: files the run wrote get their old bytes, files it made are removed."""
+    after = _snapshot(folder)
+    if after == before:
+        return
+    written = {p.relative_to(folder).parent.parts[:1] for p in after if before.get(p) != after[p]}
+    written |= {p.relative_to(folder).parent.parts[:1] for p in before.keys() - after.keys()}
+    shutil.rmtree(aside, ignore_errors=True)
+    for path, content in after.items():
+        if path.relative_to(folder).parent.parts[:1] in written:
+            target = aside / path.relative_to(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+    for path in after.keys() - before.keys():
+        path.unlink()
+        for parent in path.relative_to(folder).parents[:-1]:  # folders only the run made
+            with contextlib.suppress(OSError):
+                (folder / parent).rmdir()
+    for path, content in before.items():
+        if after.get(path) != content:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+    print(f"restored {folder}/ as it was; what the smoke wrote there is in {aside}/", file=sys.stderr)
 
 
 def dvc_set_args(name: str, raw: dict) -> list[str]:

@@ -160,6 +160,29 @@ def test_smoke_puts_params_and_lock_back_even_when_it_fails(tmp_path, monkeypatc
     assert (tmp_path / "params.yaml").read_text() == "a: 1\n" and (tmp_path / "dvc.lock").read_text() == "lock\n"
 
 
+def test_smoke_sets_its_report_aside_and_puts_the_published_one_back(tmp_path, monkeypatch):
+    """README's set-up runs `make smoke`, then `make test`: the smoke's report stage rewrites reports/,
+    and the published report (what tests/test_published.py and the README block check) must be there
+    afterwards as committed, new files gone; the smoke's own report is in smoke-report/, figures with it."""
+    monkeypatch.chdir(tmp_path)
+    published = {"ablation.md": "published\n", "figures/table1.png": "png", "figures/montage.png": "same",
+                 "runs/r1/config.json": "{}", "metrics/capsnet_r1.json": "{\"error_pct\": 0.4}"}
+    for name, text in published.items():
+        (tmp_path / "reports" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "reports" / name).write_text(text)
+    smoke = ("import pathlib; r = pathlib.Path('reports'); (r / 'ablation.md').write_text('smoke\\n'); "
+             "(r / 'figures/table1.png').write_text('smoke png'); (r / 'metrics/capsnet_r1.json').unlink(); "
+             "(r / 'metrics/new.json').write_text('{}'); (r / 'plots').mkdir(); (r / 'plots/p.csv').write_text('x')")
+    assert profiles.run_restoring([sys.executable, "-c", smoke]) == 0
+    assert {str(p.relative_to(tmp_path / "reports")): p.read_text() for p in (tmp_path / "reports").rglob("*")
+            if p.is_file()} == published
+    assert not (tmp_path / "reports" / "plots").exists()
+    aside = tmp_path / "smoke-report"
+    assert (aside / "ablation.md").read_text() == "smoke\n" and (aside / "figures/table1.png").read_text() == "smoke png"
+    assert (aside / "figures/montage.png").read_text() == "same"  # the report's links hold
+    assert (aside / "metrics/new.json").is_file() and not (aside / "metrics/capsnet_r1.json").exists()
+    assert not (aside / "runs").exists()  # published records the smoke never touched are not copied
+
 def test_cpu_estimate_arithmetic():
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["ablation"] = {"seeds": [0, 1], "stacked": ["capsnet_r1"], "separate": ["baseline_cnn"]}
