@@ -581,6 +581,7 @@ def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
     runs = load(tmp_path, ["capsnet_r1", "capsnet_r3", "capsnet_r1_recon"], [0])
     eps, cut, resumed = rp.run_deviations(runs, ADAM_EPS)
     assert "**cut** at 1 epochs" in cut  # the fabricated runs train 1 epoch of the uncompressed schedule
+    assert runs[0].schedule.startswith("gpu profile: 1 epoch × batch")  # one epoch, not "1 epochs"
     assert eps.startswith("Adam ε is not recorded by 2 of 3 runs (capsnet_r1, capsnet_r3; trained at not recorded")
     assert "1e-07" not in eps  # nothing filled from an old default
     assert "1 of 3 runs resumed" in resumed and "capsnet_r1_recon 0@20" in resumed

@@ -149,7 +149,7 @@ class Run:
         lr = f"lr {cfg['lr']:g}·{cfg['lr_decay_rate']:g}^(step/{cfg['lr_decay_steps']}{pace}) ≥ {cfg['lr_min']:g}"
         extra = [f"{k} {cfg[k]}" for k in sorted(cfg) if k.startswith("lr")
                  and k not in ("lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "lr_schedule_epochs")]
-        return (f"{cfg.get('profile', NOT_RECORDED)} profile: {cfg['epochs']} epochs × batch {cfg['batch_size']}, "
+        return (f"{cfg.get('profile', NOT_RECORDED)} profile: {cfg['epochs']} epoch{'s' * (cfg['epochs'] != 1)} × batch {cfg['batch_size']}, "
                 f"{', '.join([lr, *extra])}")
 
     @property
