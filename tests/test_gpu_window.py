@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -134,26 +135,38 @@ def test_fit_from_the_command_line(gpu_params, tmp_path):
     assert resumed.stdout.strip() == "capsnet_r3_recon:0,1,2" and "resume from" in resumed.stderr
 
 
+def device_tree(tmp_path: Path) -> Path:
+    """The working tree as the device tool sends it to the GPU machine (scripts, package, params),
+    its data prepared before (no download there)."""
+    work = tmp_path / "device"
+    for part in ("scripts", "pipeline", "params.yaml"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, work / part)
+    (work / "data" / "prepared").mkdir(parents=True)
+    (work / "data" / "prepared" / "train.safetensors").write_text("prepared before")
+    return work
+
+
+def python3_on_path(tmp_path: Path, script: str, **env: str) -> dict:
+    """The session's environment: ``script`` as its `python3` (first on PATH), $OUT under tmp_path, ``env``."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(script)
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    return {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", **env}
+
+
 def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_benched(tmp_path):
     """gpu_session.sh: an entry whose rows reports/bench/<this device>/ holds counts as benched (the levers
     read them, no bench runs, nothing goes to bench.jsonl), and an entry with no rows waits for the next
     window once benching has had its --bench-budget."""
     from pipeline.training.bench import device_name, device_slug, resolve_device
 
-    work = tmp_path / "device"
-    for part in ("scripts", "pipeline", "params.yaml"):
-        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, work / part)
-    (work / "data" / "prepared").mkdir(parents=True)
-    (work / "data" / "prepared" / "train.safetensors").write_text("prepared before")  # no download here
+    work = device_tree(tmp_path)
     kept = work / "reports" / "bench" / device_slug(device_name(resolve_device("auto")))
     kept.mkdir(parents=True)
     (kept / "capsnet_r3_recon@bf16#1.jsonl").write_text(json.dumps(rows()[2]) + "\n")
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "CAPSNET_GPU_PROFILE": "smoke",  # a bench that runs: brief
-           "CAPSNET_GPU_BENCH_ARGS": "--batch 2 --steps 1 --warmup 0 --no-reference --device cpu",
-           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # this venv's
-    (tmp_path / "bin" / "python3").chmod(0o755)
+    env = python3_on_path(tmp_path, f'#!/bin/sh\nexec "{sys.executable}" "$@"\n',  # this venv's
+                          CAPSNET_GPU_PROFILE="smoke",  # a bench that runs: brief
+                          CAPSNET_GPU_BENCH_ARGS="--batch 2 --steps 1 --warmup 0 --no-reference --device cpu")
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "--bench", "capsnet_r3_recon@bf16#1 baseline_cnn@bf16#1",
                            "--bench-budget", "0", "--deadline", "300"], cwd=work, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -185,11 +198,7 @@ def test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by
     """gpu_session.sh's jobs: a seed whose training an earlier call finished (config.json, written last)
     but whose evaluation the deadline cut is evaluated, not trained again; where the bench rows say
     stacked seeds train slower, the job trains one seed per process and asks again for the next."""
-    work = tmp_path / "device"
-    for part in ("scripts", "pipeline", "params.yaml"):
-        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, work / part)
-    (work / "data" / "prepared").mkdir(parents=True)
-    (work / "data" / "prepared" / "train.safetensors").write_text("prepared before")
+    work = device_tree(tmp_path)
     (work / "models" / "capsnet_r3" / "seed0").mkdir(parents=True)
     (work / "models" / "capsnet_r3" / "seed0" / "config.json").write_text("{}")  # trained; evaluation cut
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "smoke", "--write", "params.gpu.yaml"], cwd=work, check=True)
@@ -198,11 +207,7 @@ def test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by
     (work / "logs" / "bench" / "capsnet.jsonl").write_text("\n".join(json.dumps(r) for r in [
         {"variant": "capsnet_r3_recon", "mode": mode, "seeds": 1, "train_images_per_s": 1.0},  # slow enough for the
         {"variant": "capsnet_r3_recon", "mode": mode, "seeds": 3, "stack": "fused", "train_images_per_s": 0.2}]) + "\n")  # startups not to matter
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").write_text(STUB_CLI % sys.executable)
-    (tmp_path / "bin" / "python3").chmod(0o755)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "CAPSNET_GPU_PROFILE": "smoke", "CAPSNET_GIT_COMMIT": "",
-           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    env = python3_on_path(tmp_path, STUB_CLI % sys.executable, CAPSNET_GPU_PROFILE="smoke", CAPSNET_GIT_COMMIT="")
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "--train", "capsnet_r3:0,1,2", "--deadline", "300"],
                           cwd=work, env=env, capture_output=True, text=True, timeout=300)
     log = (tmp_path / "out" / "session.log").read_text()
@@ -320,22 +325,15 @@ def test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_t
     profile's settings (compiled and captured); once they pass, its seed is evaluated as trained; where
     the capture test fails, the levers fall back to eager bf16 and the seed trains again with them
     before it is evaluated."""
-    work = tmp_path / "device"
-    for part in ("scripts", "pipeline", "params.yaml"):
-        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, work / part)
-    (work / "data" / "prepared").mkdir(parents=True)
-    (work / "data" / "prepared" / "train.safetensors").write_text("prepared before")
+    work = device_tree(tmp_path)
     (work / "logs" / "bench").mkdir(parents=True)
     (work / "logs" / "bench" / "caps.jsonl").write_text(json.dumps(  # fast enough to fit any window
         {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 1, "captured": True, "train_images_per_s": 1e9}) + "\n")
     capture = "tests/test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
     tests = "\n".join([f"{capture}[capsnet_r3_recon-bf16-compiled-fused-1seed] {capture_test} [ 1%]",
                        "tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon] PASSED"])
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").write_text(STUB_GPU % sys.executable)
-    (tmp_path / "bin" / "python3").chmod(0o755)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "CAPSNET_GPU_PROFILE": "gpu", "CAPSNET_GIT_COMMIT": "",
-           "STUB_TESTS": tests, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    env = python3_on_path(tmp_path, STUB_GPU % sys.executable, CAPSNET_GPU_PROFILE="gpu", CAPSNET_GIT_COMMIT="",
+                          STUB_TESTS=tests)
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--levers", "--train", "capsnet_r3:0",
                            "--deadline", "300"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
     log = (tmp_path / "out" / "session.log").read_text()
