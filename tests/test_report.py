@@ -636,14 +636,15 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    for seed in (0, 1):
-        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, recon=False, history=[3.0, 1.0 + seed])
+    for seed in (0, 1):  # at a commit whose short hash is all digits: text in the CSVs all the same
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, recon=False, history=[3.0, 1.0 + seed],
+                  commit="1527642c1676c11f37cb2c9166883de9eb153291")
     p = load_params(REPO / "params.yaml")
     p = dataclasses.replace(p, ablation=dataclasses.replace(p.ablation, stacked=(), separate=("capsnet_r1",), seeds=(0, 1)))
     for run in load(tmp_path, ["capsnet_r1"], [0, 1]):
         (tmp_path / "models" / "capsnet_r1" / f"seed{run.seed}" / "config.json").write_text(json.dumps(
             {**run.config, "params": {"device": "cpu"},
-             "environment": {"torch_version": "t", "python_version": "p", "device_name": "cpu", "cuda_version": "None"}}))
+             "environment": {**run.config["environment"], "device_name": "cpu", "cuda_version": "None"}}))
     (tmp_path / "reports" / "metrics").mkdir(parents=True)
     (tmp_path / "reports" / "metrics" / "capsnet_r3.json").write_text("{}")  # a variant no longer listed
     report_stage.run(p, tmp_path / "models", tmp_path / "results", tmp_path / "reports")
@@ -660,6 +661,10 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
     assert curves.to_dict("list") == {"variant": ["capsnet_r1"] * 2, "epoch": [1, 2], "test_error_pct": [3.0, 1.5]}
     confusion = pd.read_csv(tmp_path / "reports" / "plots" / "confusion.csv")
     assert list(confusion.columns) == ["actual", "predicted"] and len(confusion) == 200
+    from pipeline.core import registry
+
+    block = report_stage.readme_block(tmp_path / "reports", [registry.load(name) for name in registry.names()])
+    assert "| paper recipe (1527642) |" in block  # the README block, read back from the CSVs
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")

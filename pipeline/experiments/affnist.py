@@ -32,7 +32,7 @@ from pipeline.experiments.base import configure, examples_per_epoch  # noqa: F40
 from pipeline.report import claims as rc
 from pipeline.report import figures
 from pipeline.report.document import Context, Section, fmt_ci, fmt_pct
-from pipeline.report.runs import Run
+from pipeline.report.runs import Run, read_table
 
 NAME = "affnist"
 CANVAS = IMAGE_SIZE = 40  # §5.2 and affNIST: 40×40 images
@@ -246,7 +246,7 @@ def readme(out: Path) -> list[str]:
     affNIST(-style) accuracy."""
     if not (out / "affnist.csv").stat().st_size:
         return []
-    table = pd.read_csv(out / "affnist.csv")
+    table = read_table(out / "affnist.csv")
     if not len(table) or "gap_pp" not in table:
         return []
     g = table.iloc[0]

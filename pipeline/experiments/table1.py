@@ -25,7 +25,7 @@ from pipeline.experiments.base import configure, examples_per_epoch  # noqa: F40
 from pipeline.report import claims as rc
 from pipeline.report import figures
 from pipeline.report.document import Context, Section
-from pipeline.report.runs import Run
+from pipeline.report.runs import Run, read_table
 from pipeline.training.experiment import Batch, predict, to_float
 
 NAME = "table1"
@@ -140,5 +140,5 @@ def report(runs: list[Run], ctx: Context) -> Section:
 
 def readme(out: Path) -> list[str]:
     """Its lines of the README's results block, from results.csv and effects.csv as written."""
-    return t1.readme_lines(*(pd.read_csv(out / name) for name in ("results.csv", "effects.csv"))) \
+    return t1.readme_lines(*(read_table(out / name) for name in ("results.csv", "effects.csv"))) \
         if (out / "results.csv").stat().st_size else []

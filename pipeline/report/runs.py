@@ -36,6 +36,17 @@ def run_figure(run_dir: Path, name: str) -> Path:
     return run_dir / RUN_FIGURES / name
 
 
+# the report's CSVs name commits in these columns: text, whatever it looks like (a short hash "1527642" is
+# not a number, nor "1234e56" 1.234e59)
+COMMIT_COLUMNS = ("commit", "commits")
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """One of the report's CSVs as the report stage wrote it (results.csv, effects.csv, …), its commit
+    columns as text."""
+    return pd.read_csv(path, dtype={column: str for column in COMMIT_COLUMNS})
+
+
 LAST_EPOCHS = 5  # the end-of-training stability diagnostic: mean test error of the last epochs
 
 # metrics.json's keys, the same for every variant so `dvc metrics show` is one filled table; which

@@ -27,7 +27,7 @@ from pipeline.report import costs, figures
 from pipeline.report import document as doc
 from pipeline.report import publish
 from pipeline.report import runs as rr
-from pipeline.report.runs import METRIC_KEYS
+from pipeline.report.runs import METRIC_KEYS, read_table
 from pipeline.training.train import ADAM_EPS
 
 
@@ -93,7 +93,7 @@ def readme_block(out: Path, experiments: list) -> str:
 
 def claims_table(out: Path) -> pd.DataFrame | None:
     """claims.csv in ``out`` as the report stage wrote it; None where it is empty (no claim to read)."""
-    return pd.read_csv(out / "claims.csv") if (out / "claims.csv").stat().st_size else None
+    return read_table(out / "claims.csv") if (out / "claims.csv").stat().st_size else None
 
 
 def learning_curves(panels_of: list[tuple[str, list[rr.Run]]], path: Path) -> None:
