@@ -237,11 +237,15 @@ def _set_aside(folder: Path, before: dict[Path, bytes], aside: Path) -> None:
     after = _snapshot(folder)
     if after == before:
         return
-    written = {p.relative_to(folder).parent.parts[:1] for p in after if before.get(p) != after[p]}
-    written |= {p.relative_to(folder).parent.parts[:1] for p in before.keys() - after.keys()}
+
+    def subfolder(path: Path) -> tuple[str, ...]:  # (its first folder under ``folder``,), () for a file of its own
+        return path.relative_to(folder).parent.parts[:1]
+
+    changed = {p for p in after if before.get(p) != after[p]} | (before.keys() - after.keys())
+    written = {subfolder(p) for p in changed}
     shutil.rmtree(aside, ignore_errors=True)
     for path, content in after.items():
-        if path.relative_to(folder).parent.parts[:1] in written:
+        if subfolder(path) in written:
             target = aside / path.relative_to(folder)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)

@@ -143,7 +143,7 @@ MUTATIONS = [
              "    for path in after.keys() - before.keys():\n        path.unlink()", "    for path in ():\n        path.unlink()",
              (f"{PROFILES}::test_smoke_sets_its_report_aside_and_puts_the_published_one_back",)),
     Mutation("the smoke's report is set aside without the figures it did not change", "pipeline/profiles.py",
-             "        if path.relative_to(folder).parent.parts[:1] in written:", "        if before.get(path) != content:",
+             "        if subfolder(path) in written:", "        if before.get(path) != content:",
              (f"{PROFILES}::test_smoke_sets_its_report_aside_and_puts_the_published_one_back",)),
     Mutation("stages open a fresh MLflow store without its lock", "pipeline/core/tracking.py",
              "        with file_lock(lock, wait=True) if lock else contextlib.nullcontext():",
