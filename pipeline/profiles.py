@@ -201,7 +201,7 @@ def run_restoring(command: list[str], paths: tuple[str, ...] = RESTORED, prefill
 
 
 def _run_restoring(command: list[str], paths: tuple[str, ...], prefill: tuple[dict, int] | None, env: dict) -> int:
-    saved = {p: Path(p).read_bytes() for p in paths if Path(p).is_file()}
+    saved = {Path(p): Path(p).read_bytes() for p in paths if Path(p).is_file()}
     published = _snapshot(REPORTS)
     try:
         if prefill is not None:
@@ -215,15 +215,18 @@ def _run_restoring(command: list[str], paths: tuple[str, ...], prefill: tuple[di
                 return code  # (restored below)
         return subprocess.run(command, env=env).returncode
     finally:
-        _restore(saved)
+        for path in _put_back(saved):
+            print(f"restored {path}", file=sys.stderr)
         _set_aside(REPORTS, published, SMOKE_REPORT)
 
 
-def _restore(saved: dict[str, bytes]) -> None:
-    for path, content in saved.items():
-        if Path(path).read_bytes() != content:
-            Path(path).write_bytes(content)
-            print(f"restored {path}", file=sys.stderr)
+def _put_back(saved: dict[Path, bytes]) -> list[Path]:
+    """Write each file of ``saved`` whose bytes differ now (or that is gone) back; the ones written."""
+    written = [path for path, content in saved.items() if not path.is_file() or path.read_bytes() != content]
+    for path in written:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(saved[path])
+    return written
 
 
 def _snapshot(folder: Path) -> dict[Path, bytes]:
@@ -254,10 +257,7 @@ def _set_aside(folder: Path, before: dict[Path, bytes], aside: Path) -> None:
         for parent in path.relative_to(folder).parents[:-1]:  # folders only the run made
             with contextlib.suppress(OSError):
                 (folder / parent).rmdir()
-    for path, content in before.items():
-        if after.get(path) != content:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
+    _put_back(before)
     print(f"restored {folder}/ as it was; what the smoke wrote there is in {aside}/", file=sys.stderr)
 
 

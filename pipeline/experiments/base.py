@@ -40,7 +40,7 @@ from pipeline.core.errors import UserError
 from pipeline.core.files import atomic_path, write_json
 from pipeline.data.splits import dataset_input, load_split, split_metadata
 from pipeline.report import figures
-from pipeline.report.runs import RUN_FIGURES, run_figure
+from pipeline.report.runs import run_figure
 from pipeline.training.evaluate import FIG4_STEPS, accuracy_by_bins, evaluate_split, fig4_grid, reconstructions
 
 CPU_EPOCH_SECONDS: dict[str, float] = {}
@@ -52,7 +52,7 @@ class Evaluation:
 
     metrics: dict[str, float]  # metrics.json's set keys (error_pct, n_test, …); the stage adds the run's own
     logged: dict[str, float]  # MLflow metrics of the evaluation (eval_<set>_error_pct)
-    artifacts: list[str]  # files in ``out`` to log, besides metrics.json
+    artifacts: list[str]  # files in ``out`` to log, besides metrics.json and the figures (the stage logs out/figures/)
     datasets: list[dict] = field(default_factory=list)  # the test sets as dataset inputs
 
 
@@ -120,7 +120,6 @@ def evaluate_sets(test_sets: tuple[str, str], model: torch.nn.Module, cfg, data_
     with atomic_path(out / "predictions.safetensors") as tmp:
         save_file(arrays, str(tmp))
     write_json(out / "breakdown.json", breakdown)
-    pngs = [f"{RUN_FIGURES}/confusion.png"]
     if cfg.reconstruction:
         k = min(10, clean_images.shape[0])
         figures.image_grid([clean_images[:k], reconstructions(model, clean_images[:k])], ["input", "reconstruction"],
@@ -128,8 +127,7 @@ def evaluate_sets(test_sets: tuple[str, str], model: torch.nn.Module, cfg, data_
         grid = fig4_grid(model, clean_images[0])
         figures.image_grid(list(grid), [f"dim {d}" for d in range(grid.shape[0])], f"{title}: Fig. 4 perturbations",
                            run_figure(out, "fig4.png"), col_labels=[f"{round(s, 2) + 0.0:+.2f}" for s in FIG4_STEPS.tolist()])
-        pngs += [f"{RUN_FIGURES}/reconstructions.png", f"{RUN_FIGURES}/fig4.png"]
     # eval_*: training logs test_error_pct per epoch, so the evaluation's own keys never collide with it
     logged = {f"eval_{clean_set}_error_pct": metrics["error_pct"],
               f"eval_{transformed_set}_error_pct": metrics["transformed_error_pct"]}
-    return Evaluation(metrics, logged, ["breakdown.json", *pngs], datasets)
+    return Evaluation(metrics, logged, ["breakdown.json"], datasets)

@@ -38,7 +38,7 @@ from pipeline.experiments.base import Evaluation
 from pipeline.models import baseline
 from pipeline.report import figures
 from pipeline.report.document import Context, Section
-from pipeline.report.runs import RUN_FIGURES, Run, run_figure
+from pipeline.report.runs import Run, run_figure
 from pipeline.training.experiment import Batch, class_scores, to_float
 
 NAME = "multimnist"
@@ -298,7 +298,6 @@ def evaluate(model: torch.nn.Module, cfg, data_dir: Path, out: Path) -> Evaluati
     title = f"{cfg.variant} seed {cfg.seed}"
     figures.confusion([(digit_confusion(predicted, truth, cfg.num_classes).tolist(), "MultiMNIST, per digit")],
                       title, run_figure(out, "confusion.png"))
-    pngs = [f"{RUN_FIGURES}/confusion.png"]
     if cfg.reconstruction:
         shown = torch.cat([torch.nonzero(correct).flatten()[:5], torch.nonzero(~correct).flatten()[:1]])  # (≤6,)
         merged, _ = compose(split["images"], split["pairs"][shown], split["shifts"][shown])  # (k, 36, 36)
@@ -307,8 +306,7 @@ def evaluate(model: torch.nn.Module, cfg, data_dir: Path, out: Path) -> Evaluati
                   f"red {int(predicted[i, 0])}, green {int(predicted[i, 1])}" for i in shown.tolist()]
         figures.multimnist_reconstructions(merged, recons, titles, f"{title}: reconstructions from the two "
                                            "predicted capsules", run_figure(out, "reconstructions.png"))
-        pngs.append(f"{RUN_FIGURES}/reconstructions.png")
-    return Evaluation(metrics, {f"eval_{TEST_SETS[0]}_error_pct": metrics["error_pct"]}, ["breakdown.json", *pngs],
+    return Evaluation(metrics, {f"eval_{TEST_SETS[0]}_error_pct": metrics["error_pct"]}, ["breakdown.json"],
                       [dataset_input(path, split, "evaluation")])
 
 

@@ -60,7 +60,8 @@ def run(model_dir: Path, data_dir: Path, out: Path, params: Params | None = None
     metrics = {**evaluation.metrics, "n_params": saved["params"]["n_params"], "epochs_trained": saved["epochs_trained"],
                "reached_target": saved["stop_reason"] == "target"}
     write_json(out / "metrics.json", metrics)
-    log_evaluation(saved, model_dir, out, evaluation.logged, ["metrics.json", *evaluation.artifacts],
+    figures = [str(p.relative_to(out)) for p in sorted((out / RUN_FIGURES).iterdir())]
+    log_evaluation(saved, model_dir, out, evaluation.logged, ["metrics.json", *evaluation.artifacts, *figures],
                    evaluation.datasets)
     return metrics
 
