@@ -42,7 +42,7 @@ class Twins:
 
 # the precision check (#36 item 6): capsnet_r3_recon_fp32 trains beside the gpu profile's bf16 original;
 # the smoke profile trains it too, so every stage of it runs on the CPU (where both are fp32)
-PRECISION_TWINS = Twins()
+WITH_PRECISION_TWINS = Twins()
 
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {},  # params.yaml as committed: 640 epochs, 3 seeds, every variant
@@ -56,7 +56,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {"base.profile": "smoke", "prepare.train_subset": 32, "prepare.test_subset": 32,
               "prepare.affnist_transforms": 1, "train.epochs": 1, "train.batch_size": 16, "train.device": "cpu",
               "train.log_every": 1, "ablation.seeds": [0, 1], "prepare.multimnist_pairs_per_digit": 2,
-              "train.multimnist_epoch_size": 32, "ablation.stacked": PRECISION_TWINS},
+              "train.multimnist_epoch_size": 32, "ablation.stacked": WITH_PRECISION_TWINS},
     # 50 epochs (the length popular re-runs use) with the paper's 640-epoch learning-rate decay
     # compressed into them (so the last epoch ends at the paper's final rate, ≈ 2.2e-6, instead of
     # 62 % of the first: the published 2026-11-23 runs were cut, not compressed), 3 seeds, on CUDA:
@@ -71,7 +71,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "gpu": {"base.profile": "gpu", "train.epochs": 50, "train.lr_schedule_epochs": 640, "train.amp": True,
             "train.compile": True, "train.compile_cnns": False, "train.deterministic": False, "train.device": "cuda",
             "train.checkpoint_every": 5, "prepare.multimnist_pairs_per_digit": 100, "train.cuda_graph": True,
-            "ablation.stacked": PRECISION_TWINS},
+            "ablation.stacked": WITH_PRECISION_TWINS},
     # the paper protocol (640 epochs, its schedule, 3 seeds, the paper's 10M MultiMNIST test pairs) with
     # the fast path's settings: compiled CapsNets, eager CNNs, cuDNN autotuning, a checkpoint every 5
     # epochs (a call's 10 min limit stops a run mid-way; the next call resumes it). fp32 (TF32 off,

@@ -45,14 +45,14 @@ EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error
 # (params.yaml: variants.B.precision fp32) under the same protocol but in fp32, TF32 off; the paper has no
 # number (its code trains fp32): the paper protocol trains in bf16 only if this is within the seed noise
 PRECISION_EFFECTS = [("bf16 autocast vs fp32, routing 3, with reconstruction", "capsnet_r3_recon", "capsnet_r3_recon_fp32")]
-PRECISION_TWINS = {b: a for _, a, b in PRECISION_EFFECTS}  # twin: its original
+TWIN_ORIGINALS = {b: a for _, a, b in PRECISION_EFFECTS}  # twin: its original
 BF16, FP32 = "bf16 autocast", "fp32"  # pipeline.core.protocol.precision's words for the two arms
 
 
 def table1_row(variant: str, recipe: str) -> str:
     """The paper's Table 1 row a variant replicates: an official-recipe twin shares its paper twin's row,
     a precision twin its original's."""
-    variant = PRECISION_TWINS.get(variant, variant)
+    variant = TWIN_ORIGINALS.get(variant, variant)
     return variant.removesuffix("_official") if recipe == "official" else variant
 
 
@@ -179,7 +179,7 @@ def precision_decision(effect) -> str:
 
 def precision_lines(effect_table: pd.DataFrame, label: str) -> list[str]:
     """A paragraph per precision-check row of ``effect_table``: ``label``, then what it decides."""
-    return [line for e in effect_table.itertuples() if e.b in PRECISION_TWINS
+    return [line for e in effect_table.itertuples() if e.b in TWIN_ORIGINALS
             for line in ("", f"{label}: {precision_decision(e)}.")]
 
 
