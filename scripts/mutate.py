@@ -47,6 +47,7 @@ STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
 POWER = "tests/test_power.py"
 PROFILES = "tests/test_profiles.py"
+DOCS = "tests/test_docs.py"
 QUEUE = f"{PROFILES}::test_gpu_queue_skips_what_is_published_under_the_profiles_protocol"
 WARM = "tests/test_warm.py"
 TALLY = "tests/test_steps.py::test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_step"
@@ -445,6 +446,12 @@ MUTATIONS = [
     Mutation("every stage process imports scipy with the report's power analysis", "pipeline/report/power.py",
              "from collections.abc import Callable\n", "from collections.abc import Callable\nfrom scipy import optimize\n",
              (f"{LAYOUT}::test_a_train_or_evaluate_stage_imports_neither_scipy_nor_torchvision",)),
+    # --- the docs: every command, link and path they give exists ---
+    Mutation("a make target the README names is gone", "Makefile", "ui: venv  ##", "serve: venv  ##", (DOCS,)),
+    Mutation("the README links a page that is not there", "README.md", "[docs/testing.md](docs/testing.md)",
+             "[docs/testing.md](docs/tests.md)", (DOCS,)),
+    Mutation("the README's mutation count is not the list's", "README.md", "applies 143 plausible bugs",
+             "applies 142 plausible bugs", (DOCS,)),
 ]
 
 

@@ -1,0 +1,67 @@
+"""Every command, link and path the README and docs/ give a reader exists: a `make` target the
+Makefile defines, a `capsnet` command the CLI has, a file in the tree (or an output dvc.yaml
+declares), and the mutation count they state is scripts/mutate.py's."""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from pipeline.cli import main as capsnet
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+ROOTS = ("docs", "pipeline", "reports", "scripts", "tests")  # the repository paths a page names in backticks
+
+
+def named(pattern: str, text: str) -> set[str]:
+    return set(re.findall(pattern, text))
+
+
+def make_targets(makefile: str) -> set[str]:
+    return named(r"(?m)^([a-z][\w-]*):", makefile)
+
+
+def missing_references(page: Path, repo: Path = REPO) -> list[str]:
+    """What ``page`` names that ``repo`` does not have: make targets, capsnet commands, relative
+    links and repository paths (a path may also be an output dvc.yaml declares)."""
+    text, root = page.read_text(), repo
+    targets, commands = make_targets((root / "Makefile").read_text()), set(capsnet.commands)
+    declared = (root / "dvc.yaml").read_text()
+    missing = [f"`make {t}`: no such target in the Makefile" for t in sorted(named(r"`make ([a-z][\w-]*)", text) - targets)]
+    missing += [f"`capsnet {c}`: no such command" for c in sorted(named(r"(?m)(?:`|^)(?:\S*/)?capsnet ([a-z][\w-]*)", text) - commands)]
+    missing += [f"link {link}: no such file" for link in sorted(named(r"\]\((?![a-z]+:)([^)#\s]+)", text))
+                if not (page.parent / link).exists()]
+    missing += [f"`{path}`: no such file" for path in sorted(named(rf"`((?:{'|'.join(ROOTS)})/[\w./-]*\w)", text))
+                if not (root / path).exists() and path not in declared]
+    return missing
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_command_link_and_path_a_page_names_exists(page):
+    assert missing_references(page) == []
+
+
+def test_a_removed_target_command_link_or_path_is_named(tmp_path):
+    (tmp_path / "Makefile").write_text("test: venv\n\tpytest\n")
+    (tmp_path / "dvc.yaml").write_text("outs:\n  - reports/figures/made.png\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "here.md").write_text("")
+    page = tmp_path / "README.md"
+    page.write_text("`make test`, `make smoke`; `capsnet train X`, `.venv/bin/capsnet fly`; [ok](docs/here.md), "
+                    "[gone](docs/gone.md), [web](https://arxiv.org/abs/1710.09829); `docs/here.md`, `reports/figures/made.png`, `scripts/gone.sh`\n")
+    assert missing_references(page, tmp_path) == [
+        "`make smoke`: no such target in the Makefile", "`capsnet fly`: no such command",
+        "link docs/gone.md: no such file", "`scripts/gone.sh`: no such file"]
+
+
+def test_the_stated_mutation_count_is_the_lists():
+    spec = importlib.util.spec_from_file_location("mutate", REPO / "scripts" / "mutate.py")
+    mutate = importlib.util.module_from_spec(spec)
+    sys.modules["mutate"] = mutate  # its dataclass looks its module up
+    spec.loader.exec_module(mutate)
+    stated = {page.name: named(r"applies (\d+) plausible bugs", page.read_text())
+              for page in (REPO / "README.md", REPO / "docs" / "testing.md")}
+    assert stated == {name: {str(len(mutate.MUTATIONS))} for name in stated}
