@@ -29,7 +29,7 @@ BMM_WEIGHT_RTOL = 5e-5
 
 
 def assert_close_in_norm(mine: torch.Tensor, theirs: torch.Tensor, where: str, bound: float = WEIGHT_RTOL) -> None:
-    off = float((mine.double() - theirs.double()).norm() / theirs.double().norm().clamp_min(1e-12))
+    off = float((mine.detach().double() - theirs.detach().double()).norm() / theirs.detach().double().norm().clamp_min(1e-12))
     assert off <= bound, f"{where}: {off:.2e} relative"
 
 

@@ -435,7 +435,7 @@ def test_channels_last_step_computes_the_same_step(variant):
         loss, _, _ = train_module.compute_loss(placed, x.to(dtype), y, train_module.loss_recipe(cfg),
                                                None if targets is None else targets.to(dtype))
         loss.backward()
-        return float(loss), {name: p.grad.double() for name, p in placed.named_parameters()}
+        return loss.item(), {name: p.grad.double() for name, p in placed.named_parameters()}
 
     exact_loss, exact = step(False, torch.float64)
     for channels_last, bound in ((False, 1e-4), (True, NHWC_CPU_BOUND)):
