@@ -12,8 +12,11 @@ export UV_COMPILE_BYTECODE := 1
 # Profiles (smoke, gpu) are DVC's own -S overrides, defined once in pipeline/profiles.py.
 PROFILE := PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pipeline.profiles
 
-.PHONY: venv test smoke gpu paper-gpu gpus repro ui
-venv: $(BIN)/capsnet
+.PHONY: help venv test smoke gpu paper-gpu gpus repro ui
+help:  ## this list (what a bare `make` prints)
+	@awk -F':[^#]*## ' '/^[a-z-]+:[^#]*## /{printf "  make %-10s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
+
+venv: $(BIN)/capsnet  ## create or update .venv from uv.lock (every target below does it first)
 $(BIN)/capsnet: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q 'uv==0.13.9'
 	python3 -m uv sync --frozen

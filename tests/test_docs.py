@@ -4,6 +4,8 @@ declares), and the mutation count they state is scripts/mutate.py's."""
 
 import importlib.util
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,6 +57,14 @@ def test_a_removed_target_command_link_or_path_is_named(tmp_path):
     assert missing_references(page, tmp_path) == [
         "`make smoke`: no such target in the Makefile", "`capsnet fly`: no such command",
         "link docs/gone.md: no such file", "`scripts/gone.sh`: no such file"]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+def test_a_bare_make_lists_every_phony_target_with_what_it_does():
+    phony = re.search(r"(?m)^\.PHONY: (.*)$", (REPO / "Makefile").read_text()).group(1).split()
+    listed = subprocess.run(["make", "-s", "--no-print-directory"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    assert sorted(line.split()[1] for line in listed) == sorted(phony) and all(len(line.split()) > 2 for line in listed), listed
 
 
 def test_the_stated_mutation_count_is_the_lists():
