@@ -1,6 +1,7 @@
 """Every command, link and path the README and docs/ give a reader exists: a `make` target the
 Makefile defines, a `capsnet` command the CLI has, a file in the tree (or an output dvc.yaml
-declares), and the mutation count they state is scripts/mutate.py's."""
+declares); a bare `make` lists every target with what it does; and the mutation count the pages
+state is scripts/mutate.py's."""
 
 import importlib.util
 import re
@@ -29,15 +30,15 @@ def make_targets(makefile: str) -> set[str]:
 def missing_references(page: Path, repo: Path = REPO) -> list[str]:
     """What ``page`` names that ``repo`` does not have: make targets, capsnet commands, relative
     links and repository paths (a path may also be an output dvc.yaml declares)."""
-    text, root = page.read_text(), repo
-    targets, commands = make_targets((root / "Makefile").read_text()), set(capsnet.commands)
-    declared = (root / "dvc.yaml").read_text()
+    text = page.read_text()
+    targets, commands = make_targets((repo / "Makefile").read_text()), set(capsnet.commands)
+    declared = (repo / "dvc.yaml").read_text()
     missing = [f"`make {t}`: no such target in the Makefile" for t in sorted(named(r"`make ([a-z][\w-]*)", text) - targets)]
     missing += [f"`capsnet {c}`: no such command" for c in sorted(named(r"(?m)(?:`|^)(?:\S*/)?capsnet ([a-z][\w-]*)", text) - commands)]
     missing += [f"link {link}: no such file" for link in sorted(named(r"\]\((?![a-z]+:)([^)#\s]+)", text))
                 if not (page.parent / link).exists()]
     missing += [f"`{path}`: no such file" for path in sorted(named(rf"`((?:{'|'.join(ROOTS)})/[\w./-]*\w)", text))
-                if not (root / path).exists() and path not in declared]
+                if not (repo / path).exists() and path not in declared]
     return missing
 
 
@@ -67,10 +68,10 @@ def test_a_bare_make_lists_every_phony_target_with_what_it_does():
     assert sorted(line.split()[1] for line in listed) == sorted(phony) and all(len(line.split()) > 2 for line in listed), listed
 
 
-def test_the_stated_mutation_count_is_the_lists():
+def test_the_stated_mutation_count_is_the_lists(monkeypatch):
     spec = importlib.util.spec_from_file_location("mutate", REPO / "scripts" / "mutate.py")
     mutate = importlib.util.module_from_spec(spec)
-    sys.modules["mutate"] = mutate  # its dataclass looks its module up
+    monkeypatch.setitem(sys.modules, "mutate", mutate)  # its dataclass looks its module up
     spec.loader.exec_module(mutate)
     stated = {page.name: named(r"applies (\d+) plausible bugs", page.read_text())
               for page in (REPO / "README.md", REPO / "docs" / "testing.md")}
