@@ -51,7 +51,7 @@ def test_a_variant_trains_with_its_recipes_loss_and_model(tmp_path, variant, rec
     official = recipe == "official"
     assert (trained.primary.conv.bias is None) == official  # conv/32 + a (32, 8) bias, or a plain conv
     assert (trained.digits.bias is not None) == official
-    w_std = float(trained.digits.W.std())  # truncated normal std 0.1 (≈ 0.088 after the ±2σ cut), or 0.01
+    w_std = float(trained.digits.W.detach().std())  # truncated normal std 0.1 (≈ 0.088 after the ±2σ cut), or 0.01
     assert (0.08 < w_std < 0.095) if official else (0.009 < w_std < 0.0115)
 
 
