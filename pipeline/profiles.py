@@ -257,7 +257,7 @@ def _set_aside(folder: Path, before: dict[Path, bytes], aside: Path) -> None:
         for parent in path.relative_to(folder).parents[:-1]:  # folders only the run made
             with contextlib.suppress(OSError):
                 (folder / parent).rmdir()
-    _put_back(before)
+    _put_back({path: content for path, content in before.items() if after.get(path) != content})  # `after` read them
     print(f"restored {folder}/ as it was; what the smoke wrote there is in {aside}/", file=sys.stderr)
 
 
