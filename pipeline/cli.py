@@ -19,6 +19,26 @@ from pipeline.core.params import BENCH_MODES as SPEED_MODES
 from pipeline.core.params import Params, load_params
 
 BENCH_MODES = list(SPEED_MODES)  # `capsnet bench --mode`: pipeline.training.bench.MODES, read without torch
+
+
+class Made(click.Path):
+    """An input folder an earlier step makes: when it does not exist, the one-line error says which
+    command makes it (click's own says only that it does not exist)."""
+
+    def __init__(self, made_by: str):
+        super().__init__(exists=True, file_okay=False)
+        self.made_by = made_by
+
+    def convert(self, value, param, ctx):
+        if not Path(value).exists():
+            self.fail(f"folder {str(value)!r} does not exist: {self.made_by}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+PREPARED = Made("`dvc repro prepare` makes it (or `capsnet prepare`)")
+TRAINED = Made("the train stages make it (`dvc repro`; `capsnet stages --kind stages` lists them)")
+EVALUATED = Made("the evaluate stages make it (`dvc repro`; `capsnet stages --kind stages` lists them)")
+
 PARAMS_OPTION = click.option("--params", "params_path", default="params.yaml", show_default=True,
                              type=click.Path(dir_okay=False), help="params.yaml to read")
 
@@ -59,7 +79,7 @@ def download(dest: str) -> None:
 
 
 @main.command()
-@click.argument("raw_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("raw_dir", type=Made("`capsnet download RAW_DIR` (or `dvc repro download`) makes it"))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--figures", "figures_dir", type=click.Path(file_okay=False), required=True,
               help="folder for each experiment's montage of its test sets (dvc.yaml lists them as outputs)")
@@ -106,7 +126,7 @@ def parse_seeds(text: str, params: Params) -> list[int]:
 @main.command()
 @click.argument("variant")
 @click.argument("seeds")
-@click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("data_dir", type=PREPARED)
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--checkpoint", "checkpoint_path", type=click.Path(dir_okay=False), required=True,
               help="resume state, kept outside DVC's outputs so a killed run resumes")
@@ -138,8 +158,8 @@ def train(variant: str, seeds: str, data_dir: str, out_dir: str, checkpoint_path
 
 
 @main.command()
-@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
-@click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("model_dir", type=TRAINED)
+@click.argument("data_dir", type=PREPARED)
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @PARAMS_OPTION
 @user_errors
@@ -193,8 +213,8 @@ def fingerprint(out: str, variants: tuple[str, ...], params_path: str) -> None:
 
 
 @main.command()
-@click.argument("models_dir", type=click.Path(exists=True, file_okay=False))
-@click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("models_dir", type=TRAINED)
+@click.argument("results_dir", type=EVALUATED)
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--missing", type=click.Choice(["error", "list"]), default="error", show_default=True,
               help="a (variant, seed) without a complete evaluation: stop with an error, or report it as not run")
@@ -298,8 +318,8 @@ def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], st
 
 
 @main.command()
-@click.argument("models_dir", type=click.Path(exists=True, file_okay=False))
-@click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("models_dir", type=TRAINED)
+@click.argument("results_dir", type=EVALUATED)
 @click.argument("dest", type=click.Path(file_okay=False))
 @user_errors
 def publish(models_dir: str, results_dir: str, dest: str) -> None:

@@ -1,5 +1,7 @@
+import re
 import shutil
 
+import pytest
 import torchvision
 from click.testing import CliRunner
 from torchvision.transforms import v2
@@ -61,6 +63,24 @@ def test_download_failure_is_a_clean_error(tmp_path, monkeypatch):
     monkeypatch.setattr(download, "default_sources", lambda: [str(tmp_path / "missing")])
     result = CliRunner().invoke(main, ["download", str(tmp_path / "raw")])
     assert result.exit_code == 1 and "CAPSNET_MNIST_MIRROR" in result.output
+
+
+@pytest.mark.parametrize("command, missing, maker", [
+    (["prepare", "{gone}", "{tmp}/out", "--figures", "{tmp}/fig"], "RAW_DIR", "`capsnet download RAW_DIR`"),
+    (["train", "capsnet_r1", "0", "{gone}", "{tmp}/m", "--checkpoint", "{tmp}/c.pt"], "DATA_DIR", "`dvc repro prepare`"),
+    (["evaluate", "{gone}", "{tmp}", "{tmp}/r"], "MODEL_DIR", "the train stages"),
+    (["evaluate", "{tmp}", "{gone}", "{tmp}/r"], "DATA_DIR", "`dvc repro prepare`"),
+    (["report", "{tmp}", "{gone}", "{tmp}/o"], "RESULTS_DIR", "the evaluate stages"),
+    (["publish", "{gone}", "{tmp}", "{tmp}/o"], "MODELS_DIR", "the train stages")])
+def test_a_missing_input_folder_names_what_makes_it(tmp_path, command, missing, maker):
+    """A stage's input folder that is not there yet: one line naming it and the step that makes it,
+    whose `capsnet` commands exist."""
+    args = [a.format(gone=tmp_path / "gone", tmp=tmp_path) for a in command]
+    result = CliRunner().invoke(main, args)
+    line = result.output.strip().splitlines()[-1]
+    assert result.exit_code == 2 and line.startswith(f"Error: Invalid value for '{missing}'"), result.output
+    assert f"{tmp_path / 'gone'}' does not exist: {maker}" in line
+    assert set(re.findall(r"`capsnet (\w+)", line)) <= set(main.commands)
 
 
 def test_bad_params_stop_prepare_before_work(tmp_path):

@@ -627,6 +627,30 @@ def test_report_stage_reads_its_fingerprint_tables(tmp_path, monkeypatch):
     assert bridged.commit == "bbbbbbb" and not math.isnan(bridged.ci_low)
 
 
+def test_variant_metrics_never_pool_protocols_or_training_code(tmp_path):
+    """reports/metrics (DVC metrics, and the report run's MLflow metrics): one file per report row, so
+    a variant trained under two protocols or at two commits is two files, each its own seeds' mean;
+    a variant with one row keeps its plain name."""
+    from pipeline.stages import report as report_stage
+
+    other = "beef" * 10
+    fabricate(tmp_path, "capsnet_r3_recon", 0, 1.0)
+    fabricate(tmp_path, "capsnet_r3_recon", 1, 2.0)
+    fabricate(tmp_path, "capsnet_r3_recon", 2, 4.0, commit=other)  # other training code: a row of its own
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, lr_schedule_epochs=640)  # one commit, two schedules
+    fabricate(tmp_path, "capsnet_r1", 1, 3.0)
+    fabricate(tmp_path, "capsnet_r3", 0, 1.0)
+    fabricate(tmp_path, "capsnet_r3", 1, 2.0)
+    runs = load(tmp_path, ["capsnet_r3_recon"], [0, 1, 2]) + load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1])
+    written = report_stage.write_variant_metrics(runs, tmp_path / "metrics")
+    errors = {name: m["error_pct"] for name, m in written.items()}
+    r1 = sorted(n for n in errors if n.startswith("capsnet_r1-"))
+    assert len(r1) == 2 and {errors[n] for n in r1} == {1.0, 3.0} and all(n.startswith(f"capsnet_r1-1ep-{COMMIT[:7]}-") for n in r1)
+    assert errors == {f"capsnet_r3_recon-1ep-{COMMIT[:7]}": 1.5, f"capsnet_r3_recon-1ep-{other[:7]}": 4.0,
+                      **{n: errors[n] for n in r1}, "capsnet_r3": 1.5}
+    assert sorted(p.stem for p in (tmp_path / "metrics").iterdir()) == sorted(errors)
+
+
 def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_path, monkeypatch):
     """dvc.yaml declares the same report outputs for every variant list: figures with nothing to
     show say so, and the DVC plot data exist."""

@@ -12,6 +12,7 @@ not (a figure with nothing to show says so), so DVC's outputs never depend on th
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata as md
 from pathlib import Path
 
@@ -115,20 +116,35 @@ def learning_curves(panels_of: list[tuple[str, list[rr.Run]]], path: Path) -> No
 
 
 def write_variant_metrics(runs: list[rr.Run], metrics_dir: Path) -> dict[str, dict[str, float]]:
-    """metrics/<variant>.json (DVC metrics): evaluate's metrics.json keys, each the mean over the
-    variant's seeds, or the seeds' common value (reached_target: true, false, or the fraction of
-    seeds that stopped at the target). With the
+    """metrics/<row>.json (DVC metrics), one per report row (a variant under one protocol and one
+    training code, `rr.group`: runs of different ones are never pooled), named by `row_names`:
+    evaluate's metrics.json keys, each the mean over the row's seeds, or the seeds' common value
+    (reached_target: true, false, or the fraction of seeds that stopped at the target). With the
     per-run files this makes `dvc metrics show` one table of the same columns, a row per run and
-    per variant. Files of variants no longer listed are removed. Returns what was written."""
+    per report row. Files of rows no longer reported are removed. Returns what was written."""
     written = {}
-    for variant in dict.fromkeys(r.variant for r in runs):
-        mine = [r.metrics for r in runs if r.variant == variant]
+    for name, rows in row_names(runs).items():
+        mine = [r.metrics for r in rows]
         values = {k: [m[k] for m in mine] for k in METRIC_KEYS if all(k in m for m in mine)}
-        written[variant] = {k: v[0] if len(set(v)) == 1 else round(float(np.mean(v)), 4) for k, v in values.items()}
-        write_json(metrics_dir / f"{variant}.json", written[variant])
+        written[name] = {k: v[0] if len(set(v)) == 1 else round(float(np.mean(v)), 4) for k, v in values.items()}
+        write_json(metrics_dir / f"{name}.json", written[name])
     for stale in set(metrics_dir.glob("*.json")) - {metrics_dir / f"{v}.json" for v in written}:
         stale.unlink()
     return written
+
+
+def row_names(runs: list[rr.Run]) -> dict[str, list[rr.Run]]:
+    """Each report row's runs (`rr.group`) under a file and MLflow name: the variant where it has one
+    row; where it has several, the variant with the epochs and training code that tell them apart
+    (`capsnet_r3_recon-50ep-17bb48c`, `capsnet_r3_recon-50ep-fp87ed42bb`), and a digest of the
+    protocol where even those agree (two schedules at one commit, say)."""
+    groups = rr.group(runs)
+    several = {v for v, _, _ in groups if sum(g[0] == v for g in groups) > 1}
+    named = {key: key[0] if key[0] not in several else f"{key[0]}-{key[1][1]}ep-{key[2].replace(' ', '')}"
+             for key in groups}
+    tied = {n for n in named.values() if list(named.values()).count(n) > 1}
+    return {(f"{name}-{hashlib.sha256(repr(key[1]).encode()).hexdigest()[:6]}" if name in tied else name): groups[key]
+            for key, name in named.items()}
 
 
 def flatten(headline: dict) -> dict[str, float]:
