@@ -38,4 +38,5 @@ fi
 fresh=$(mktemp -d)
 $BIN/capsnet report reports/runs/models reports/runs/results "$fresh/reports" --params reports/runs/params.yaml --missing list \
   --readme README.md --fingerprints reports/runs/fingerprints --benchmarks reports/benchmarks.md
+rm -rf reports/metrics  # the report's own, one file per row: a row renamed or gone leaves no stale file
 cp -r "$fresh/reports/." reports/ && rm -rf "$fresh"

@@ -39,4 +39,6 @@ def test_the_published_report_regenerates_byte_for_byte(tmp_path, monkeypatch):
             assert OWN_LINES.sub("", (out / name).read_text()) == OWN_LINES.sub("", (PUBLISHED / name).read_text())
         else:
             assert filecmp.cmp(out / name, PUBLISHED / name, shallow=False), f"reports/{name} differs"
+    stale = {p.relative_to(PUBLISHED) for p in (PUBLISHED / "metrics").iterdir()} - set(written)
+    assert not stale, f"published metrics the report no longer writes: {sorted(map(str, stale))}"
     assert readme_block_of(readme.read_text()) == readme_block_of((REPO / "README.md").read_text())
