@@ -457,6 +457,12 @@ MUTATIONS = [
              "for name, rows in row_names(runs).items():",
              "for name, rows in {v: [r for r in runs if r.variant == v] for v in dict.fromkeys(r.variant for r in runs)}.items():",
              (f"{REPORT}::test_variant_metrics_never_pool_protocols_or_training_code",)),
+    Mutation("a protocol a window has only begun becomes the headline", "pipeline/report/runs.py",
+             "key=lambda k: (-counts[k], -k[1])", "key=lambda k: -k[1]",
+             (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
+    Mutation("of two protocols with as many runs the shorter heads the report", "pipeline/report/runs.py",
+             "key=lambda k: (-counts[k], -k[1])", "key=lambda k: -counts[k]",
+             (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
     # --- the docs: every command, link and path they give exists ---
     Mutation("a make target the README names is gone", "Makefile", "ui: venv  ##", "serve: venv  ##", (DOCS,)),
     Mutation("a make target has no line in a bare make's list", "Makefile", "gpu: venv  ## the whole", "gpu: venv  # the whole",

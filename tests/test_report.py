@@ -164,7 +164,7 @@ def test_the_precision_check_compares_bf16_with_its_fp32_twin_across_the_precisi
 
 def test_rows_never_pool_protocols_or_commits(tmp_path):
     """A row is (variant, protocol, commit): a variant's seeds at two commits are two rows; each protocol
-    gets its own Table 1 (the longest first); an effect across commits is confounded, without interval."""
+    gets its own Table 1 (the one with most runs first); an effect across commits is confounded, without interval."""
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, commit="aaaaaaa1111", history=[2.0, 1.0 + seed])
         fabricate(tmp_path, "capsnet_r3", seed, 2.0, commit="bbbbbbb2222", adam_eps=None, history=[2.0, 2.0])
@@ -177,7 +177,7 @@ def test_rows_never_pool_protocols_or_commits(tmp_path):
     assert len(summary) == 5  # capsnet_r3_recon's two seeds at two commits: two rows of n = 1
     recon = summary[summary.variant == "capsnet_r3_recon"]
     assert list(recon.n_seeds) == [1, 1] and list(recon.test_error_mean) == [1.0, 3.0]
-    assert list(summary.protocol.str.split(":").str[1].str.split("×").str[0]) == [" 640 epochs "] + [" 2 epochs "] * 4
+    assert list(summary.protocol.str.split(":").str[1].str.split("×").str[0]) == [" 2 epochs "] * 4 + [" 640 epochs "]
     table = t1.effects(runs, REFERENCE).set_index("effect")
     routing = table.loc["routing 3 vs 1, no reconstruction"]
     assert routing.status == ("confounded: capsnet_r3 trained at bbbbbbb (Adam ε not recorded), capsnet_r1 at aaaaaaa "
@@ -187,10 +187,28 @@ def test_rows_never_pool_protocols_or_commits(tmp_path):
     text = markdown(summary, t1.effects(runs, REFERENCE), profile="gpu", deviations=["d"], provenance={},
                               figures={}, reference=REFERENCE)
     long, short = text.index("## Table 1 — gpu profile: 640 epochs"), text.index("## Table 1 — gpu profile: 2 epochs")
-    assert long < short  # the paper-length protocol first
-    assert "| capsnet_r1_recon | paper | 1 | yes | c0ffee0 | 2 |" in text[long:short]
-    assert "| capsnet_r3_recon | paper | 3 | yes | aaaaaaa | 1 | 1.00 ± – |" in text[short:]
-    assert "| capsnet_r3_recon | paper | 3 | yes | ccccccc | 1 | 3.00 ± – |" in text[short:]
+    assert short < long  # six runs before two
+    assert "| capsnet_r1_recon | paper | 1 | yes | c0ffee0 | 2 |" in text[long:]
+    assert "| capsnet_r3_recon | paper | 3 | yes | aaaaaaa | 1 | 1.00 ± – |" in text[short:long]
+    assert "| capsnet_r3_recon | paper | 3 | yes | ccccccc | 1 | 3.00 ± – |" in text[short:long]
+
+
+def test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest(tmp_path):
+    """The claims and the README read the first protocol: a protocol a GPU window has only begun (one
+    seed) does not displace one whose seeds are all there, though its record loads first; of as many
+    runs, the paper's length comes before a shorter protocol, and of the same length the newest."""
+    def keys(root, spec):  # spec: (variant, seed, epochs, lr_schedule_epochs) in load order
+        for variant, seed, epochs, pace in spec:
+            fabricate(root, variant, seed, 1.0, epochs=epochs, lr_schedule_epochs=pace)
+        runs = [r for v, s, _, _ in spec for r in load(root, [v], [s])]
+        return [(k[1], "compressed" if dict(k[3]).get("lr_schedule_epochs") else "cut") for k in rr.protocols(runs)]
+
+    begun = [("capsnet_r1", 0, 50, 640), ("capsnet_r1", 1, 50, None), ("capsnet_r1", 2, 50, None), ("capsnet_r3", 0, 50, None)]
+    assert keys(tmp_path / "begun", begun) == [(50, "cut"), (50, "compressed")]
+    both = [("capsnet_r1", 0, 50, 640), ("capsnet_r1", 1, 640, None)]
+    assert keys(tmp_path / "both", both) == [(640, "cut"), (50, "compressed")]
+    done = [("capsnet_r1", 0, 50, 640), ("capsnet_r3", 0, 50, None)]
+    assert keys(tmp_path / "done", done) == [(50, "compressed"), (50, "cut")]
 
 
 def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):

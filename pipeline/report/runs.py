@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -367,9 +368,12 @@ def group(runs: list[Run]) -> dict[tuple, list[Run]]:
 
 
 def protocols(runs: list[Run]) -> list[tuple]:
-    """The protocol keys present, longest training first (the paper protocol before a shorter one)."""
-    keys = dict.fromkeys(r.protocol_key for r in runs)
-    return sorted(keys, key=lambda k: -k[1])
+    """The protocol keys present, the headline (the claims', the README's) first: the one with the
+    most runs, so a protocol a GPU window has only begun never displaces one whose seeds are all
+    there; of as many, the longest training (the paper protocol before a shorter one); then as first
+    seen (a seed's newest record: one it displaced loads after it, from earlier/)."""
+    counts = Counter(r.protocol_key for r in runs)
+    return sorted(counts, key=lambda k: (-counts[k], -k[1]))  # stable: as first seen
 
 
 def run_provenance(runs: list[Run]) -> pd.DataFrame:
