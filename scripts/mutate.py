@@ -463,6 +463,11 @@ MUTATIONS = [
     Mutation("of two protocols with as many runs the shorter heads the report", "pipeline/report/runs.py",
              "key=lambda k: (-counts[k], -k[1])", "key=lambda k: -counts[k]",
              (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
+    Mutation("§5.2's gap pools a protocol a window has only begun", "pipeline/experiments/affnist_report.py",
+             "    runs = headline_runs(runs)\n", "", (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
+    Mutation("a claim of another protocol than the headline does not name it", "pipeline/report/claims.py",
+             'return claim.ours if protocol == headline else f"{claim.ours}, under {protocol}"', "return claim.ours",
+             (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
     # --- the docs: every command, link and path they give exists ---
     Mutation("a make target the README names is gone", "Makefile", "ui: venv  ##", "serve: venv  ##", (DOCS,)),
     Mutation("a make target has no line in a bare make's list", "Makefile", "gpu: venv  ## the whole", "gpu: venv  # the whole",

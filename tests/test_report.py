@@ -422,6 +422,26 @@ def test_affnist_gap_of_two_fingerprints_from_one_commit_has_an_interval(tmp_pat
     assert not math.isnan(gap["ci_low"]) and "confounded" not in gap["verdict"]
 
 
+def test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it(tmp_path):
+    """A §5.2 seed a later window trained under another protocol neither joins the gap nor makes it
+    confounded: the gap reads the headline protocol's runs and names that protocol, and the claim says
+    so where Table 1's headline protocol is another."""
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_affnist", seed, 1.0, affine_pct=21.0 + seed, image_size=40)
+        fabricate(tmp_path, "cnn_affnist", seed, 1.0, affine_pct=36.0 + seed, model="pooling_cnn", recon=False,
+                  image_size=40)
+    fabricate(tmp_path, "capsnet_affnist", 2, 1.0, affine_pct=90.0, image_size=40, lr_schedule_epochs=640)
+    runs = load(tmp_path, ["capsnet_affnist"], [2]) + load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1])
+    gap = ra.affnist_gap(runs, REFERENCE)
+    assert gap["gap"] == pytest.approx(15.0) and not math.isnan(gap["ci_low"]) and gap["seeds"] == [0, 1]
+    assert gap["protocol"] == runs[1].protocol and "640/" not in gap["protocol"]
+    assert [r.seed for r in ra.headline_runs(runs)] == [0, 1, 0, 1]  # the figure's runs too
+    claims = rc.gap_claim(gap)
+    table1_headline = runs[0].protocol  # the compressed schedule's
+    assert f"(affNIST-style set), under {gap['protocol']} |" in "\n".join(rc.render_claims(claims, table1_headline))
+    assert "under" not in "\n".join(rc.render_claims(claims, gap["protocol"]))
+
+
 def test_transform_bins_average_over_seeds(tmp_path):
     def bins(acc):
         return {"affnist_test": {"rotation_deg": {"edges": [-20, 0, 20], "count": [5, 5], "accuracy_pct": acc}}}

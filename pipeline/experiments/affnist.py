@@ -231,7 +231,7 @@ def report(runs: list[Run], ctx: Context) -> Section:
     gap = ra.affnist_gap(runs, ctx.reference, ctx.bench)
     table = ra.with_gap(ra.affnist_summary(runs, ctx.reference), gap)
     shown = {"§5.2 test sets": f"figures/{MONTAGE}"} if (ctx.fig_dir / MONTAGE).is_file() else {}
-    figures.accuracy_by_transform(ra.transform_bins(runs, TEST_SETS[1]),
+    figures.accuracy_by_transform(ra.transform_bins(ra.headline_runs(runs), TEST_SETS[1]),
                                   "§5.2: affNIST(-style) accuracy by transform parameter", bins)
     shown["§5.2: accuracy by transform parameter"] = f"figures/{bins.name}"
     return Section(lines=ra.render_affnist(table, gap, ctx.reference), deviations=deviations_of(ctx.params),

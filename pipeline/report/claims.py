@@ -158,7 +158,7 @@ def _status(lo: float, hi: float, paper: float, n: int, seeds: str, hours: float
     return f"not resolvable at {n} seeds — needs {seeds} per arm to {goal}{hours_phrase(seeds, hours, why, paper_hours)}"
 
 
-COLUMNS = ["claim", "paper", "ours", "status", "evidence", "cost_source", "gpu_hours"]
+COLUMNS = ["claim", "paper", "ours", "status", "evidence", "cost_source", "gpu_hours", "protocol"]  # the runs' protocol
 
 
 def effect_claims(effect_table: pd.DataFrame, protocol: str) -> pd.DataFrame:
@@ -184,7 +184,8 @@ def effect_claims(effect_table: pd.DataFrame, protocol: str) -> pd.DataFrame:
                              f"detect the paper's {e.paper_delta:+.2f} pp at 80 % power", e.cost_source,
                              e.paper_protocol_hours)
         rows.append({"claim": claim, "paper": paper, "ours": ours, "status": status, "evidence": effect,
-                     "cost_source": e.cost_source, "gpu_hours": e.equivalence_hours if equivalence else e.gpu_hours})
+                     "cost_source": e.cost_source, "gpu_hours": e.equivalence_hours if equivalence else e.gpu_hours,
+                     "protocol": protocol})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -202,7 +203,7 @@ def gap_claim(gap: dict) -> pd.DataFrame:
                              gap["cost_source"])
         rows.append({"claim": GAP_CLAIM, "paper": f"{gap['paper_gap']:+.0f} pp (real affNIST)",
                      "ours": ours + f" ({gap['set']})", "status": status, "evidence": "§5.2 gap",
-                     "cost_source": gap["cost_source"], "gpu_hours": gap["gpu_hours"]})
+                     "cost_source": gap["cost_source"], "gpu_hours": gap["gpu_hours"], "protocol": gap["protocol"]})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -238,7 +239,7 @@ def render_claims(table: pd.DataFrame, protocol: str) -> list[str]:
     """The report's Claims section (markdown lines), under the headline ``protocol``."""
     lines = ["## Claims", "", f"Under the first protocol below ({protocol}). " + CLAIMS_RULE, "",
              "| claim | paper | ours (95 % interval) | status |", "|---|---|---|---|"]
-    lines += [f"| {c.claim} | {c.paper} | {c.ours} | {c.status} |" for c in table.itertuples()]
+    lines += [f"| {c.claim} | {c.paper} | {_ours(c, protocol)} | {c.status} |" for c in table.itertuples()]
     cites = [s for c in table.itertuples() if c.cost_source and not math.isnan(c.gpu_hours)
              for s in c.cost_source.split("; ")]
     if cites:
@@ -246,6 +247,14 @@ def render_claims(table: pd.DataFrame, protocol: str) -> list[str]:
     return lines
 
 
+def _ours(claim, headline: str) -> str:
+    """A claim's "ours", naming its runs' protocol where it is not the headline one (§5.2's runs can
+    lag a protocol behind Table 1's)."""
+    protocol = getattr(claim, "protocol", headline)
+    return claim.ours if protocol == headline else f"{claim.ours}, under {protocol}"
+
+
 def readme_lines(table: pd.DataFrame) -> list[str]:
-    """The README block's claims, one line each."""
-    return [f"- {c.claim}: **{c.status}**; ours {c.ours}, paper {c.paper}." for c in table.itertuples()]
+    """The README block's claims, one line each (the headline protocol: the first claim's, Table 1's)."""
+    headline = table.protocol.iloc[0] if "protocol" in table else None
+    return [f"- {c.claim}: **{c.status}**; ours {_ours(c, headline)}, paper {c.paper}." for c in table.itertuples()]
