@@ -209,6 +209,11 @@ def test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_t
     assert keys(tmp_path / "both", both) == [(640, "cut"), (50, "compressed")]
     done = [("capsnet_r1", 0, 50, 640), ("capsnet_r3", 0, 50, None)]
     assert keys(tmp_path / "done", done) == [(50, "compressed"), (50, "cut")]
+    # every seed retrained: each older record set aside, loaded before the run that displaced it
+    fabricate(tmp_path / "old", "capsnet_r1", 0, 1.0, epochs=50)
+    fabricate(tmp_path / "new", "capsnet_r1", 0, 1.0, epochs=50, lr_schedule_epochs=640)
+    runs = load(tmp_path / "old", ["capsnet_r1"], [0]) + load(tmp_path / "new", ["capsnet_r1"], [0])
+    assert [dict(k[3]).get("lr_schedule_epochs") for k in rr.protocols(runs)] == [640, None]
 
 
 def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):

@@ -370,10 +370,12 @@ def group(runs: list[Run]) -> dict[tuple, list[Run]]:
 def protocols(runs: list[Run]) -> list[tuple]:
     """The protocol keys present, the headline (the claims', the README's) first: the one with the
     most runs, so a protocol a GPU window has only begun never displaces one whose seeds are all
-    there; of as many, the longest training (the paper protocol before a shorter one); then as first
-    seen (a seed's newest record: one it displaced loads after it, from earlier/)."""
+    there; of as many, the longest training (the paper protocol before a shorter one); then the one
+    with more current records (a seed's last in ``runs``: `publish.with_earlier` puts the records a
+    later run displaced before it), i.e. the newer; then as first seen."""
     counts = Counter(r.protocol_key for r in runs)
-    return sorted(counts, key=lambda k: (-counts[k], -k[1]))  # stable: as first seen
+    current = Counter(r.protocol_key for r in {(r.variant, r.seed): r for r in runs}.values())
+    return sorted(counts, key=lambda k: (-counts[k], -k[1], -current[k]))  # stable: as first seen
 
 
 def run_provenance(runs: list[Run]) -> pd.DataFrame:
