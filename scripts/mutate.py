@@ -471,6 +471,9 @@ MUTATIONS = [
     Mutation("a claim of another protocol than the headline does not name it", "pipeline/report/claims.py",
              'return claim.ours if protocol == headline else f"{claim.ours}, under {protocol}"', "return claim.ours",
              (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
+    Mutation("the MultiMNIST column reads the last row of a variant, whatever its protocol", "pipeline/experiments/multimnist_report.py",
+             "    for r in multi[multi.protocol == multi.protocol.iloc[0]].itertuples():\n        ours_by_row.setdefault(r.table1_row, r)",
+             "    for r in multi.itertuples():\n        ours_by_row[r.table1_row] = r", ("tests/test_multimnist.py::test_the_multimnist_column_reads_its_first_protocols_rows_and_names_it",)),
     # --- the docs: every command, link and path they give exists ---
     Mutation("a make target the README names is gone", "Makefile", "ui: venv  ##", "serve: venv  ##", (DOCS,)),
     Mutation("a make target has no line in a bare make's list", "Makefile", "gpu: venv  ## the whole", "gpu: venv  # the whole",

@@ -155,3 +155,26 @@ def test_report_renders_the_multimnist_column_from_fabricated_runs(tmp_path):
     assert "| Baseline | – | – | not run | 0.39 | not run | 8.1 | – |" in text
     assert "| CapsNet | 1 | no | not run | 0.34 | – | – | – |" in text
     json.dumps(table.to_dict())  # the CSV/JSON outputs can hold it
+
+
+def test_the_multimnist_column_reads_its_first_protocols_rows_and_names_it(tmp_path):
+    """A MultiMNIST seed a later window trained under another protocol is a row of its own, listed
+    after the protocol with more runs, whose row the both-columns table reads and names."""
+    from test_report import REFERENCE, fabricate
+
+    from pipeline.experiments import multimnist_report as rm
+    from pipeline.experiments import table1_report as t1
+    from pipeline.report import runs as rr
+
+    fabricate(tmp_path / "cut", "capsnet_r3_recon", 0, 0.3)
+    fabricate(tmp_path / "new", "capsnet_r3_recon", 0, 0.3, lr_schedule_epochs=640)
+    cut, new = (rr.load_runs(tmp_path / f / "models", tmp_path / f / "results", ["capsnet_r3_recon"], [0])[0]
+                for f in ("cut", "new"))
+    multi = [rr.Run("multimnist_r3_recon", 0, {"error_pct": 9.0, "n_params": 1}, new.config, new.history, {}, {}, {})]
+    multi += [rr.Run("multimnist_r3_recon", seed, {"error_pct": err, "n_params": 1}, cut.config, cut.history, {}, {}, {})
+              for seed, err in ((1, 5.0), (2, 5.4))]
+    table = rm.multimnist_summary(multi, REFERENCE)
+    assert list(table.n_seeds) == [2, 1] and list(table.protocol) == [cut.protocol, new.protocol]
+    text = "\n".join(rm.render_both_columns(t1.summarize([cut], REFERENCE), table, REFERENCE))
+    assert "| CapsNet | 3 | yes | 0.30 | 0.25 | 5.20 ± 0.28 | 5.2 | consistent |" in text
+    assert f"from the first rows of the table below ({cut.protocol})" in text

@@ -17,7 +17,7 @@ import pandas as pd
 from pipeline.report import figures
 from pipeline.report import stats
 from pipeline.report.document import fmt_ci
-from pipeline.report.runs import Run, group, row_commit, run_figure, short
+from pipeline.report.runs import Run, group, protocols, row_commit, run_figure, short
 
 PAPER_PAIRS_PER_DIGIT = 1_000  # §6: "1K MultiMNIST examples for each digit in the MNIST test set" (10M)
 
@@ -41,9 +41,11 @@ ROWS = [  # Table 1's rows: (method, routing, reconstruction, MNIST variant)
 
 
 def multimnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
-    """One row per MultiMNIST variant: pair error mean ± std over seeds, the paper's value, verdict."""
+    """One row per MultiMNIST variant, protocol and training code (the headline protocol's rows first,
+    `runs.protocols`): pair error mean ± std over seeds, the paper's value, verdict."""
     rows = []
-    for (variant, _, _), mine in group(runs).items():
+    order = {key: k for k, key in enumerate(protocols(runs))}
+    for (variant, _, _), mine in sorted(group(runs).items(), key=lambda item: order[item[0][1]]):
         errors = [r.metrics["error_pct"] for r in mine]
         paper = reference["multimnist"].get(variant, {})
         std = float(np.std(errors, ddof=1)) if len(errors) > 1 else math.nan
@@ -67,14 +69,18 @@ def _cell(mean: float, std: float) -> str:
 def render_both_columns(table1: pd.DataFrame, multi: pd.DataFrame, reference: dict) -> list[str]:
     """Table 1 with both columns: MNIST (paper-recipe variants) and MultiMNIST, ours beside the paper's."""
     headline = table1[table1.protocol == table1.protocol.iloc[0]] if len(table1) else table1
-    mnist = {r.variant: r for r in headline.itertuples()} if len(headline) else {}
-    ours_by_row = {r.table1_row: r for r in multi.itertuples()}
+    mnist, ours_by_row = {}, {}  # each column from its first protocol's rows, a variant's first row
+    for r in headline.itertuples():
+        mnist.setdefault(r.variant, r)
+    for r in multi[multi.protocol == multi.protocol.iloc[0]].itertuples():
+        ours_by_row.setdefault(r.table1_row, r)
     paper_by_row = {v["table1_row"]: v for v in reference["multimnist"].values() if isinstance(v, dict)}
     lines = ["## Table 1, both columns", "",
              "Test error in percent, ours (mean ± std over seeds, final epoch) beside the paper's. MNIST from the "
              "paper-recipe rows of the first Table 1 above"
              + (f" ({headline.protocol.iloc[0]})" if len(headline) else "") + "; MultiMNIST is the pair error on the "
-             f"fixed test recipes (correct only when both digits are; {reference['multimnist']['source']}). MultiMNIST "
+             f"fixed test recipes (correct only when both digits are; {reference['multimnist']['source']}), from the "
+             f"first rows of the table below ({multi.protocol.iloc[0]}). MultiMNIST "
              "verdicts as Table 1's, the interval holding our seed spread alone since the paper gives single numbers.", "",
              "| method | routing | recon | MNIST ours | MNIST paper | MultiMNIST ours | MultiMNIST paper | MultiMNIST verdict |",
              "|---|---|---|---|---|---|---|---|"]
