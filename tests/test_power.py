@@ -175,7 +175,7 @@ def test_claims_are_supported_contradicted_or_say_what_would_settle_them():
         _effect("official vs paper recipe, routing 3, with reconstruction", math.nan, -0.03, 0.02,
                 equivalence_margin=0.03)])
     gap = {"gap": 5.0, "ci_low": 2.0, "ci_high": 8.0, "paper_gap": 13.0, "n_seeds": 3, "seeds_needed": "4",
-           "gpu_hours": 1.0, "cost_source": "", "set": "affNIST-style set", "verdict": "smaller gap"}
+           "gpu_hours": 1.0, "cost_source": "", "set": "affNIST-style set", "verdict": "smaller gap", "protocol": "p"}
     both = pd.concat([rc.effect_claims(table, "p"), rc.gap_claim(gap)], ignore_index=True)
     claims = both.set_index("evidence").status
     assert claims["routing 3 vs 1, with reconstruction"] == "supported"
