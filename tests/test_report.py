@@ -445,6 +445,15 @@ def test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_
     table1_headline = runs[0].protocol  # the compressed schedule's
     assert f"(affNIST-style set), under {gap['protocol']} |" in "\n".join(rc.render_claims(claims, table1_headline))
     assert "under" not in "\n".join(rc.render_claims(claims, gap["protocol"]))
+    table = ra.affnist_summary(runs, REFERENCE)  # the headline protocol's rows first, each naming its protocol
+    assert list(zip(table.variant, table.n_seeds)) == [("capsnet_affnist", 2), ("cnn_affnist", 2), ("capsnet_affnist", 1)]
+    text = "\n".join(ra.render_affnist(table, gap, REFERENCE))
+    assert f"| capsnet_affnist | {COMMIT[:7]}; {runs[0].protocol} | " in text
+    from pipeline.experiments import affnist
+
+    (tmp_path / "affnist.csv").write_text(ra.with_gap(table, gap).to_csv(index=False))
+    [line] = affnist.readme(tmp_path)  # the README names the rows the gap reads, not the begun protocol's
+    assert line.endswith("capsnet_affnist 78.5 ± 0.7 %; cnn_affnist 63.5 ± 0.7 %."), line
 
 
 def test_transform_bins_average_over_seeds(tmp_path):

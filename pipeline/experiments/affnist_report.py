@@ -26,10 +26,12 @@ def _model_kind(run: Run) -> str:
 
 
 def affnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
-    """§5.2, one row per 40×40 variant: expanded-MNIST and affNIST(-style) accuracy (mean ± sample
-    std over seeds, per-seed values), where each seed stopped, and the paper's values."""
+    """§5.2, one row per 40×40 variant, protocol and training code (the headline protocol's first,
+    `runs.protocols`): expanded-MNIST and affNIST(-style) accuracy (mean ± sample std over seeds,
+    per-seed values), where each seed stopped, and the paper's values."""
     rows = []
-    for (variant, _, _), mine in group(runs).items():
+    order = {key: k for k, key in enumerate(protocols(runs))}
+    for (variant, _, _), mine in sorted(group(runs).items(), key=lambda item: order[item[0][1]]):
         paper = reference["affnist"][_model_kind(mine[0])]
         expanded = [100 - r.metrics["error_pct"] for r in mine]  # expanded MNIST
         affine = [100 - r.metrics["transformed_error_pct"] for r in mine]  # affNIST(-style)
@@ -130,7 +132,7 @@ def with_gap(table: pd.DataFrame, gap: dict | None) -> pd.DataFrame:
     if gap is None:
         return table
     return table.assign(gap_pp=gap["gap"], gap_ci_low=gap["ci_low"], gap_ci_high=gap["ci_high"],
-                        paper_gap_pp=gap["paper_gap"], gap_verdict=gap["verdict"])
+                        paper_gap_pp=gap["paper_gap"], gap_verdict=gap["verdict"], gap_protocol=gap["protocol"])
 
 
 def transform_bins(runs: list[Run], set_name: str) -> dict[str, dict[str, dict[str, list]]]:
@@ -162,8 +164,10 @@ def render_affnist(table: pd.DataFrame, gap: dict | None, reference: dict) -> li
              "| variant | commit | params | n | expanded MNIST (%) | per seed | affNIST (%) | per seed | epochs (* = budget, not target) "
              "| paper expanded | paper affNIST | Δ affNIST (pp) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    several = table.protocol.nunique() > 1  # then each row names its protocol beside its commit
     for _, r in table.iterrows():
-        lines.append(f"| {r.variant} | {short(r.commit)} | {int(r.n_params):,} | {r.n_seeds} | {fmt_pct(r.expanded_acc_mean)} ± {fmt_pct(r.expanded_acc_std)} "
+        origin = f"{short(r.commit)}; {r.protocol}" if several else short(r.commit)
+        lines.append(f"| {r.variant} | {origin} | {int(r.n_params):,} | {r.n_seeds} | {fmt_pct(r.expanded_acc_mean)} ± {fmt_pct(r.expanded_acc_std)} "
                      f"| {r.expanded_accs} | {fmt_pct(r.affnist_acc_mean)} ± {fmt_pct(r.affnist_acc_std)} | {r.affnist_accs} "
                      f"| {r.stopped} | {fmt_pct(r.paper_expanded_acc)} | {fmt_pct(r.paper_affnist_acc, 0)} "
                      f"| {r.affnist_acc_mean - r.paper_affnist_acc:+.2f} |")
