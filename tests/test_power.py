@@ -188,6 +188,9 @@ def test_claims_are_supported_contradicted_or_say_what_would_settle_them():
                                       "as here)")
     assert claims["official vs paper recipe, routing 3, with reconstruction"] == "supported: within ±0.03 pp"
     assert claims["§5.2 gap"] == "supported"
+    one_seed = rc.effect_claims(pd.DataFrame([_effect("official vs paper recipe, routing 3, with reconstruction",
+                                                      math.nan, math.nan, math.nan, status="no interval (one seed)")]), "p")
+    assert one_seed.status[0] == "not resolvable: no interval (one seed); settling it needs a second seed of each recipe"
     lines = rc.render_claims(both, "p")
     assert "GPU time from reports/benchmarks.md, GPU: one H100: capsnet_r3_recon bf16: 24,000 images/s." in lines
 

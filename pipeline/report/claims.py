@@ -212,9 +212,10 @@ def _equivalence_status(e) -> str:
     goal = f"detect a {EQUIVALENCE_PP:.2f} pp difference (Table 1's smallest effect) at 80 % power"
     seeds, hours, why = e.equivalence_seeds, e.equivalence_hours, e.cost_source
     paper_hours = e.equivalence_paper_protocol_hours
-    if math.isnan(e.ci_low):
-        return (f"not resolvable: {e.status}; settling it needs both recipes at one commit, {seeds} seeds per arm "
-                f"to {goal}{hours_phrase(seeds, hours, why, paper_hours)}")
+    if math.isnan(e.ci_low):  # confounded, or one seed a side: no interval, so no seed variance to plan with
+        first = "both recipes at one commit" if str(e.status).startswith("confounded") else "a second seed of each recipe"
+        plan = "" if seeds == "–" else f", {seeds} seeds per arm to {goal}{hours_phrase(seeds, hours, why, paper_hours)}"
+        return f"not resolvable: {e.status}; settling it needs {first}{plan}"
     if e.ci_low > 0 or e.ci_high < 0:
         return "contradicted (the recipes differ beyond the noise)"
     if e.equivalence_margin <= EQUIVALENCE_PP:
