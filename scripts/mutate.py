@@ -48,6 +48,7 @@ REPORT = "tests/test_report.py"
 POWER = "tests/test_power.py"
 PROFILES = "tests/test_profiles.py"
 DOCS = "tests/test_docs.py"
+BEGUN = "tests/test_published.py::test_a_window_that_has_only_begun_a_protocol_leaves_the_published_claims_as_they_are"
 QUEUE = f"{PROFILES}::test_gpu_queue_skips_what_is_published_under_the_profiles_protocol"
 WARM = "tests/test_warm.py"
 TALLY = "tests/test_steps.py::test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_step"
@@ -459,7 +460,8 @@ MUTATIONS = [
              (f"{REPORT}::test_variant_metrics_never_pool_protocols_or_training_code",)),
     Mutation("a protocol a window has only begun becomes the headline", "pipeline/report/runs.py",
              "key=lambda k: (-counts[k], -k[1], -current[k])", "key=lambda k: -k[1]",
-             (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
+             (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",
+              f"{BEGUN}[paper length]")),
     Mutation("of two protocols with as many runs the shorter heads the report", "pipeline/report/runs.py",
              "key=lambda k: (-counts[k], -k[1], -current[k])", "key=lambda k: (-counts[k], -current[k])",
              (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
@@ -467,7 +469,9 @@ MUTATIONS = [
              "key=lambda k: (-counts[k], -k[1], -current[k])", "key=lambda k: (-counts[k], -k[1])",
              (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
     Mutation("§5.2's gap pools a protocol a window has only begun", "pipeline/experiments/affnist_report.py",
-             "    runs = headline_runs(runs)\n", "", (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
+             "    runs = headline_runs(runs)\n", "",
+             (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",
+              f"{BEGUN}[compressed]")),
     Mutation("§5.2's rows in the order first seen, a begun protocol's among the headline's", "pipeline/experiments/affnist_report.py",
              "sorted(group(runs).items(), key=lambda item: order[item[0][1]])", "group(runs).items()", (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
     Mutation("the README's §5.2 line lists every protocol's rows", "pipeline/experiments/affnist.py",
