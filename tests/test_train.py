@@ -354,7 +354,12 @@ def test_a_hint_without_a_stage_name_names_what_lists_them():
 
 
 def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
+    from pipeline.stages import train as train_stage
+
     root = pipeline_dir
+    # the fingerprint trains a few steps with the patched loss before the run opens: a constant here, so
+    # the NaN reaches the tracked run whether or not an earlier test of this process cached the real one
+    monkeypatch.setattr(train_stage, "training_fingerprint", lambda cfg: "0" * 16)
     real = stack_module.compute_loss
     monkeypatch.setattr(stack_module, "compute_loss",
                         lambda m, x, y, capsnet, targets=None, keep=None: tuple(
