@@ -62,24 +62,22 @@ OTHER_PROTOCOLS = {  # what a later window may train seed 0 under: the compresse
 def test_a_window_that_has_only_begun_a_protocol_leaves_the_published_claims_as_they_are(tmp_path, monkeypatch,
                                                                                          protocol):
     """The next GPU window's import, rehearsed on the published records: seed 0 of the first Table 1
-    variant and of §5.2's CapsNet retrained under another protocol (their records set aside to
-    earlier/, as `capsnet publish` does) adds rows of one seed, and the claims, their protocols and the
+    variant and of §5.2's CapsNet retrained under another protocol and published (`capsnet publish`
+    sets the records they displace aside to earlier/) adds rows of one seed, and the claims, their protocols and the
     README's block read the protocol whose seeds are all there, as before (a paper-length protocol
     heads the report only once it has as many runs)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     runs = tmp_path / "runs"
     shutil.copytree(PUBLISHED / "runs", runs)
+    incoming = tmp_path / "incoming"  # the window's evaluated runs: copies of the published seed 0s, retrained
     for variant in ("capsnet_r1", "capsnet_affnist"):
-        incoming = tmp_path / "incoming" / variant
         for kind in publish.PUBLISHED:
-            shutil.copytree(runs / kind / variant / "seed0", incoming / kind)
-        record = json.loads((incoming / "models" / "config.json").read_text())
-        record["config"] = OTHER_PROTOCOLS[protocol](record["config"])
-        record["run_id"] = f"{record['run_id']}-next"
-        (incoming / "models" / "config.json").write_text(json.dumps(record))
-        publish.set_aside(runs, variant, "seed0", record["run_id"])
-        for kind in publish.PUBLISHED:
-            shutil.copytree(incoming / kind, runs / kind / variant / "seed0")
+            shutil.copytree(runs / kind / variant / "seed0", incoming / kind / variant / "seed0")
+        config = incoming / "models" / variant / "seed0" / "config.json"
+        record = json.loads(config.read_text())
+        config.write_text(json.dumps(record | {"config": OTHER_PROTOCOLS[protocol](record["config"]),
+                                               "run_id": f"{record['run_id']}-next"}))
+    assert len(publish.publish_runs(incoming / "models", incoming / "results", runs)) == 2  # as gpu_import.sh does
     readme = tmp_path / "README.md"
     readme.write_text((REPO / "README.md").read_text())
     result = regenerate(runs, tmp_path / "reports", readme)

@@ -250,7 +250,7 @@ def readme(out: Path) -> list[str]:
     if not len(table) or "gap_pp" not in table:
         return []
     g = table.iloc[0]
-    shown = table[table.protocol == g.gap_protocol] if "gap_protocol" in table else table  # the rows the gap reads
+    shown = table[table.protocol == g.gap_protocol]  # the rows the gap reads
     shown = shown if len(shown) else table  # a confounded gap reads several protocols
     return [f"§5.2, CapsNet − CNN accuracy on the affNIST-style set: {g.gap_pp:+.2f} pp "
             f"{fmt_ci(g.gap_ci_low, g.gap_ci_high)}, **{g.gap_verdict}** (paper {g.paper_gap_pp:+.0f} pp on the real "

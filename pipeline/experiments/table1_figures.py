@@ -91,7 +91,7 @@ def dvc_plot_data(runs: list[rr.Run], summary, results_dir: Path, plot_dir: Path
     and the lowest-error variant's confusion on the MNIST test set (its best seed)."""
     summary = summary[summary.protocol == summary.protocol.iloc[0]]
     runs = [r for r in runs if r.protocol == summary.protocol.iloc[0]]
-    ambiguous = {v for v in summary.variant if (summary.variant == v).sum() > 1}
+    ambiguous = rr.with_several_rows(runs)  # within this protocol: rows of several commits
     curves = pd.concat([r.history.assign(variant=rr.run_label(r, ambiguous))[["variant", "epoch", "test_error_pct"]]
                         for r in runs])
     curves = curves.groupby(["variant", "epoch"], sort=False, as_index=False).test_error_pct.mean()

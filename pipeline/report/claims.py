@@ -251,11 +251,10 @@ def render_claims(table: pd.DataFrame, protocol: str) -> list[str]:
 def _ours(claim, headline: str) -> str:
     """A claim's "ours", naming its runs' protocol where it is not the headline one (§5.2's runs can
     lag a protocol behind Table 1's)."""
-    protocol = getattr(claim, "protocol", headline)
-    return claim.ours if protocol == headline else f"{claim.ours}, under {protocol}"
+    return claim.ours if claim.protocol == headline else f"{claim.ours}, under {claim.protocol}"
 
 
 def readme_lines(table: pd.DataFrame) -> list[str]:
     """The README block's claims, one line each (the headline protocol: the first claim's, Table 1's)."""
-    headline = table.protocol.iloc[0] if "protocol" in table else None
+    headline = table.protocol.iloc[0]
     return [f"- {c.claim}: **{c.status}**; ours {_ours(c, headline)}, paper {c.paper}." for c in table.itertuples()]

@@ -201,6 +201,13 @@ class Run:
         return float(self.history.lr.iloc[-1]) if "lr" in self.history else math.nan
 
 
+def with_several_rows(runs: list[Run]) -> set[str]:
+    """The variants ``runs`` hold under more than one (protocol, training code): several report rows,
+    which labels (`run_label`) and file names tell apart."""
+    rows = group(runs)
+    return {v for v, _, _ in rows if sum(key[0] == v for key in rows) > 1}
+
+
 def run_label(r: Run, ambiguous: set[str]) -> str:
     """A run's variant, with protocol and commit where the report holds several of them for it."""
     return f"{r.variant} ({r.cfg['epochs']} ep, {r.commit_key})" if r.variant in ambiguous else r.variant

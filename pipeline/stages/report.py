@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from collections import Counter
 import importlib.metadata as md
 from pathlib import Path
 
@@ -104,8 +105,7 @@ def learning_curves(panels_of: list[tuple[str, list[rr.Run]]], path: Path) -> No
     panels: dict[str, dict] = {}
     lr: dict[str, tuple] = {}
     for title, runs in panels_of:
-        groups = {(r.variant, r.protocol_key, r.commit_key) for r in runs}
-        ambiguous = {v for v, _, _ in groups if sum(g[0] == v for g in groups) > 1}
+        ambiguous = rr.with_several_rows(runs)
         for r in runs:
             curves = panels.setdefault(title, {})
             curves.setdefault(rr.run_label(r, ambiguous), []).append((list(r.history.epoch),
@@ -138,12 +138,11 @@ def row_names(runs: list[rr.Run]) -> dict[str, list[rr.Run]]:
     row; where it has several, the variant with the epochs and training code that tell them apart
     (`capsnet_r3_recon-50ep-17bb48c`, `capsnet_r3_recon-50ep-fp87ed42bb`), and a digest of the
     protocol where even those agree (two schedules at one commit, say)."""
-    groups = rr.group(runs)
-    several = {v for v, _, _ in groups if sum(g[0] == v for g in groups) > 1}
+    groups, several = rr.group(runs), rr.with_several_rows(runs)
     named = {key: key[0] if key[0] not in several else f"{key[0]}-{key[1][1]}ep-{key[2].replace(' ', '')}"
              for key in groups}
-    tied = {n for n in named.values() if list(named.values()).count(n) > 1}
-    return {(f"{name}-{hashlib.sha256(repr(key[1]).encode()).hexdigest()[:6]}" if name in tied else name): groups[key]
+    uses = Counter(named.values())
+    return {(f"{name}-{hashlib.sha256(repr(key[1]).encode()).hexdigest()[:6]}" if uses[name] > 1 else name): groups[key]
             for key, name in named.items()}
 
 
