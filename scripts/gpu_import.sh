@@ -40,3 +40,7 @@ $BIN/capsnet report reports/runs/models reports/runs/results "$fresh/reports" --
   --readme README.md --fingerprints reports/runs/fingerprints --benchmarks reports/benchmarks.md
 rm -rf reports/metrics  # the report's own, one file per row: a row renamed or gone leaves no stale file
 cp -r "$fresh/reports/." reports/ && rm -rf "$fresh"
+for folder in "${folders[@]}"; do  # the capped fingerprint on another processor: pins of this machine, passed there?
+  [ -s "$folder/fingerprint_pins.txt" ] && echo "fingerprint pins on the GPU host's CPU ($folder): $(tail -1 "$folder/fingerprint_pins.txt")"
+done
+true

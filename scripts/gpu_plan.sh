@@ -10,7 +10,9 @@
 # starts a training job only when its estimate fits them (scripts/gpu_queue.py --fit). Typically two
 # calls: the first about 9 min, the second the 2-3 min left. Without CAPSNET_GPU_LEFT a call only knows
 # its own deadline (the first argument, 560 s).
-# Each call picks up where the last stopped: the CUDA tests run once per warm machine (beside the first
+# Each call picks up where the last stopped: the commit's fingerprint table is written once per warm
+# machine, before the queue is asked (15 capped CPU processes at once: 8-14 s each on this 2-core machine,
+# not measured there; its seconds come out of the call's), the CUDA tests run once (beside the first
 # jobs, which train with the profile's settings and train again where the tests fail them), a bench this
 # machine or an earlier window on this GPU model already ran is skipped, a run already evaluated is
 # skipped, a run the deadline stopped resumes from its checkpoint. A run the window's end cuts off is
@@ -33,7 +35,8 @@
 #     bench rows of the last bench entry, one seed and three stacked: without a stacked row of its mode the
 #     queue would price three stacked seeds at three times one seed's time, and on the H200 three bf16
 #     captured seeds stacked ran at 0.48x one seed's speed (fp32 not measured), so a job started by that estimate could be cut off by the window's end), then §5.2's two: scripts/gpu_queue.py --stack lists what
-#     reports/runs does not yet hold under this protocol, in that order, a variant's seeds stacked in
+#     reports/runs does not yet hold under this protocol and this commit's training fingerprint (its
+#     table written first, fingerprints/<commit>.json), in that order, a variant's seeds stacked in
 #     one process (`capsnet train V 0,1,2`), or one seed per process, one after another, where the
 #     bench rows say stacking is slower (the H200: 0.48x; gpu_queue.stacking_pays);
 #  3. not queued yet: the paper protocol (`make paper-gpu`, 640 epochs: at the H200's 66k images/s one
@@ -43,6 +46,7 @@
 # into the gpu profile itself by a commit, once reports/benchmarks.md holds its rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PLAN_START=$(date +%s)
 # the runs' commit is this tree's HEAD where the copy has .git (the device tool's does): a mistyped
 # CAPSNET_GIT_COMMIT (2026-11-26: b8f3efe padded with zeros) would name a commit nobody can check out
 if head=$(git rev-parse HEAD 2>/dev/null) && [ "${CAPSNET_GIT_COMMIT:-$head}" != "$head" ]; then
@@ -52,16 +56,26 @@ fi
 # CAPSNET_GPU_PROFILE and CAPSNET_GPU_BENCH are for scripts/gpu_rehearse.sh (this window rehearsed on a CPU)
 python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml
 BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture#1,3"}
-TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack)
+mkdir -p logs fingerprints
+# the fingerprint table of the code that trains, before the queue, which lists again what other training
+# code trained (a commit since changed training; an older, uncapped fingerprint): every variant in its own
+# capped CPU process, as many at a time as there are cores, once per warm machine (gpu_session.sh packs it)
+FP_TABLE="fingerprints/${CAPSNET_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}.json" QUEUE_ARGS=()
+if [ ! -s "$FP_TABLE" ] && [ "$FP_TABLE" != fingerprints/unknown.json ]; then
+  python3 -m pipeline.cli fingerprint "$FP_TABLE" --params params.gpu.yaml >>logs/fingerprints.log 2>&1 \
+    || echo "fingerprint table failed (logs/fingerprints.log: $(tail -1 logs/fingerprints.log)): the queue goes by protocol only"
+fi
+[ -s "$FP_TABLE" ] && QUEUE_ARGS=(--fingerprints "$FP_TABLE")
+TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))
 TESTS=() WINDOW=()
-mkdir -p logs
+SPENT=$(( $(date +%s) - PLAN_START ))  # the table and the queue, out of this call's time
 [ -f logs/gpu_tests.done ] || TESTS=(--tests)
 if [ -n "${CAPSNET_GPU_LEFT:-}" ]; then
   overhead=165  # a cold machine: its start is in LEFT too
   [ -f logs/gpu_tests.done ] && overhead=75
-  WINDOW=(--window $(( CAPSNET_GPU_LEFT - overhead )))
+  WINDOW=(--window $(( CAPSNET_GPU_LEFT - overhead - SPENT )))
   [ "${WINDOW[1]}" -ge 60 ] || { echo "the window has ${WINDOW[1]} s left: give the machine back (device tool give_back)"; exit 0; }
 fi
-bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --levers --train "$TRAIN" --parallel 2 --deadline "${1:-560}" \
+bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --levers --train "$TRAIN" --parallel 2 --deadline "$(( ${1:-560} - SPENT ))" \
   ${WINDOW[@]+"${WINDOW[@]}"}
 touch logs/gpu_tests.done

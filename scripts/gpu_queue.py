@@ -2,14 +2,19 @@
 profile's protocol, most needed first, as `VARIANT:SEED` words for gpu_session.sh --train.
 
     python3 scripts/gpu_queue.py [--runs reports/runs] [--params params.gpu.yaml] [--limit N]
+                                 [--fingerprints fingerprints/COMMIT.json]
 
 A run counts as published when a record of it in reports/runs (models/VARIANT/seedS/config.json, or
 one a later run set aside under earlier/) was trained under the protocol the params give for that
 variant (pipeline.core.protocol, the report's own definition: profile, epochs, batch, every lr*
-setting, precision): runs of an older protocol (the 2026-11-23 runs, cut at 50 epochs of the
-640-epoch schedule) are queued again, so the next Table 1 comes from one protocol, and the precision
-check's fp32 twin and its bf16 original never displace each other from the queue. Needs only PyYAML
-and this repository (the GPU machine has no DVC or MLflow).
+setting, precision) and, with --fingerprints (the `capsnet fingerprint` table of the code that will
+train, which gpu_plan.sh writes first), by the same training code: the fingerprint it recorded is the
+table's, in the table's environment (the report's rows are one fingerprint each; a record without one
+predates them and its protocol decides). So runs of an older protocol (the 2026-11-23 runs, cut at 50
+epochs of the 640-epoch schedule), or of training code a later commit changed, are queued again and
+the next Table 1 comes from one protocol and one fingerprint; the precision check's fp32 twin and its
+bf16 original never displace each other from the queue. Needs only PyYAML and this repository (the
+GPU machine has no DVC or MLflow).
 Order (GROUPS): the five Table 1 rows and their four official twins (seed 0 of each first, then 1,
 then 2), then MultiMNIST's three variants, then capsnet_r3_recon_fp32 (the precision check, #36 item
 6), then §5.2's two; with --stack one item per variant, its missing seeds trained stacked in one
@@ -56,22 +61,43 @@ SEEDS = (0, 1, 2)
 EARLIER = "earlier"  # pipeline.report.publish.EARLIER (that module needs torch; tests/test_profiles.py checks they agree)
 
 
-def published_protocols(runs: Path, variant: str, seed: int) -> list[tuple]:
-    """The protocols (pipeline.core.protocol.recorded) of every published record of (variant, seed):
-    reports/runs/models/V/seedS and the records later runs set aside (reports/runs/earlier/*/models/V/seedS)."""
+def published(runs: Path, variant: str, seed: int) -> list[dict]:
+    """Every published record (config.json) of (variant, seed): reports/runs/models/V/seedS and the
+    records later runs set aside (reports/runs/earlier/*/models/V/seedS)."""
     configs = [runs / "models" / variant / f"seed{seed}" / "config.json",
                *sorted(runs.glob(f"{EARLIER}/*/models/{variant}/seed{seed}/config.json"))]
-    return [protocol.recorded(json.loads(c.read_text())) for c in configs if c.is_file()]
+    return [json.loads(c.read_text()) for c in configs if c.is_file()]
 
 
-def queue(runs: Path, raw: dict) -> list[str]:
+def same_training(config: dict, variant: str, table: dict | None) -> bool:
+    """Whether a record was trained by the code whose fingerprint ``table`` holds (none: not checked):
+    its fingerprint is the table's in the table's environment, or it recorded none (it predates them)."""
+    fingerprint = config.get("training_fingerprint")
+    if table is None or fingerprint is None:
+        return True
+    return (config.get("environment", {}).get("fingerprint_environment") == table["environment"]
+            and table["fingerprints"].get(variant) == fingerprint)
+
+
+def queue(runs: Path, raw: dict, table: dict | None = None) -> list[str]:
     """Every (variant, seed) of GROUPS, in their order (seed 0 of each variant of a group first), that
-    has no published record under the protocol the params mapping ``raw`` trains it with."""
-    items = []
-    for group in GROUPS:
-        items += [f"{v}:{s}" for s in SEEDS for v in group
-                  if v in raw["variants"] and protocol.planned(raw, v) not in published_protocols(runs, v, s)]
-    return items
+    has no published record under the protocol the params mapping ``raw`` trains it with and, given
+    a fingerprint ``table``, of the training code it fingerprints."""
+    def done(v: str, s: int) -> bool:
+        return any(protocol.recorded(c) == protocol.planned(raw, v) and same_training(c, v, table)
+                   for c in published(runs, v, s))
+
+    return [f"{v}:{s}" for group in GROUPS for s in SEEDS for v in group if v in raw["variants"] and not done(v, s)]
+
+
+def other_training(runs: Path, raw: dict, table: dict) -> list[str]:
+    """The (variant, seed)s published under the params' protocol by training code other than ``table``'s,
+    which `queue` therefore lists again."""
+    def theirs(v: str, s: int) -> list[dict]:
+        return [c for c in published(runs, v, s) if protocol.recorded(c) == protocol.planned(raw, v)]
+
+    return [f"{v}:{s}" for group in GROUPS for s in SEEDS for v in group if v in raw["variants"]
+            if (records := theirs(v, s)) and not any(same_training(c, v, table) for c in records)]
 
 
 def stacked(items: list[str]) -> list[str]:
@@ -161,6 +187,8 @@ def main() -> None:
     parser.add_argument("--params", type=Path, default=Path("params.gpu.yaml"))
     parser.add_argument("--limit", type=int, default=0, help="at most this many items (0: all)")
     parser.add_argument("--stack", action="store_true", help="a variant's missing seeds as one stacked item (V:0,1,2)")
+    parser.add_argument("--fingerprints", type=Path, help="the `capsnet fingerprint` table of the code that trains: "
+                        "records of other training code are queued again (default: not checked)")
     parser.add_argument("--fit", metavar="ITEM", help="print what of this item fits the window's --left seconds")
     parser.add_argument("--left", type=float, default=0.0, help="with --fit: seconds left in the window")
     parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="with --fit: a folder of bench rows")
@@ -169,13 +197,20 @@ def main() -> None:
     args = parser.parse_args()
     if not args.params.is_file():
         sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
+    if args.fingerprints and not args.fingerprints.is_file():
+        sys.exit(f"{args.fingerprints} does not exist: write it with `capsnet fingerprint {args.fingerprints} --params {args.params}`")
     if args.fit:
         params = yaml.safe_load(args.params.read_text())
         start, why = fit(args.fit, args.left, params, bench_rows(args.bench), max(args.parallel, 1), args.checkpoints)
         print(why, file=sys.stderr)
         print(start or "")
         return
-    items = queue(args.runs, yaml.safe_load(args.params.read_text()))
+    raw = yaml.safe_load(args.params.read_text())
+    table = json.loads(args.fingerprints.read_text()) if args.fingerprints else None
+    items = queue(args.runs, raw, table)
+    if table is not None and (again := other_training(args.runs, raw, table)):
+        print(f"queued again, published under this protocol by other training code than {table['commit'][:7]}'s "
+              f"({table['environment']}): {' '.join(again)}", file=sys.stderr)
     if args.stack:
         items = stacked(items)
     print(" ".join(items[:args.limit] if args.limit else items))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One self-contained GPU session on a machine with torch but no DVC or MLflow (the device tool's
 # H100/H200). Prepares the data from the MNIST .gz files in .gpu/mnist, then, as asked:
-#   --tests          every CUDA-only test (marked cuda: tests/test_gpu.py's fast path vs eager fp32 per
+#   --tests          the training fingerprint's pins on this host's CPU (fingerprint_pins.txt), then every
+#                    CUDA-only test (marked cuda: tests/test_gpu.py's fast path vs eager fp32 per
 #                    variant and layer, the CUDA generator on resume, MultiMNIST composed on the device),
 #                    after the bench, beside the --train jobs (those wait for them before evaluating: a
 #                    seed whose speed settings they do not prove trains again with the levers they do)
@@ -90,6 +91,12 @@ pick_levers() {
 }
 cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone when both are done
   rm -f "$OUT/gpu_diffs.jsonl"
+  # the fingerprint pins on this host's CPU, beside the CUDA tests (about a minute of one core): torch 2.11's
+  # were computed on the project's AMD EPYC, so a pass is the measurement that the capped fingerprint is
+  # the same on another processor
+  { timeout 180 python3 -m pytest tests/test_fingerprint.py -k pinned -p no:cacheprovider -q >"$OUT/fingerprint_pins.txt" 2>&1
+    say "fingerprint pins on this host's CPU, exit $?: $(tail -1 "$OUT/fingerprint_pins.txt")"; } &
+  local pins=$!
   workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")  # pytest-xdist is on the GPU image; else one by one
   # shellcheck disable=SC2086
   CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pytest -m cuda \
@@ -98,6 +105,7 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   cp "$OUT/gpu_tests.txt" logs/gpu_tests.txt  # the jobs' proofs and the warm machine's later calls read it
   pick_levers
   rm -f logs/gpu_tests.pending logs/running/cuda-tests
+  wait "$pins"  # the jobs go on meanwhile; the session waits for this function before packing
 }
 mkdir -p logs/bench
 if [ -n "$BENCH" ]; then

@@ -1,78 +1,25 @@
-"""Adding an experiment is one module: this file registers a tiny Fashion-MNIST-style experiment of
-its own (its own synthetic 28×28 data: each class a bar at its own place) and trains, evaluates and
-reports a variant of it through the real prepare, train, evaluate and report stages, without a line
-of pipeline/ knowing it exists."""
+"""Adding an experiment is one module: this file registers a tiny Fashion-MNIST-style experiment
+(tests/bars_experiment.py: its own synthetic 28×28 data, each class a bar at its own place) and trains,
+evaluates and reports a variant of it through the real prepare, train, evaluate and report stages,
+without a line of pipeline/ knowing it exists."""
 
 import json
-import types
 
 import pandas as pd
 import pytest
-import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+import bars_experiment as experiment
+from bars_experiment import N_TEST, N_TRAIN, NAME
 from conftest import REPO, trust_mnist, write_mnist
 from pipeline.core import registry
 from pipeline.core.files import write_text
 from pipeline.core.params import load_params
-from pipeline.data.splits import load_split, save_split
-from pipeline.experiments import base, table1
-from pipeline.report.document import Section
 from pipeline.stages import evaluate as evaluate_stage
 from pipeline.stages import prepare as prepare_stage
 from pipeline.stages import report as report_stage
 from pipeline.stages import train as train_stage
-
-NAME = "fashion_bars"
-N_TRAIN, N_TEST = 40, 20
-
-
-def bars(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n 28×28 uint8 images: class k is a bright horizontal bar at rows 2k+3..2k+4, with noise."""
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.arange(n) % 10
-    images = torch.randint(0, 40, (n, 28, 28), generator=g, dtype=torch.uint8)
-    for i, k in enumerate(labels.tolist()):
-        images[i, 2 * k + 3:2 * k + 5, 4:24] = 255
-    return images, labels.to(torch.uint8)
-
-
-def prepare(params, mnist, out_dir, figures_dir) -> str:
-    """Its own sets, not MNIST's: a training split, a test split and the test split upside down."""
-    train_images, train_labels = bars(N_TRAIN, 1)
-    test_images, test_labels = bars(N_TEST, 2)
-    save_split(out_dir / f"{NAME}_train.safetensors", train_images, train_labels, {"source": "synthetic bars"})
-    save_split(out_dir / f"{NAME}_test.safetensors", test_images, test_labels, {"source": "synthetic bars"})
-    save_split(out_dir / f"{NAME}_flipped.safetensors", test_images.flip(1), test_labels, {"source": "upside down"})
-    return f"{NAME}: {N_TRAIN} + {N_TEST} bars"
-
-
-def training_data(data_dir, cfg):
-    train, test = (load_split(data_dir / f"{NAME}_{s}.safetensors") for s in ("train", "test"))
-    data = {"train_images": train["images"], "train_labels": train["labels"],
-            "test_images": test["images"], "test_labels": test["labels"]}
-    return data, []
-
-
-def evaluate(model, cfg, data_dir, out):
-    return base.evaluate_sets(TEST_SETS, model, cfg, data_dir, out)
-
-
-def report(runs, ctx) -> Section:
-    rows = pd.DataFrame([{"variant": r.variant, "seed": r.seed, "error_pct": r.metrics["error_pct"]} for r in runs],
-                        columns=["variant", "seed", "error_pct"])
-    lines = ["## Bars (an extension)", "", *(f"- {r.variant} seed {r.seed}: {r.error_pct:.2f} %" for r in rows.itertuples())]
-    return Section(lines=lines if runs else [], tables={f"{NAME}.csv": rows.to_csv(index=False)})
-
-
-TEST_SETS = (f"{NAME}_test", f"{NAME}_flipped")
-experiment = types.ModuleType(NAME)  # what a new file under pipeline/experiments/ would hold
-experiment.__dict__.update(
-    NAME=NAME, IMAGE_SIZE=28, MODELS=("capsnet",), TEST_SETS=TEST_SETS, CPU_EPOCH_SECONDS={}, CURVES="Bars",
-    prepare=prepare, configure=base.configure, training_data=training_data, Training=table1.Training,
-    synthetic_data=table1.synthetic_data, examples_per_epoch=base.examples_per_epoch, evaluate=evaluate,
-    report=report, readme=lambda out: [])
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 fits what is left of it, and scripts/gpu_session.sh never benches again what an earlier window on the
 same GPU model benched (gpu_import.sh keeps its rows in reports/bench/<model>/)."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -284,6 +285,51 @@ def test_a_mistyped_commit_gives_way_to_the_trees_head(tmp_path):
         done = subprocess.run(["bash", "-c", check + 'echo "${CAPSNET_GIT_COMMIT:-unset}"'], cwd=tmp_path, env=env,
                               capture_output=True, text=True, check=True)
         assert done.stdout.strip() == (given and head or "unset") and said in done.stderr
+
+
+STUB_FINGERPRINT = """#!%s
+# python3 on a GPU window with `capsnet fingerprint` faked: its table gives capsnet_r3_recon STUB_FP
+import json, os, sys
+args = sys.argv[1:]
+if args[:3] == ["-m", "pipeline.cli", "fingerprint"]:
+    json.dump({"commit": os.environ["CAPSNET_GIT_COMMIT"], "environment": "torch 2.11.0+cu130, CPU AVX2 capped",
+               "fingerprints": {"capsnet_r3_recon": os.environ["STUB_FP"]}}, open(args[3], "w"))
+    sys.exit(0)
+os.execv(sys.executable, [sys.executable, *args])
+"""
+
+
+def test_the_window_queues_again_what_other_training_code_published(tmp_path):
+    """scripts/gpu_plan.sh writes its commit's fingerprint table before it asks the queue, and the queue
+    lists again a seed published by other training code (a commit since changed what training computes)."""
+    plan = (REPO / "scripts" / "gpu_plan.sh").read_text()
+    fragment = plan[plan.index("mkdir -p logs fingerprints"):]
+    fragment = fragment[:fragment.index("\n", fragment.index("TRAIN=$(")) + 1]
+    for name in ("scripts", "pipeline"):
+        (tmp_path / name).symlink_to(REPO / name)
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
+                    "--write", str(tmp_path / "params.gpu.yaml")], check=True, cwd=REPO)
+    from pipeline.core.params import load_params
+    from pipeline.training.train import run_config
+
+    cfg = dataclasses.asdict(run_config(load_params(tmp_path / "params.gpu.yaml"), "capsnet_r3_recon", 0))
+    seed0 = tmp_path / "reports" / "runs" / "models" / "capsnet_r3_recon" / "seed0"
+    seed0.mkdir(parents=True)
+    (seed0 / "config.json").write_text(json.dumps({
+        "config": {k: v for k, v in cfg.items() if v is not None}, "params": {"device": "cuda"},
+        "training_fingerprint": "a" * 16, "environment": {"fingerprint_environment": "torch 2.11.0+cu130, CPU AVX2 capped"}}))
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(STUB_FINGERPRINT % sys.executable)
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    for fingerprint, queued in (("a" * 16, "capsnet_r3_recon:1,2"), ("b" * 16, "capsnet_r3_recon:0,1,2")):
+        shutil.rmtree(tmp_path / "fingerprints", ignore_errors=True)
+        env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CAPSNET_GIT_COMMIT": "c0ffee1",
+               "STUB_FP": fingerprint, "PYTHONPATH": str(REPO)}
+        done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + fragment + 'echo "$TRAIN"'], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, check=True)
+        assert (tmp_path / "fingerprints" / "c0ffee1.json").is_file()
+        assert queued in done.stdout.split(), done.stdout
+        assert ("queued again" in done.stderr) == (fingerprint != "a" * 16), done.stderr
 
 
 STUB_GPU = """#!%s

@@ -263,6 +263,38 @@ def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path)
     assert "capsnet_r3_recon:1,2" in stacked and "capsnet_r1:0,1" in stacked and "capsnet_r3_recon_fp32:1,2" in stacked
     assert len(stacked) == 15
 
+    # with the fingerprint table of the code that trains (gpu_plan.sh writes it first): a record of other
+    # training code, or of the same digits in another environment, is queued again; one without a
+    # fingerprint (it predates them) keeps counting by its protocol
+    env = "torch 2.11.0+cu130, CPU AVX2 capped"
+    table = {"commit": "c0ffee" * 6 + "0123", "environment": env,
+             "fingerprints": {"capsnet_r3_recon": "a" * 16, "capsnet_r1": "b" * 16, "capsnet_r1_recon": "c" * 16}}
+    (tmp_path / "table.json").write_text(json.dumps(table))
+
+    def fingerprinted(where: str, variant: str, seed: int, fingerprint: str, environment: str = env) -> None:
+        path = runs / where / variant / f"seed{seed}" / "config.json"
+        if not path.is_file():
+            record(where, variant, seed)
+        path.write_text(json.dumps(json.loads(path.read_text()) | {
+            "training_fingerprint": fingerprint, "environment": {"fingerprint_environment": environment}}))
+
+    fingerprinted("models", "capsnet_r3_recon", 0, "a" * 16)  # this code's training
+    fingerprinted("earlier/run1/models", "capsnet_r1", 2, "f" * 16)  # other training code
+    fingerprinted("models", "capsnet_r1_recon", 0, "c" * 16, "torch 2.11.0+cu130, CPU AVX512")  # an uncapped one
+    assert gpu_queue.queue(runs, raw) == [i for i in items if i != "capsnet_r1_recon:0"]  # no table: not checked
+    checked = gpu_queue.queue(runs, raw, table)
+    assert set(checked) == set(items) | {"capsnet_r1:2"} and len(checked) == len(items) + 1
+    assert "capsnet_r3_recon_fp32:0" not in checked  # no fingerprint recorded: its protocol decides
+    assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1_recon:0", "capsnet_r1:2"]
+    done = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--runs", str(runs),
+                           "--fingerprints", str(tmp_path / "table.json")], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == checked
+    assert done.stderr.strip() == f"queued again, published under this protocol by other training code than c0ffeec's ({env}): " \
+        "capsnet_r1_recon:0 capsnet_r1:2"
+    absent = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--fingerprints",
+                             str(tmp_path / "none.json")], cwd=REPO, capture_output=True, text=True)
+    assert absent.returncode == 1 and "capsnet fingerprint" in absent.stderr and "none.json does not exist" in absent.stderr
+
 
 def test_the_gpu_scripts_call_capsnet_with_options_it_has():
     """The GPU session runs where no test runs before it: every `capsnet` command its scripts call,

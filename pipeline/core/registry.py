@@ -50,6 +50,12 @@ def unregister(name: str) -> None:
     _registered.pop(name, None)
 
 
+def plugins() -> dict[str, str]:
+    """The experiments `register` added, as {NAME: the module's import name}: what another process
+    imports to have them too (pipeline.training.fingerprint's capped process)."""
+    return {name: module.__name__ for name, module in _registered.items()}
+
+
 def names() -> list[str]:
     """Every experiment, built-in ones first, in report order."""
     return [*EXPERIMENTS, *(n for n in _registered if n not in EXPERIMENTS)]

@@ -10,9 +10,12 @@ computes changes it; a refactor or a speed lever that computes the same does not
 (tests/test_fingerprint.py pins it per family, so a change is a visible, deliberate edit).
 
 fp32 results on the CPU depend on the kernels torch picks for the processor and on the thread
-count: the fingerprint runs on one thread and is recorded with torch's version and the CPU
-capability it ran on (`fingerprint_environment`); fingerprints from different environments do
-not compare.
+count. So the fingerprint runs in a process of its own, on one thread, with the processor's kernels
+capped at AVX2 (`CAPPED`: ATen's vector kernels, MKL's GEMM in its reproducible AVX2 mode; oneDNN
+off), which every GPU host this project has met offers: on 2026-11-26 this AMD EPYC's AVX512
+kernels gave other fingerprints than an AVX2 machine's and, capped, the AVX2 machine's own. It is
+recorded with torch's version and the capped capability (`fingerprint_environment`); fingerprints
+of different environments (another torch, a processor without AVX2) do not compare.
 
 A fingerprint covers its run's own model, so two variants' never agree: the report compares two
 variants' rows through a commit whose code computed both fingerprints. Runs of one commit share it;
@@ -27,13 +30,24 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import importlib
 import io
+import json
+import os
+import pickle
+import subprocess
+import sys
 import tempfile
+import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
 
+from pipeline.core import registry
+from pipeline.core.errors import UserError, first_line
 from pipeline.core.params import Params
+from pipeline.training.checkpoint import NonFiniteLossError
 from pipeline.training.train import RunConfig, run_config, train_group
 
 SEEDS = (0, 1)  # two stacked seeds: the stack's own arithmetic is part of what is fingerprinted
@@ -41,6 +55,13 @@ STEPS = 2  # per epoch; two epochs: a new order, the checkpoint written between 
 EXAMPLES = 4  # training and test examples; batches of two
 # the one checkpoint train_group writes (the baseline's is 280 MB): in memory where Linux offers it
 SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
+# the capped process's kernels (oneDNN's it turns off), read once at a process's start: ATen's vector
+# kernels at AVX2, MKL's GEMM in its conditional numerical reproducibility mode for AVX2
+CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+
+
+class FingerprintError(UserError, RuntimeError):
+    """The process computing a fingerprint failed: its last line of errors says why."""
 
 
 @contextlib.contextmanager
@@ -79,31 +100,95 @@ def weights_digest(models: list[torch.nn.Module]) -> str:
 
 def training_fingerprint(cfg: RunConfig) -> str:
     """The first 16 hex digits of the fingerprint of ``cfg``'s training code (see the module)."""
-    return _fingerprint(fingerprint_config(cfg))
+    try:
+        return _fingerprint(fingerprint_config(cfg))
+    except FingerprintError as err:
+        raise FingerprintError(f"{cfg.variant}: {err}") from None
 
 
 @functools.lru_cache(maxsize=None)  # the code cannot change within a process
 def _fingerprint(small: RunConfig) -> str:
+    return in_capped_process([small])["fingerprints"][0]
+
+
+def _compute(small: RunConfig) -> str:
+    """The fingerprint of ``small``, computed in this process (`main`, under `CAPPED`)."""
     cfgs = [dataclasses.replace(small, seed=s) for s in SEEDS]
     with torch.random.fork_rng(devices=[]), one_thread(), tempfile.TemporaryDirectory(dir=SCRATCH) as tmp, \
             contextlib.redirect_stdout(io.StringIO()):  # the caller's random streams and output untouched
         torch.manual_seed(0)  # the synthetic digits, the same for every run
         data = small.experiment_module().synthetic_data(small, EXAMPLES, torch.device("cpu"))
-        results = train_group(cfgs, data, Path(tmp) / "fingerprint.pt", state=None)
+        try:
+            results = train_group(cfgs, data, Path(tmp) / "fingerprint.pt", state=None)
+        except NonFiniteLossError as err:  # its message's "last good checkpoint" is in a folder now gone
+            raise NonFiniteLossError(f"{str(err).partition('; ')[0]} of the fingerprint's few CPU steps") from None
     return weights_digest([r.model for r in results])[:16]
 
 
+_ENVIRONMENT: list[str] = []  # what the capped processes reported, once one ran
+
+
+def in_capped_process(smalls: list[RunConfig]) -> dict:
+    """{"fingerprints": each of ``smalls``' fingerprints, "environment": `fingerprint_environment`},
+    computed by `python -m pipeline.training.fingerprint` under `CAPPED` with this checkout's code
+    and this process's import path (an experiment `registry.register` added is imported there by name)."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = os.environ | CAPPED | {"PYTHONPATH": os.pathsep.join(dict.fromkeys([root, *filter(None, sys.path)]))}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "configs.pkl").write_bytes(pickle.dumps({"configs": smalls, "experiments": registry.plugins()}))
+        done = subprocess.run([sys.executable, "-m", __name__, tmp], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            raise FingerprintError(f"the training fingerprint failed in its CPU process: {why}")
+        out = json.loads((Path(tmp) / "fingerprints.json").read_text())
+    _ENVIRONMENT[:] = [out["environment"]]
+    return out
+
+
 def fingerprint_environment() -> str:
-    """What a CPU fingerprint depends on besides the code: torch's version and the CPU kernels' ISA."""
-    return f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}"
+    """What a fingerprint depends on besides the code: torch's version and the CPU capability of its
+    capped process, 'torch 2.15.0+cu132, CPU AVX2 capped'."""
+    return _ENVIRONMENT[0] if _ENVIRONMENT else in_capped_process([])["environment"]
 
 
-def fingerprint_table(params: Params, variants: list[str], progress=lambda done, variant: None) -> dict[str, str]:
+def fingerprint_table(params: Params, variants: list[str], progress=lambda done, variant: None,
+                      jobs: int | None = None) -> dict[str, str]:
     """Every variant's training fingerprint as this code computes it (what its train stage would record
-    under ``params``); ``progress(done, variant)`` after each."""
-    table = {}
-    for k, variant in enumerate(variants):
-        table[variant] = training_fingerprint(run_config(params, variant, seed=0))
-        progress(k + 1, variant)
-    return table
+    under ``params``), ``jobs`` capped processes at a time (default: one a CPU core), in ``variants``'
+    order; ``progress(done, variant)`` as each comes."""
+    smalls = {v: fingerprint_config(run_config(params, v, seed=0)) for v in variants}
+    table: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs or os.cpu_count() or 1, len(smalls)))) as pool:
+        running = {pool.submit(_fingerprint, small): v for v, small in smalls.items()}
+        for done, future in enumerate(as_completed(running), start=1):
+            try:
+                table[running[future]] = future.result()
+            except FingerprintError as err:
+                raise FingerprintError(f"{running[future]}: {err}") from None
+            progress(done, running[future])
+    return {v: table[v] for v in variants}
 
+
+def main(folder: str) -> None:
+    """The capped process: the fingerprints of the configurations pickled in FOLDER/configs.pkl, and
+    the environment they ran in, to FOLDER/fingerprints.json."""
+    torch.backends.mkldnn.enabled = False  # oneDNN's blocking follows the processor's caches
+    asked = pickle.loads((Path(folder) / "configs.pkl").read_bytes())
+    for name, module in asked["experiments"].items():
+        try:
+            registry.register(importlib.import_module(module))
+        except ImportError as err:
+            raise UserError(f"experiment {name!r} was registered from module {module!r}, which a process of its own "
+                            f"cannot import ({err}): register an experiment from a module on the import path") from None
+    smalls = asked["configs"]
+    environment = f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} capped"
+    fingerprints = [_compute(s) for s in smalls]
+    (Path(folder) / "fingerprints.json").write_text(json.dumps({"fingerprints": fingerprints, "environment": environment}))
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1])
+    except Exception as err:  # the traceback, then one line that the caller's error quotes
+        traceback.print_exc()
+        sys.exit(f"{type(err).__name__}: {first_line(err, 300)}")
