@@ -72,6 +72,8 @@ for call in 1 2; do
   left=$(( left - ($(date +%s) - called) - 30 ))  # and the wait before the next call
 done
 grep -q "gpu tests exit" "$SCRATCH/out-1/session.log" || fail "call 1 did not run the CUDA tests"
+grep -q "fingerprint pins on this host's CPU, exit 0" "$SCRATCH/out-1/session.log" \
+  || fail "the fingerprint pins failed on this CPU, their own ($SCRATCH/out-1/fingerprint_pins.txt)"
 grep -q "gpu tests exit" "$SCRATCH/out-2/session.log" && fail "call 2 ran the CUDA tests again on the warm machine"
 cat "$SCRATCH"/out-*/bench.jsonl 2>/dev/null | grep -q . || fail "no bench rows came back"
 grep -q "s estimated of" "$SCRATCH/out-1/session.log" || fail "call 1 started no job by its estimate"
