@@ -103,6 +103,15 @@ def test_a_failed_fingerprint_process_says_why_in_one_line(params):
         fp.in_capped_process([small])
 
 
+def test_its_scratch_checkpoint_goes_to_dev_shm_only_where_there_is_room(tmp_path, monkeypatch):
+    monkeypatch.setattr(fp, "SCRATCH", tmp_path)  # as /dev/shm
+    assert fp.scratch() == tmp_path
+    monkeypatch.setattr(fp, "SCRATCH_BYTES", 1 << 60)  # a container's 64 MB one, for a 280 MB checkpoint
+    assert fp.scratch() is None
+    monkeypatch.setattr(fp, "SCRATCH", tmp_path / "absent")
+    assert fp.scratch() is None
+
+
 def test_computing_it_leaves_the_callers_random_streams_and_threads_alone(params):
     torch.manual_seed(5)
     expected = torch.rand(3)

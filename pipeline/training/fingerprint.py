@@ -35,6 +35,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,7 +55,7 @@ SEEDS = (0, 1)  # two stacked seeds: the stack's own arithmetic is part of what 
 STEPS = 2  # per epoch; two epochs: a new order, the checkpoint written between them
 EXAMPLES = 4  # training and test examples; batches of two
 # the one checkpoint train_group writes (the baseline's is 280 MB): in memory where Linux offers it
-SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
+SCRATCH, SCRATCH_BYTES = Path("/dev/shm"), 1 << 30  # several capped processes write theirs at once
 # the capped process's kernels (oneDNN's it turns off), read once at a process's start: ATen's vector
 # kernels at AVX2, MKL's GEMM in its conditional numerical reproducibility mode for AVX2
 CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
@@ -111,10 +112,16 @@ def _fingerprint(small: RunConfig) -> str:
     return in_capped_process([small])["fingerprints"][0]
 
 
+def scratch() -> Path | None:
+    """Where the fingerprint's checkpoint goes: in memory where Linux offers a /dev/shm with room for it
+    (a container's may hold 64 MB), else the temporary folder's default."""
+    return SCRATCH if SCRATCH.is_dir() and shutil.disk_usage(SCRATCH).free >= SCRATCH_BYTES else None
+
+
 def _compute(small: RunConfig) -> str:
     """The fingerprint of ``small``, computed in this process (`main`, under `CAPPED`)."""
     cfgs = [dataclasses.replace(small, seed=s) for s in SEEDS]
-    with torch.random.fork_rng(devices=[]), one_thread(), tempfile.TemporaryDirectory(dir=SCRATCH) as tmp, \
+    with torch.random.fork_rng(devices=[]), one_thread(), tempfile.TemporaryDirectory(dir=scratch()) as tmp, \
             contextlib.redirect_stdout(io.StringIO()):  # the caller's random streams and output untouched
         torch.manual_seed(0)  # the synthetic digits, the same for every run
         data = small.experiment_module().synthetic_data(small, EXAMPLES, torch.device("cpu"))
