@@ -1,7 +1,7 @@
 """Apply plausible bugs to a scratch copy, one at a time, and check that the tests named for each
 one fail. A mutation the tests do not catch is a claim the suite does not test.
 
-    .venv/bin/python scripts/mutate.py            # every mutation (about 30 min on 2 cores)
+    .venv/bin/python scripts/mutate.py            # every mutation (about 35 min on 2 cores)
     .venv/bin/python scripts/mutate.py -k routing # those whose name contains "routing"
 
 Exit status 1 when any mutation survives. The copy holds the repository's tracked and untracked
