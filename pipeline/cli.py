@@ -193,7 +193,7 @@ def fingerprint(out: str, variants: tuple[str, ...], params_path: str) -> None:
     The fingerprint its train stage would record (pipeline.training.fingerprint), a few seconds of
     one CPU thread per variant. `capsnet report --fingerprints DIR` reads such tables: rows of two
     variants trained at two commits compare where one commit's table computes both rows'
-    fingerprints. The GPU session writes one per window (scripts/gpu_session.sh).
+    fingerprints. The GPU window writes one before its queue (scripts/gpu_plan.sh).
     """
     from tqdm.auto import tqdm
 

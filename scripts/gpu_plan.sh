@@ -59,7 +59,8 @@ BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,b
 mkdir -p logs fingerprints
 # the fingerprint table of the code that trains, before the queue, which lists again what other training
 # code trained (a commit since changed training; an older, uncapped fingerprint): every variant in its own
-# capped CPU process, as many at a time as there are cores, once per warm machine (gpu_session.sh packs it)
+# capped CPU process, as many at a time as there are cores, once per warm machine; gpu_session.sh packs it,
+# the report bridges rows of two windows' commits through it (capsnet report --fingerprints)
 FP_TABLE="fingerprints/${CAPSNET_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}.json" QUEUE_ARGS=()
 if [ ! -s "$FP_TABLE" ] && [ "$FP_TABLE" != fingerprints/unknown.json ]; then
   python3 -m pipeline.cli fingerprint "$FP_TABLE" --params params.gpu.yaml >>logs/fingerprints.log 2>&1 \

@@ -79,25 +79,24 @@ def same_training(config: dict, variant: str, table: dict | None) -> bool:
             and table["fingerprints"].get(variant) == fingerprint)
 
 
-def queue(runs: Path, raw: dict, table: dict | None = None) -> list[str]:
-    """Every (variant, seed) of GROUPS, in their order (seed 0 of each variant of a group first), that
-    has no published record under the protocol the params mapping ``raw`` trains it with and, given
-    a fingerprint ``table``, of the training code it fingerprints."""
-    def done(v: str, s: int) -> bool:
-        return any(protocol.recorded(c) == protocol.planned(raw, v) and same_training(c, v, table)
-                   for c in published(runs, v, s))
+def planned(runs: Path, raw: dict) -> list[tuple[str, int, list[dict]]]:
+    """Every (variant, seed) of GROUPS, in their order (seed 0 of each variant of a group first), with
+    its published records under the protocol the params mapping ``raw`` trains it with."""
+    return [(v, s, [c for c in published(runs, v, s) if protocol.recorded(c) == protocol.planned(raw, v)])
+            for group in GROUPS for s in SEEDS for v in group if v in raw["variants"]]
 
-    return [f"{v}:{s}" for group in GROUPS for s in SEEDS for v in group if v in raw["variants"] and not done(v, s)]
+
+def queue(runs: Path, raw: dict, table: dict | None = None) -> list[str]:
+    """Every (variant, seed) of GROUPS, in their order, with no published record under the protocol
+    the params train it with and, given a fingerprint ``table``, of the training code it fingerprints."""
+    return [f"{v}:{s}" for v, s, records in planned(runs, raw) if not any(same_training(c, v, table) for c in records)]
 
 
 def other_training(runs: Path, raw: dict, table: dict) -> list[str]:
     """The (variant, seed)s published under the params' protocol by training code other than ``table``'s,
     which `queue` therefore lists again."""
-    def theirs(v: str, s: int) -> list[dict]:
-        return [c for c in published(runs, v, s) if protocol.recorded(c) == protocol.planned(raw, v)]
-
-    return [f"{v}:{s}" for group in GROUPS for s in SEEDS for v in group if v in raw["variants"]
-            if (records := theirs(v, s)) and not any(same_training(c, v, table) for c in records)]
+    return [f"{v}:{s}" for v, s, records in planned(runs, raw)
+            if records and not any(same_training(c, v, table) for c in records)]
 
 
 def stacked(items: list[str]) -> list[str]:

@@ -26,7 +26,7 @@
 #                    out from the device tool's budget; default: --deadline); a job may outlast the call
 #                    to resume on the next, never the window, whose end loses it
 # Tracking is journalled (no MLflow there); everything comes back in $OUT (runs-*.tar.gz split
-# under 16 MiB, with the commit's fingerprint table in fingerprints/; bench.jsonl, gpu_tests.txt,
+# under 16 MiB, with the commit's fingerprint table that gpu_plan.sh wrote in fingerprints/; bench.jsonl, gpu_tests.txt,
 # gpu_diffs.jsonl, session.log, inductor-cache.tar.gz).
 # Here: `bash scripts/gpu_fetch_mnist.sh` once, then the device tool runs, with carry [".gpu"]:
 #   bash scripts/gpu_session.sh --tests --bench "capsnet_r3_recon" --train "capsnet_r3_recon:0"
@@ -72,15 +72,6 @@ if [ ! -f data/prepared/train.safetensors ]; then
     || { say "prepare failed"; exit 1; }
 fi
 say "data ready"
-
-# every variant's training fingerprint as this commit's code computes it, once per commit, on the CPU
-# beside the GPU work: rows trained at two windows' commits compare through it (capsnet report --fingerprints)
-FP_TABLE="fingerprints/${CAPSNET_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}.json" FP_PID=""
-if [ ! -s "$FP_TABLE" ] && [ "$FP_TABLE" != fingerprints/unknown.json ]; then
-  mkdir -p fingerprints
-  timeout "$((DEADLINE - $(date +%s)))" $CLI fingerprint "$FP_TABLE" --params params.gpu.yaml >>"$LOG" 2>&1 &
-  FP_PID=$!
-fi
 
 # the test files holding CUDA-only tests (tests/test_wiring.py checks that this list names every one)
 CUDA_TEST_FILES="tests/test_gpu.py tests/test_capture_gpu.py tests/test_wiring.py tests/test_multimnist.py"
@@ -242,7 +233,6 @@ if [ -n "$TRAIN" ]; then
 fi
 
 if [ -n "$TESTS_PID" ]; then wait "$TESTS_PID"; fi
-if [ -n "$FP_PID" ]; then wait "$FP_PID"; say "fingerprint table $FP_TABLE: exit $?"; fi
 say "packing"
 shopt -s nullglob
 runs=(models/*/seed*/config.json models/*/seed*/history.csv models/*/seed*/learning_curve.png)

@@ -18,7 +18,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 from pipeline.core.errors import UserError

@@ -16,7 +16,7 @@ from pipeline.report import claims as rc
 from pipeline.report import costs
 from pipeline.report import stats
 from pipeline.report.document import fmt_pct
-from pipeline.report.runs import Run, group, protocols, row_commit, shared_commit, short
+from pipeline.report.runs import Run, ordered_rows, protocols, row_commit, shared_commit, short
 
 REAL_AFFNIST = "affNIST test set"  # how a set's source line starts when it is the real affNIST
 
@@ -30,8 +30,7 @@ def affnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
     `runs.protocols`): expanded-MNIST and affNIST(-style) accuracy (mean ± sample std over seeds,
     per-seed values), where each seed stopped, and the paper's values."""
     rows = []
-    order = {key: k for k, key in enumerate(protocols(runs))}
-    for (variant, _, _), mine in sorted(group(runs).items(), key=lambda item: order[item[0][1]]):
+    for (variant, _, _), mine in ordered_rows(runs):
         paper = reference["affnist"][_model_kind(mine[0])]
         expanded = [100 - r.metrics["error_pct"] for r in mine]  # expanded MNIST
         affine = [100 - r.metrics["transformed_error_pct"] for r in mine]  # affNIST(-style)

@@ -17,7 +17,7 @@ import pandas as pd
 from pipeline.report import figures
 from pipeline.report import stats
 from pipeline.report.document import fmt_ci
-from pipeline.report.runs import Run, group, protocols, row_commit, run_figure, short
+from pipeline.report.runs import Run, ordered_rows, row_commit, run_figure, short
 
 PAPER_PAIRS_PER_DIGIT = 1_000  # §6: "1K MultiMNIST examples for each digit in the MNIST test set" (10M)
 
@@ -44,8 +44,7 @@ def multimnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
     """One row per MultiMNIST variant, protocol and training code (the headline protocol's rows first,
     `runs.protocols`): pair error mean ± std over seeds, the paper's value, verdict."""
     rows = []
-    order = {key: k for k, key in enumerate(protocols(runs))}
-    for (variant, _, _), mine in sorted(group(runs).items(), key=lambda item: order[item[0][1]]):
+    for (variant, _, _), mine in ordered_rows(runs):
         errors = [r.metrics["error_pct"] for r in mine]
         paper = reference["multimnist"].get(variant, {})
         std = float(np.std(errors, ddof=1)) if len(errors) > 1 else math.nan

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from pipeline.core.files import writable_dir

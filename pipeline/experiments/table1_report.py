@@ -25,7 +25,7 @@ from pipeline.report import costs, stats
 from pipeline.report import runs as rr
 from pipeline.report.costs import BenchRow
 from pipeline.report.document import _recorded, fmt_ci, fmt_pct
-from pipeline.report.runs import LAST_EPOCHS, Run, best_epoch, group, protocols, row_commit, short
+from pipeline.report.runs import LAST_EPOCHS, Run, best_epoch, ordered_rows, protocols, row_commit, short
 from pipeline.training import train
 
 EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error(B)
@@ -66,8 +66,7 @@ def summarize(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> p
     settle it (report_claims.verdict_settling, GPU time from ``bench``), end-of-training
     diagnostics and what the runs recorded of how they trained."""
     rows = []
-    order = {key: k for k, key in enumerate(protocols(runs))}  # the longest protocol's rows first
-    for (variant, _, _), mine in sorted(group(runs).items(), key=lambda item: order[item[0][1]]):
+    for (variant, _, _), mine in ordered_rows(runs):
         errors = [r.metrics["error_pct"] for r in mine]
         affine = [r.metrics["transformed_error_pct"] for r in mine]
         paper = reference["table1"].get(table1_row(variant, mine[0].recipe), {})

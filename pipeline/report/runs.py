@@ -374,6 +374,12 @@ def group(runs: list[Run]) -> dict[tuple, list[Run]]:
     return out
 
 
+def ordered_rows(runs: list[Run]) -> list[tuple[tuple, list[Run]]]:
+    """`group`'s rows, the headline protocol's first (`protocols`), each protocol's as first seen."""
+    order = {key: k for k, key in enumerate(protocols(runs))}
+    return sorted(group(runs).items(), key=lambda item: order[item[0][1]])
+
+
 def protocols(runs: list[Run]) -> list[tuple]:
     """The protocol keys present, the headline (the claims', the README's) first: the one with the
     most runs, so a protocol a GPU window has only begun never displaces one whose seeds are all

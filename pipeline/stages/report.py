@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from collections import Counter
 import importlib.metadata as md
+from collections import Counter
 from pathlib import Path
 
 import numpy as np

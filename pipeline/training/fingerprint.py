@@ -12,16 +12,18 @@ computes changes it; a refactor or a speed lever that computes the same does not
 fp32 results on the CPU depend on the kernels torch picks for the processor and on the thread
 count. So the fingerprint runs in a process of its own, on one thread, with the processor's kernels
 capped at AVX2 (`CAPPED`: ATen's vector kernels, MKL's GEMM in its reproducible AVX2 mode; oneDNN
-off), which every GPU host this project has met offers: on 2026-11-26 this AMD EPYC's AVX512
-kernels gave other fingerprints than an AVX2 machine's and, capped, the AVX2 machine's own. It is
-recorded with torch's version and the capped capability (`fingerprint_environment`); fingerprints
-of different environments (another torch, a processor without AVX2) do not compare.
+off), which every GPU host this project has met offers. On 2026-11-26 this AMD EPYC's AVX512
+kernels gave other fingerprints than the project's AVX2 machine, and with ATen, MKL and oneDNN set to
+AVX2 that machine's own: the processor's kernels were the difference (b8f3efe's code, one torch and
+one recorded ISA, gave two fingerprints on the H200 host and here). It is recorded with torch's
+version and the capped capability (`fingerprint_environment`); fingerprints of different
+environments (another torch, a processor without AVX2) do not compare.
 
 A fingerprint covers its run's own model, so two variants' never agree: the report compares two
 variants' rows through a commit whose code computed both fingerprints. Runs of one commit share it;
 runs of two GPU windows at two commits share one through a *table* (`fingerprint_table`, `capsnet
-fingerprint`), every variant's fingerprint as one commit's code computes them, which the GPU
-session writes once per window.
+fingerprint`), every variant's fingerprint as one commit's code computes them, which each GPU
+window writes before it asks its queue (scripts/gpu_plan.sh).
 """
 
 from __future__ import annotations
@@ -158,22 +160,16 @@ def fingerprint_environment() -> str:
     return _ENVIRONMENT[0] if _ENVIRONMENT else in_capped_process([])["environment"]
 
 
-def fingerprint_table(params: Params, variants: list[str], progress=lambda done, variant: None,
-                      jobs: int | None = None) -> dict[str, str]:
+def fingerprint_table(params: Params, variants: list[str], progress=lambda done, variant: None) -> dict[str, str]:
     """Every variant's training fingerprint as this code computes it (what its train stage would record
-    under ``params``), ``jobs`` capped processes at a time (default: one a CPU core), in ``variants``'
-    order; ``progress(done, variant)`` as each comes."""
-    smalls = {v: fingerprint_config(run_config(params, v, seed=0)) for v in variants}
-    table: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs or os.cpu_count() or 1, len(smalls)))) as pool:
-        running = {pool.submit(_fingerprint, small): v for v, small in smalls.items()}
+    under ``params``), a capped process per CPU core at a time, in ``variants``' order;
+    ``progress(done, variant)`` as each comes."""
+    with ThreadPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, len(variants)))) as pool:
+        running = {pool.submit(training_fingerprint, run_config(params, v, seed=0)): v for v in variants}
         for done, future in enumerate(as_completed(running), start=1):
-            try:
-                table[running[future]] = future.result()
-            except FingerprintError as err:
-                raise FingerprintError(f"{running[future]}: {err}") from None
+            future.result()  # its error, naming the variant, before the others'
             progress(done, running[future])
-    return {v: table[v] for v in variants}
+    return {v: future.result() for future, v in running.items()}
 
 
 def main(folder: str) -> None:
