@@ -47,7 +47,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine runs it from a bare copy
 from gpu_levers import BENCHED, bench_rows, trained_mode, variant_train  # noqa: E402  (beside this script; PyYAML's, no torch)
-from pipeline.core import protocol, registry  # noqa: E402  (names, image sizes, protocols: no torch)
+from pipeline.core import lineage, protocol, registry  # noqa: E402  (names, image sizes, protocols: no torch)
 
 # the queue's groups, most needed first: Table 1's five rows and their four official twins (#36 item 3),
 # MultiMNIST (item 4), the precision check's fp32 twin of capsnet_r3_recon (item 6: the paper protocol
@@ -69,14 +69,20 @@ def published(runs: Path, variant: str, seed: int) -> list[dict]:
     return [json.loads(c.read_text()) for c in configs if c.is_file()]
 
 
-def same_training(config: dict, variant: str, table: dict | None) -> bool:
+def tables(runs: Path) -> list[dict]:
+    """The published fingerprint tables (reports/runs/fingerprints/*.json): they carry a record trained in
+    an earlier fingerprint environment over to the table's (pipeline.core.lineage)."""
+    return [json.loads(p.read_text()) for p in sorted((runs / "fingerprints").glob("*.json"))]
+
+
+def same_training(config: dict, variant: str, table: dict | None, published_tables: list[dict] = ()) -> bool:
     """Whether a record was trained by the code whose fingerprint ``table`` holds (none: not checked):
-    its fingerprint is the table's in the table's environment, or it recorded none (it predates them)."""
-    fingerprint = config.get("training_fingerprint")
-    if table is None or fingerprint is None:
+    its fingerprint in the table's environment (the one it recorded, or its commit's there through
+    ``published_tables``: pipeline.core.lineage) is the table's, or it recorded none (it predates them)."""
+    if table is None or config.get("training_fingerprint") is None:
         return True
-    return (config.get("environment", {}).get("fingerprint_environment") == table["environment"]
-            and table["fingerprints"].get(variant) == fingerprint)
+    theirs = table["fingerprints"].get(variant)
+    return theirs is not None and lineage.fingerprint_in(config, variant, table["environment"], [*published_tables, table]) == theirs
 
 
 def planned(runs: Path, raw: dict) -> list[tuple[str, int, list[dict]]]:
@@ -89,14 +95,16 @@ def planned(runs: Path, raw: dict) -> list[tuple[str, int, list[dict]]]:
 def queue(runs: Path, raw: dict, table: dict | None = None) -> list[str]:
     """Every (variant, seed) of GROUPS, in their order, with no published record under the protocol
     the params train it with and, given a fingerprint ``table``, of the training code it fingerprints."""
-    return [f"{v}:{s}" for v, s, records in planned(runs, raw) if not any(same_training(c, v, table) for c in records)]
+    known = tables(runs)
+    return [f"{v}:{s}" for v, s, records in planned(runs, raw) if not any(same_training(c, v, table, known) for c in records)]
 
 
 def other_training(runs: Path, raw: dict, table: dict) -> list[str]:
     """The (variant, seed)s published under the params' protocol by training code other than ``table``'s,
     which `queue` therefore lists again."""
+    known = tables(runs)
     return [f"{v}:{s}" for v, s, records in planned(runs, raw)
-            if records and not any(same_training(c, v, table) for c in records)]
+            if records and not any(same_training(c, v, table, known) for c in records)]
 
 
 def stacked(items: list[str]) -> list[str]:

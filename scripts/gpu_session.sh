@@ -61,6 +61,9 @@ CLI="python3 -m pipeline.cli"
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+  # the processor and C library the fingerprint pins run on (tests/test_fingerprint.py; the capped MKL's branch)
+  echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores; $(ldd --version 2>&1 | head -1)"
+  python3 -c 'from pipeline.training.fingerprint import fingerprint_environment as f; print("fingerprint environment:", f())'
   git rev-parse HEAD 2>/dev/null || echo "commit unknown (no .git)"; } >>"$LOG" 2>&1
 if [ -f .gpu/inductor-cache.tar.gz ] && [ ! -d .gpu/inductor ]; then
   tar xzf .gpu/inductor-cache.tar.gz -C .gpu && say "inductor cache unpacked"

@@ -3,6 +3,9 @@ recorded by the train stage with every run."""
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,39 +18,42 @@ from pipeline.training.train import run_config
 from conftest import REPO, tiny_pipeline
 
 # The fingerprint of each family's training code, per environment it was pinned in (fp32 on a CPU
-# depends on torch's release; the processor's kernels are capped at AVX2, so any x86-64 processor with
-# AVX2 computes the same: pipeline.training.fingerprint.CAPPED). A change here is a deliberate
-# statement that training now computes something else: runs trained before it no longer pool with
-# runs trained after it (the report groups rows by fingerprint). torch 2.15.0's is the lock's; torch
-# 2.11.0's (pyproject's floor, the GPU box's torch) computed here by scripts/torch_floor.sh.
+# depends on torch's release; the processor's kernels are capped, ATen's at AVX2 and MKL's at its
+# COMPATIBLE branch, so any x86-64 processor with AVX2 computes the same:
+# pipeline.training.fingerprint.CAPPED). A change here is a deliberate statement that training now
+# computes something else: runs trained before it no longer pool with runs trained after it (the report
+# groups rows by fingerprint). torch 2.15.0's is the lock's; torch 2.11.0's (pyproject's floor, the GPU
+# box's torch) computed here by scripts/torch_floor.sh. The GPU window runs these pins on its host's
+# processor (scripts/gpu_session.sh): the one check that another vendor's processor computes the same.
 PINNED = {
-    "torch 2.15.0, CPU AVX2 capped": {
-        "capsnet_r3_recon": "3a3e5d8fdf78decf",  # Table 1: shifts, routing 3, the decoder's loss
-        "capsnet_r1_official": "c120175ef56a9007",  # the official recipe: its scales, biases and init
-        "baseline_cnn": "818bbe7251420f55",  # dropout's masks, drawn from each seed's generator
-        "capsnet_affnist": "03b643761902fe31",  # §5.2: random placement on the 40×40 canvas
-        "multimnist_r3_recon": "edd01552eda75bed",  # MultiMNIST: fresh pairs, two-digit targets
+    "torch 2.15.0, CPU AVX2 capped, MKL COMPATIBLE": {
+        "capsnet_r3_recon": "6a2175f0758216e6",  # Table 1: shifts, routing 3, the decoder's loss
+        "capsnet_r1_official": "92b5d2f18759b2b2",  # the official recipe: its scales, biases and init
+        "baseline_cnn": "a1cd1001084825e2",  # dropout's masks, drawn from each seed's generator
+        "capsnet_affnist": "046f7631e62b6f35",  # §5.2: random placement on the 40×40 canvas
+        "multimnist_r3_recon": "271109563eb734f0",  # MultiMNIST: fresh pairs, two-digit targets
     },
-    "torch 2.11.0, CPU AVX2 capped": {
-        "capsnet_r3_recon": "e3f14f2cc75fb68b",
-        "capsnet_r1_official": "86e929ed9a4c4879",
-        "baseline_cnn": "818bbe7251420f55",
-        "capsnet_affnist": "b87cfb08a49751e2",
-        "multimnist_r3_recon": "522f7238f4d7e6ce",
+    "torch 2.11.0, CPU AVX2 capped, MKL COMPATIBLE": {
+        "capsnet_r3_recon": "6a2175f0758216e6",
+        "capsnet_r1_official": "13e248cfad707fdc",
+        "baseline_cnn": "a1cd1001084825e2",
+        "capsnet_affnist": "4386a99658686bdc",
+        "multimnist_r3_recon": "ad2ce08218df8dbf",
     },
 }
-# what would reach an uncapped process from the host (2026-11-26, this AMD EPYC: ATen's AVX512 kernels,
-# or MKL's GEMM in another mode, gave other fingerprints to these families; ATen's DEFAULT kernels have
-# AVX2's eight lanes and computed the same). On a host without AVX512 ATen's setting cannot reach it.
-HOST = {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "COMPATIBLE"}
+# what would reach an uncapped process from the host (this AMD EPYC: ATen's AVX512 kernels, and MKL's
+# AUTO branch, gave other fingerprints to capsnet_r3_recon on 2026-11-27). On a host without AVX512
+# ATen's setting cannot reach it.
+HOST = {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AUTO"}
+CAPPED_HERE = "CPU AVX2 capped, MKL COMPATIBLE"  # what an x86-64 host with AVX2 and torch's MKL must report
 
 
 def pinned_environment() -> str:
-    """`fingerprint_environment` without the build's local tag: 'torch 2.15.0, CPU AVX2 capped' (on any
-    host with AVX2: a pin a broken cap would skip is a failure instead)."""
+    """`fingerprint_environment` without the build's local tag: 'torch 2.15.0, CPU AVX2 capped, MKL
+    COMPATIBLE' (on any host with AVX2 and MKL: a pin a broken cap would skip is a failure instead)."""
     version, _, cpu = fp.fingerprint_environment().partition(", ")
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-        assert cpu == "CPU AVX2 capped", f"this host's {torch.backends.cpu.get_cpu_capability()} reached the fingerprint"
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and torch.backends.mkl.is_available():
+        assert cpu == CAPPED_HERE, f"this host's {torch.backends.cpu.get_cpu_capability()} or MKL reached the fingerprint: {cpu}"
     return f"{version.split('+')[0]}, {cpu}"
 
 
@@ -56,7 +62,7 @@ def params():
     return load_params(REPO / "params.yaml")
 
 
-@pytest.mark.parametrize("variant", sorted(PINNED["torch 2.15.0, CPU AVX2 capped"]))
+@pytest.mark.parametrize("variant", sorted(PINNED["torch 2.15.0, CPU AVX2 capped, MKL COMPATIBLE"]))
 def test_every_family_computes_what_it_was_pinned_to(params, variant):
     here = pinned_environment()
     assert fp.fingerprint_environment().replace(torch.__version__, torch.__version__.split("+")[0]) == here  # runs' key
@@ -84,10 +90,25 @@ def test_the_hosts_kernels_do_not_reach_it(params, monkeypatch):
         monkeypatch.setenv(name, value)
     fp._fingerprint.cache_clear()
     try:
-        # routing and the decoder: the family both of HOST's settings reached on 2026-11-26
+        # routing and the decoder: the family both of HOST's settings reach
         assert fp.training_fingerprint(run_config(params, "capsnet_r3_recon", 0)) == PINNED[here]["capsnet_r3_recon"]
     finally:
         fp._fingerprint.cache_clear()
+
+
+def test_its_environment_names_the_branch_mkl_itself_reports():
+    """MKL sets aside an MKL_CBWR branch the processor's vendor lacks and runs AUTO without a word (its
+    AVX2 branch is Intel's only): the recorded environment says what MKL ran, not what was asked."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL")
+    code = "from pipeline.training.fingerprint import mkl_branch; print(mkl_branch())"
+
+    def branch(**env: str) -> str:
+        base = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+        return subprocess.run([sys.executable, "-c", code], env=base | env, cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    assert (branch(MKL_CBWR="COMPATIBLE"), branch(MKL_CBWR="AUTO"), branch()) == ("COMPATIBLE", "AUTO", "OFF")
 
 
 def test_a_failed_fingerprint_process_says_why_in_one_line(params):

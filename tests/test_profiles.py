@@ -291,6 +291,23 @@ def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path)
     assert done.stdout.split() == checked
     assert done.stderr.strip() == f"queued again, published under this protocol by other training code than c0ffeec's ({env}): " \
         "capsnet_r1_recon:0 capsnet_r1:2"
+    # the uncapped record carries over where tables of its own commit say what it trained: that commit's
+    # table in the record's environment holds what it recorded, its table in the window's environment what
+    # the window's table holds (pipeline.core.lineage; scripts/fingerprint_at.py writes the latter)
+    path = runs / "models" / "capsnet_r1_recon" / "seed0" / "config.json"
+    config = json.loads(path.read_text())
+    config["environment"]["git_commit"] = "d" * 40
+    path.write_text(json.dumps(config))
+    (runs / "fingerprints").mkdir()
+    own = {"commit": "d" * 40, "environment": "torch 2.11.0+cu130, CPU AVX512", "fingerprints": {"capsnet_r1_recon": "c" * 16}}
+    (runs / "fingerprints" / "there.json").write_text(json.dumps(own | {"environment": env}))
+    (runs / "fingerprints" / "own.json").write_text(json.dumps(own | {"fingerprints": {"capsnet_r1_recon": "e" * 16}}))
+    assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1_recon:0", "capsnet_r1:2"]  # its commit computed "e…" there
+    (runs / "fingerprints" / "own.json").write_text(json.dumps(own))
+    assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1:2"]
+    assert "capsnet_r1_recon:0" not in gpu_queue.queue(runs, raw, table)
+    (runs / "fingerprints" / "there.json").unlink()  # the commit's code not computed in the window's environment
+    assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1_recon:0", "capsnet_r1:2"]
     absent = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--fingerprints",
                              str(tmp_path / "none.json")], cwd=REPO, capture_output=True, text=True)
     assert absent.returncode == 1 and "capsnet fingerprint" in absent.stderr and "none.json does not exist" in absent.stderr

@@ -293,6 +293,35 @@ def test_a_fingerprint_table_lets_rows_of_two_commits_compare(tmp_path):
     assert rr.load_tables(tmp_path / "tables") == [good, changed] and rr.load_tables(tmp_path / "absent") == []
 
 
+def test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment(tmp_path):
+    """The fingerprint's environment changed between two windows (a new cap): capsnet_r1's runs, trained
+    at commit A, recorded their fingerprint in the old environment, capsnet_r3's at commit B in the new
+    one. B's table (new environment) bridges them only through A's own tables: A's in the old environment
+    holding what the runs recorded (A's code trained them), A's in the new one holding what B computes for
+    capsnet_r1 (scripts/fingerprint_at.py). Either missing, or A's old table computing something else, and
+    nothing is bridged (pipeline.core.lineage)."""
+    old, new = "torch 2.11.0+cu130, CPU AVX2 capped", "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE"
+    for seed in (0, 1, 2):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit="aaaaaaa1111",
+                  fingerprint="1111aaaa1111aaaa", fingerprint_env=old)
+        fabricate(tmp_path, "capsnet_r3", seed, 0.9 + seed / 10, n=1000, commit="bbbbbbb2222",
+                  fingerprint="3333cccc3333cccc", fingerprint_env=new)
+    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1, 2])
+    a_old = {"commit": "aaaaaaa1111", "environment": old, "fingerprints": {"capsnet_r1": "1111aaaa1111aaaa"}}
+    a_new = {"commit": "aaaaaaa1111", "environment": new, "fingerprints": {"capsnet_r1": "5555eeee5555eeee"}}
+    b_new = {"commit": "bbbbbbb2222", "environment": new,
+             "fingerprints": {"capsnet_r1": "5555eeee5555eeee", "capsnet_r3": "3333cccc3333cccc"}}
+    a_old_other = a_old | {"fingerprints": {"capsnet_r1": "7777aaaa7777aaaa"}}
+
+    def routing(tables):
+        return t1.effects(rr.bridge(runs, tables), REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
+
+    bridged = routing([a_old, a_new, b_new])
+    assert not math.isnan(bridged.ci_low) and bridged.commit == "bbbbbbb"
+    for tables in ([a_new, b_new], [a_old, b_new], [a_old_other, a_new, b_new], [a_old, a_new]):
+        assert math.isnan(routing(tables).ci_low) and routing(tables).status.endswith("no commit in common"), tables
+
+
 def test_a_compressed_schedule_is_another_protocol_and_says_so(tmp_path):
     fabricate(tmp_path, "capsnet_r1", 0, 1.0, history=[2.0, 1.0])  # recorded before the key existed
     fabricate(tmp_path, "capsnet_r1", 1, 1.0, history=[2.0, 1.0], lr_schedule_epochs=0)  # uncompressed: the same

@@ -21,7 +21,7 @@ import pandas as pd
 import yaml
 from safetensors.torch import load_file
 
-from pipeline.core import protocol, registry
+from pipeline.core import lineage, protocol, registry
 from pipeline.core.errors import UserError
 from pipeline.core.params import Params
 from pipeline.core.protocol import NOT_RECORDED  # the report's word for a field a run did not record
@@ -246,15 +246,16 @@ def load_tables(folder: Path | None) -> list[dict]:
 
 
 def bridge(runs: list[Run], tables: list[dict]) -> list[Run]:
-    """Each run with the commits of the ``tables`` that compute its recorded fingerprint in its
-    environment (`Run.computed_by`): so rows of two variants trained at two commits compare where
-    one commit's code computes both. A run without a fingerprint is left as it is."""
+    """Each run with the commits of the ``tables`` that compute its training (`Run.computed_by`): its
+    fingerprint in the table's environment (the one it recorded, or its own commit's there:
+    pipeline.core.lineage) is the table's; so rows of two variants trained at two commits compare
+    where one commit's code computes both. A run without a fingerprint is left as it is."""
     out = []
     for r in runs:
-        env = r.config.get("environment", {}).get("fingerprint_environment")
-        by = tuple(dict.fromkeys(short(t["commit"]) for t in tables
-                                 if t["fingerprints"].get(r.variant) == r.fingerprint and t.get("environment") == env
-                                 and short(t["commit"]) != short(r.commit)))
+        by = tuple(dict.fromkeys(short(t["commit"]) for t in tables if short(t["commit"]) != short(r.commit)
+                                 and t["fingerprints"].get(r.variant) is not None
+                                 and lineage.fingerprint_in(r.config, r.variant, t.get("environment"), tables)
+                                 == t["fingerprints"][r.variant]))
         out.append(dataclasses.replace(r, computed_by=by) if by and r.fingerprint != NOT_RECORDED else r)
     return out
 

@@ -10,14 +10,16 @@ computes changes it; a refactor or a speed lever that computes the same does not
 (tests/test_fingerprint.py pins it per family, so a change is a visible, deliberate edit).
 
 fp32 results on the CPU depend on the kernels torch picks for the processor and on the thread
-count. So the fingerprint runs in a process of its own, on one thread, with the processor's kernels
-capped at AVX2 (`CAPPED`: ATen's vector kernels, MKL's GEMM in its reproducible AVX2 mode; oneDNN
-off), which every GPU host this project has met offers. On 2026-11-26 this AMD EPYC's AVX512
-kernels gave other fingerprints than the project's AVX2 machine, and with ATen, MKL and oneDNN set to
-AVX2 that machine's own: the processor's kernels were the difference (b8f3efe's code, one torch and
-one recorded ISA, gave two fingerprints on the H200 host and here). It is recorded with torch's
-version and the capped capability (`fingerprint_environment`); fingerprints of different
-environments (another torch, a processor without AVX2) do not compare.
+count. So the fingerprint runs in a process of its own, on one thread, with ATen's vector kernels
+capped at AVX2, MKL's GEMM in its conditional-numerical-reproducibility COMPATIBLE branch (SSE2 without
+approximate instructions: the one branch MKL honours on Intel's and on other vendors' processors alike;
+its AVX2 branch is Intel's only, elsewhere MKL silently runs AUTO) and oneDNN off (`CAPPED`). On
+2026-11-26 this AMD EPYC's AVX512 kernels gave other fingerprints than the project's AVX2 machine; on
+2026-11-27 the H200 host's processor computed other AVX2-capped fingerprints than this AMD EPYC, whose
+MKL had ignored MKL_CBWR=AVX2. The environment recorded with a fingerprint (`fingerprint_environment`)
+is torch's version, the capped ATen capability and the branch MKL itself reports running
+(`mkl_branch`); fingerprints of different environments do not compare, and a table of a run's own
+commit computed in another environment carries its runs there (pipeline.core.lineage).
 
 A fingerprint covers its run's own model, so two variants' never agree: the report compares two
 variants' rows through a commit whose code computed both fingerprints. Runs of one commit share it;
@@ -29,6 +31,7 @@ window writes before it asks its queue (scripts/gpu_plan.sh).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import functools
 import hashlib
@@ -59,8 +62,11 @@ EXAMPLES = 4  # training and test examples; batches of two
 # the one checkpoint train_group writes (the baseline's is 280 MB): in memory where Linux offers it
 SCRATCH, SCRATCH_BYTES = Path("/dev/shm"), 1 << 30  # several capped processes write theirs at once
 # the capped process's kernels (oneDNN's it turns off), read once at a process's start: ATen's vector
-# kernels at AVX2, MKL's GEMM in its conditional numerical reproducibility mode for AVX2
-CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+# kernels at AVX2, MKL's GEMM in its reproducible branch for any vendor's processor
+CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
+# mkl_cbwr_get(MKL_CBWR_BRANCH)'s answers (oneMKL's mkl_cbwr.h); libtorch_cpu exports it as mkl_serv_cbwr_get
+MKL_BRANCHES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX",
+                10: "AVX2", 12: "AVX512", 14: "AVX512_E1"}
 
 
 class FingerprintError(UserError, RuntimeError):
@@ -154,9 +160,22 @@ def in_capped_process(smalls: list[RunConfig]) -> dict:
     return out
 
 
+def mkl_branch() -> str:
+    """The branch MKL's GEMM runs in this process, as MKL reports it ('COMPATIBLE'; 'AUTO' where it set
+    aside an MKL_CBWR this processor lacks); 'absent' for a torch built without MKL, 'unreported'
+    where its library does not export the query."""
+    if not torch.backends.mkl.is_available():
+        return "absent"
+    try:
+        branch = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_cbwr_get(1)
+    except (OSError, AttributeError):
+        return "unreported"
+    return MKL_BRANCHES.get(branch, f"branch {branch}")
+
+
 def fingerprint_environment() -> str:
-    """What a fingerprint depends on besides the code: torch's version and the CPU capability of its
-    capped process, 'torch 2.15.0+cu132, CPU AVX2 capped'."""
+    """What a fingerprint depends on besides the code: torch's version, the CPU capability and MKL
+    branch of its capped process, 'torch 2.15.0+cu132, CPU AVX2 capped, MKL COMPATIBLE'."""
     return _ENVIRONMENT[0] if _ENVIRONMENT else in_capped_process([])["environment"]
 
 
@@ -184,7 +203,7 @@ def main(folder: str) -> None:
             raise UserError(f"experiment {name!r} was registered from module {module!r}, which a process of its own "
                             f"cannot import ({err}): register an experiment from a module on the import path") from None
     smalls = asked["configs"]
-    environment = f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} capped"
+    environment = f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} capped, MKL {mkl_branch()}"
     fingerprints = [_compute(s) for s in smalls]
     (Path(folder) / "fingerprints.json").write_text(json.dumps({"fingerprints": fingerprints, "environment": environment}))
 

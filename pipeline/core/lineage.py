@@ -1,0 +1,37 @@
+"""A run's training fingerprint in another environment than the one it recorded it in.
+
+A fingerprint compares only within its environment (torch's version, the capped CPU kernels:
+pipeline.training.fingerprint). When the environment changes (a new torch, a new cap), runs trained
+before would stop comparing with runs trained after, though their training code may be the same.
+Fingerprint tables carry them over: a table of the run's own commit in its own environment that holds
+the fingerprint it recorded shows that the run trained what that commit's code computes; a table of
+the same commit in another environment then says what that code computes there. One definition for
+the report (pipeline.report.runs.bridge) and the GPU queue (scripts/gpu_queue.py); torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def recorded(config: Mapping) -> tuple[str | None, str | None, str | None]:
+    """(fingerprint, its environment, commit) as a run's config.json recorded them (None: not recorded)."""
+    env = config.get("environment", {})
+    return config.get("training_fingerprint"), env.get("fingerprint_environment"), env.get("git_commit")
+
+
+def fingerprint_in(config: Mapping, variant: str, environment: str, tables: list[dict]) -> str | None:
+    """The fingerprint of the training code of a run (its config.json ``config``) in ``environment``:
+    the one it recorded where it recorded it there; else, where one of ``tables`` of its own commit in
+    its own environment holds the fingerprint it recorded, what a table of that commit in
+    ``environment`` holds for ``variant``; else None (not known there)."""
+    fingerprint, own_env, commit = recorded(config)
+    if fingerprint is None:
+        return None
+    if own_env == environment:
+        return fingerprint
+    mine = [t for t in tables if commit is not None and t.get("commit") == commit]
+    if not any(t.get("environment") == own_env and t["fingerprints"].get(variant) == fingerprint for t in mine):
+        return None  # its commit's code computed something else where it trained: the commit does not say
+    there = [t["fingerprints"].get(variant) for t in mine if t.get("environment") == environment]
+    return there[0] if there else None

@@ -1,0 +1,93 @@
+"""Write the fingerprint table of an earlier commit's training code, computed in this checkout's
+capped environment, so its published runs carry over to this environment (pipeline.core.lineage).
+
+    python scripts/fingerprint_at.py COMMIT reports/runs/fingerprints/COMMIT@ENV.json [--python PY]
+
+When the fingerprint's environment changes (a new cap, a new torch), runs of an earlier commit recorded
+their fingerprints in the old one; the GPU queue and the report compare them with a new table only
+through a table of their own commit in the new environment. This checks COMMIT out in a temporary git
+worktree, makes its gpu-profile params there (`python -m pipeline.profiles gpu`), and runs its own
+`fingerprint_table` with this checkout's `CAPPED` settings: COMMIT's code, this environment. PY
+(default: this interpreter) must hold the torch the runs' GPU host ran (scripts/torch_floor.sh makes
+.venv-torch-floor, torch 2.11.0). COMMIT must have the capped fingerprint process (a604021 or later).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pipeline.training import fingerprint as fp  # noqa: E402  (this checkout's cap and environment)
+
+# run inside COMMIT's worktree, with its code: its table under the CAPPED given as argv[1]
+AT_COMMIT = """
+import json, sys
+from pathlib import Path
+import pipeline.training.fingerprint as fp
+from pipeline.core.params import load_params
+if not hasattr(fp, "in_capped_process"):
+    sys.exit("this commit predates the capped fingerprint process (a604021): its fingerprints were computed uncapped")
+fp.CAPPED = json.loads(sys.argv[1])
+params = load_params(Path("params.gpu.yaml"))
+table = fp.fingerprint_table(params, list(params.variants))
+print(json.dumps({"fingerprints": table, "environment": fp.fingerprint_environment()}))
+"""
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def table_at(commit: str, python: str) -> dict:
+    """COMMIT's fingerprint table in this checkout's capped environment (see the module)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        git("worktree", "add", "--detach", str(tree), commit)
+        try:
+            subprocess.run([python, "-m", "pipeline.profiles", "gpu", "--write", "params.gpu.yaml"], cwd=tree,
+                           check=True, capture_output=True, text=True)
+            done = subprocess.run([python, "-c", AT_COMMIT, json.dumps(fp.CAPPED)], cwd=tree, capture_output=True,
+                                  text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+        finally:
+            git("worktree", "remove", "--force", str(tree))
+    if done.returncode != 0:
+        sys.exit(f"{commit[:7]}'s fingerprint table failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def environment(python: str) -> str:
+    """This checkout's `fingerprint_environment` under ``python``'s torch."""
+    code = "from pipeline.training.fingerprint import fingerprint_environment as f; print(f())"
+    return subprocess.run([python, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("commit")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--python", default=sys.executable, help="the interpreter whose torch computes it")
+    args = parser.parse_args()
+    args.python = os.path.abspath(args.python)  # the worktree is another folder; a venv's link kept as it is
+    commit = git("rev-parse", "--verify", f"{args.commit}^{{commit}}")
+    computed = table_at(commit, args.python)
+    here = environment(args.python)
+    # COMMIT's code names the environment its own way (older code without MKL's branch): torch and the
+    # ATen cap must agree, the rest is this checkout's reading of the same capped process
+    if not here.startswith(computed["environment"].split(", MKL")[0]):
+        sys.exit(f"{commit[:7]}'s capped process ran in {computed['environment']!r}, this checkout's in {here!r}")
+    table = {"commit": commit, "environment": here, "fingerprints": computed["fingerprints"],
+             "computed": f"{commit[:7]}'s code under {git('rev-parse', '--short=7', 'HEAD')}'s cap (scripts/fingerprint_at.py)"}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
+    print(f"{len(table['fingerprints'])} fingerprint(s) of {commit[:7]} in {here} to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
