@@ -1,7 +1,7 @@
 """Write the fingerprint table of an earlier commit's training code, computed in this checkout's
 capped environment, so its published runs carry over to this environment (pipeline.core.lineage).
 
-    python scripts/fingerprint_at.py COMMIT reports/runs/fingerprints/COMMIT@ENV.json [--python PY]
+    python scripts/fingerprint_at.py COMMIT reports/runs/fingerprints/COMMIT-ENV.json [--python PY]
 
 When the fingerprint's environment changes (a new cap, a new torch), runs of an earlier commit recorded
 their fingerprints in the old one; the GPU queue and the report compare them with a new table only
