@@ -322,6 +322,21 @@ def test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment(tmp_path
         assert math.isnan(routing(tables).ci_low) and routing(tables).status.endswith("no commit in common"), tables
 
 
+def test_an_effect_compares_the_pair_of_rows_with_the_most_seeds(tmp_path):
+    """Two windows trained both variants, each at its own commit: one seed each, then three each. The
+    effect compares the three-seed rows (with an interval), not the first pair that shares a commit."""
+    early, late = tmp_path / "early", tmp_path / "late"
+    fabricate(early, "capsnet_r1", 0, 2.0, n=1000, commit="aaaaaaa1111", fingerprint="1111aaaa1111aaaa")
+    fabricate(early, "capsnet_r3", 0, 1.0, n=1000, commit="aaaaaaa1111", fingerprint="3333aaaa3333aaaa")
+    for seed in (0, 1, 2):
+        fabricate(late, "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit="bbbbbbb2222", fingerprint="1111bbbb1111bbbb")
+        fabricate(late, "capsnet_r3", seed, 0.9 + seed / 10, n=1000, commit="bbbbbbb2222", fingerprint="3333bbbb3333bbbb")
+    runs = load(early, ["capsnet_r1", "capsnet_r3"], [0]) + load(late, ["capsnet_r1", "capsnet_r3"], [0, 1, 2])
+    routing = t1.effects(runs, REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
+    assert routing.commit == "bbbbbbb" and routing.n_seeds == 3 and routing.our_delta == pytest.approx(-0.1)
+    assert not math.isnan(routing.ci_low)
+
+
 def test_a_compressed_schedule_is_another_protocol_and_says_so(tmp_path):
     fabricate(tmp_path, "capsnet_r1", 0, 1.0, history=[2.0, 1.0])  # recorded before the key existed
     fabricate(tmp_path, "capsnet_r1", 1, 1.0, history=[2.0, 1.0], lr_schedule_epochs=0)  # uncompressed: the same

@@ -143,7 +143,10 @@ def _effect_row(label: str, what: str, a: str, b: str, rows_a: dict[str, list[Ru
     """One effect's row: error(A) − error(B) between rows of A and B one commit's code trains (else
     `confounded`, no interval), with what would settle it."""
     row = {"protocol": label, "effect": what, "a": a, "b": b, "paper_delta": paper}
-    pair = next(((ka, kb, c) for ka in rows_a for kb in rows_b if (c := rr.shared_commit(rows_a[ka], rows_b[kb]))), None)
+    pairs = [(ka, kb, c) for ka in rows_a for kb in rows_b if (c := rr.shared_commit(rows_a[ka], rows_b[kb]))]
+    # of the pairs one commit's code trains, the one with the most seeds a side (the first on a tie): an
+    # earlier window's single seeds never stand for a later window's three
+    pair = max(pairs, key=lambda p: min(len(rows_a[p[0]]), len(rows_b[p[1]])), default=None)
     ra, rb = (rows_a[pair[0]], rows_b[pair[1]]) if pair else (next(iter(rows_a.values())), next(iter(rows_b.values())))
     err_a = np.stack([~r.correct["test"] for r in ra])  # (m, N)
     err_b = np.stack([~r.correct["test"] for r in rb])  # (n, N)
