@@ -36,7 +36,7 @@ if not hasattr(fp, "in_capped_process"):
     sys.exit("this commit predates the capped fingerprint process (a604021): its fingerprints were computed uncapped")
 fp.CAPPED = json.loads(sys.argv[1])
 params = load_params(Path("params.gpu.yaml"))
-table = fp.fingerprint_table(params, list(params.variants))
+table = fp.fingerprint_table(params, json.loads(sys.argv[2]) or list(params.variants))
 print(json.dumps({"fingerprints": table, "environment": fp.fingerprint_environment()}))
 """
 
@@ -45,16 +45,19 @@ def git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def table_at(commit: str, python: str) -> dict:
-    """COMMIT's fingerprint table in this checkout's capped environment (see the module)."""
+def table_at(commit: str, python: str, variants: list[str] = ()) -> dict:
+    """COMMIT's fingerprint table (of ``variants``; none: every one its params hold) in this checkout's
+    capped environment (see the module)."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         git("worktree", "add", "--detach", str(tree), commit)
         try:
-            subprocess.run([python, "-m", "pipeline.profiles", "gpu", "--write", "params.gpu.yaml"], cwd=tree,
-                           check=True, capture_output=True, text=True)
-            done = subprocess.run([python, "-c", AT_COMMIT, json.dumps(fp.CAPPED)], cwd=tree, capture_output=True,
-                                  text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+            made = subprocess.run([python, "-m", "pipeline.profiles", "gpu", "--write", "params.gpu.yaml"], cwd=tree,
+                                  capture_output=True, text=True)
+            if made.returncode != 0:
+                sys.exit(f"{commit[:7]}'s gpu profile failed: {(made.stderr.strip().splitlines() or ['?'])[-1]}")
+            done = subprocess.run([python, "-c", AT_COMMIT, json.dumps(fp.CAPPED), json.dumps(list(variants))], cwd=tree,
+                                  capture_output=True, text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
         finally:
             git("worktree", "remove", "--force", str(tree))
     if done.returncode != 0:
@@ -73,10 +76,14 @@ def main() -> None:
     parser.add_argument("commit")
     parser.add_argument("out", type=Path)
     parser.add_argument("--python", default=sys.executable, help="the interpreter whose torch computes it")
+    parser.add_argument("--variants", nargs="*", default=[], help="only these (default: every variant of its params)")
     args = parser.parse_args()
     args.python = os.path.abspath(args.python)  # the worktree is another folder; a venv's link kept as it is
-    commit = git("rev-parse", "--verify", f"{args.commit}^{{commit}}")
-    computed = table_at(commit, args.python)
+    try:
+        commit = git("rev-parse", "--verify", "--quiet", f"{args.commit}^{{commit}}")
+    except subprocess.CalledProcessError:
+        sys.exit(f"{args.commit} is no commit of this repository: name one as `git log --oneline` shows it")
+    computed = table_at(commit, args.python, args.variants)
     here = environment(args.python)
     # COMMIT's code names the environment its own way (older code without MKL's branch): torch and the
     # ATen cap must agree, the rest is this checkout's reading of the same capped process

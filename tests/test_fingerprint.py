@@ -111,6 +111,33 @@ def test_its_environment_names_the_branch_mkl_itself_reports():
     assert (branch(MKL_CBWR="COMPATIBLE"), branch(MKL_CBWR="AUTO"), branch()) == ("COMPATIBLE", "AUTO", "OFF")
 
 
+def test_an_earlier_commits_table_is_its_own_code_under_this_cap(tmp_path, params):
+    """scripts/fingerprint_at.py: a commit's code, checked out in a worktree of its own, computes under
+    this checkout's cap what this checkout computes where training is the same, and the table names the
+    commit and this environment; a name that is no commit gets one line."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "pipeline", repo / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "fingerprint_at.py", repo / "scripts")
+    shutil.copy(REPO / "params.yaml", repo)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "the code"]):
+        subprocess.run(git + args, check=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    script = [sys.executable, str(repo / "scripts" / "fingerprint_at.py")]
+    subprocess.run(script + [head[:7], str(tmp_path / "table.json"), "--variants", "capsnet_r1"], check=True,
+                   capture_output=True, text=True)
+    table = json.loads((tmp_path / "table.json").read_text())
+    assert table["commit"] == head and table["environment"] == fp.fingerprint_environment()
+    assert table["fingerprints"] == {"capsnet_r1": fp.training_fingerprint(run_config(params, "capsnet_r1", 0))}
+    assert subprocess.run(git + ["worktree", "list"], capture_output=True, text=True).stdout.count("\n") == 1  # removed
+    none = subprocess.run(script + ["nosuch", str(tmp_path / "none.json")], capture_output=True, text=True)
+    assert none.returncode == 1 and none.stderr.strip().splitlines() == [
+        "nosuch is no commit of this repository: name one as `git log --oneline` shows it"]
+
+
 def test_a_failed_fingerprint_process_says_why_in_one_line(params):
     cfg = dataclasses.replace(run_config(params, "capsnet_r1", 0), image_size=3)  # under its 9×9 kernels
     with pytest.raises(fp.FingerprintError) as failed:
