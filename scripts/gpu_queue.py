@@ -69,12 +69,6 @@ def published(runs: Path, variant: str, seed: int) -> list[dict]:
     return [json.loads(c.read_text()) for c in configs if c.is_file()]
 
 
-def tables(runs: Path) -> list[dict]:
-    """The published fingerprint tables (reports/runs/fingerprints/*.json): they carry a record trained in
-    an earlier fingerprint environment over to the table's (pipeline.core.lineage)."""
-    return [json.loads(p.read_text()) for p in sorted((runs / "fingerprints").glob("*.json"))]
-
-
 def same_training(config: dict, variant: str, table: dict | None, published_tables: list[dict] = ()) -> bool:
     """Whether a record was trained by the code whose fingerprint ``table`` holds (none: not checked):
     its fingerprint in the table's environment (the one it recorded, or its commit's there through
@@ -95,14 +89,14 @@ def planned(runs: Path, raw: dict) -> list[tuple[str, int, list[dict]]]:
 def queue(runs: Path, raw: dict, table: dict | None = None) -> list[str]:
     """Every (variant, seed) of GROUPS, in their order, with no published record under the protocol
     the params train it with and, given a fingerprint ``table``, of the training code it fingerprints."""
-    known = tables(runs)
+    known = lineage.load_tables(runs / "fingerprints")  # they carry records of an earlier environment over
     return [f"{v}:{s}" for v, s, records in planned(runs, raw) if not any(same_training(c, v, table, known) for c in records)]
 
 
 def other_training(runs: Path, raw: dict, table: dict) -> list[str]:
     """The (variant, seed)s published under the params' protocol by training code other than ``table``'s,
     which `queue` therefore lists again."""
-    known = tables(runs)
+    known = lineage.load_tables(runs / "fingerprints")  # they carry records of an earlier environment over
     return [f"{v}:{s}" for v, s, records in planned(runs, raw)
             if records and not any(same_training(c, v, table, known) for c in records)]
 

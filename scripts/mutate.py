@@ -251,7 +251,7 @@ MUTATIONS = [
              "models_dir, variants, seeds, p),", "models_dir / 'none', variants, seeds, p),",
              ("tests/test_published.py",)),
     Mutation("the report never reads the fingerprint tables", "pipeline/stages/report.py",
-             "rr.load_tables(fingerprints))", "rr.load_tables(None))",
+             "lineage.load_tables(fingerprints))", "lineage.load_tables(None))",
              ("tests/test_published.py", "tests/test_report.py::test_report_stage_reads_its_fingerprint_tables")),
     Mutation("capsnet fingerprint tables another configuration than the train stage fingerprints",
              "pipeline/training/fingerprint.py",

@@ -11,6 +11,7 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
+from pipeline.core import lineage
 from pipeline.experiments import affnist_report as ra
 from pipeline.experiments import table1_figures as t1_figures
 from pipeline.experiments import table1_report as t1
@@ -255,6 +256,22 @@ def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):
     assert len(pd.read_csv(tmp_path / "confusion.csv")) == 1000
 
 
+def two_commits(root, env_r1: str, env_r3: str) -> list:
+    """capsnet_r1's three seeds trained at commit aaaaaaa1111 (fingerprint 1111aaaa…, recorded in
+    ``env_r1``), capsnet_r3's at bbbbbbb2222 (3333cccc…, in ``env_r3``): two windows' rows, loaded."""
+    for seed in (0, 1, 2):
+        fabricate(root, "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit="aaaaaaa1111",
+                  fingerprint="1111aaaa1111aaaa", fingerprint_env=env_r1)
+        fabricate(root, "capsnet_r3", seed, 0.9 + seed / 10, n=1000, commit="bbbbbbb2222",
+                  fingerprint="3333cccc3333cccc", fingerprint_env=env_r3)
+    return load(root, ["capsnet_r1", "capsnet_r3"], [0, 1, 2])
+
+
+def routing_effect(runs: list, tables: list[dict]):
+    """The routing effect (3 vs 1, no reconstruction) with ``runs`` bridged through ``tables``."""
+    return t1.effects(rr.bridge(runs, tables), REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
+
+
 def test_a_fingerprint_table_lets_rows_of_two_commits_compare(tmp_path):
     """Two GPU windows: capsnet_r1 trained at one commit, capsnet_r3 at another, so their rows share
     no commit and their effect is confounded. A fingerprint table (`capsnet fingerprint`) of a commit
@@ -263,12 +280,7 @@ def test_a_fingerprint_table_lets_rows_of_two_commits_compare(tmp_path):
     puts both on one line. A table of another environment, or one computing another fingerprint for
     either row, bridges nothing."""
     env = "torch 2.11.0, CPU AVX512"
-    for seed in (0, 1, 2):
-        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit="aaaaaaa1111",
-                  fingerprint="1111aaaa1111aaaa", fingerprint_env=env)
-        fabricate(tmp_path, "capsnet_r3", seed, 0.9 + seed / 10, n=1000, commit="bbbbbbb2222",
-                  fingerprint="3333cccc3333cccc", fingerprint_env=env)
-    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1, 2])
+    runs = two_commits(tmp_path, env, env)
     good = {"commit": "bbbbbbb2222", "environment": env,
             "fingerprints": {"capsnet_r1": "1111aaaa1111aaaa", "capsnet_r3": "3333cccc3333cccc"}}
     other_env = good | {"environment": "torch 2.11.0, CPU AVX2"}
@@ -276,7 +288,7 @@ def test_a_fingerprint_table_lets_rows_of_two_commits_compare(tmp_path):
                "fingerprints": {"capsnet_r1": "9999aaaa9999aaaa", "capsnet_r3": "3333cccc3333cccc"}}
 
     def routing(tables):
-        return t1.effects(rr.bridge(runs, tables), REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
+        return routing_effect(runs, tables)
 
     for tables in ([], [other_env], [changed]):
         assert math.isnan(routing(tables).ci_low) and routing(tables).status.endswith("no commit in common"), tables
@@ -290,7 +302,7 @@ def test_a_fingerprint_table_lets_rows_of_two_commits_compare(tmp_path):
     (tmp_path / "tables").mkdir()
     for k, table in enumerate((good, changed)):
         (tmp_path / "tables" / f"{k}.json").write_text(json.dumps(table))
-    assert rr.load_tables(tmp_path / "tables") == [good, changed] and rr.load_tables(tmp_path / "absent") == []
+    assert lineage.load_tables(tmp_path / "tables") == [good, changed] and lineage.load_tables(tmp_path / "absent") == []
 
 
 def test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment(tmp_path):
@@ -301,12 +313,7 @@ def test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment(tmp_path
     capsnet_r1 (scripts/fingerprint_at.py). Either missing, or A's old table computing something else, and
     nothing is bridged (pipeline.core.lineage)."""
     old, new = "torch 2.11.0+cu130, CPU AVX2 capped", "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE"
-    for seed in (0, 1, 2):
-        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit="aaaaaaa1111",
-                  fingerprint="1111aaaa1111aaaa", fingerprint_env=old)
-        fabricate(tmp_path, "capsnet_r3", seed, 0.9 + seed / 10, n=1000, commit="bbbbbbb2222",
-                  fingerprint="3333cccc3333cccc", fingerprint_env=new)
-    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1, 2])
+    runs = two_commits(tmp_path, old, new)
     a_old = {"commit": "aaaaaaa1111", "environment": old, "fingerprints": {"capsnet_r1": "1111aaaa1111aaaa"}}
     a_new = {"commit": "aaaaaaa1111", "environment": new, "fingerprints": {"capsnet_r1": "5555eeee5555eeee"}}
     b_new = {"commit": "bbbbbbb2222", "environment": new,
@@ -314,7 +321,7 @@ def test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment(tmp_path
     a_old_other = a_old | {"fingerprints": {"capsnet_r1": "7777aaaa7777aaaa"}}
 
     def routing(tables):
-        return t1.effects(rr.bridge(runs, tables), REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
+        return routing_effect(runs, tables)
 
     bridged = routing([a_old, a_new, b_new])
     assert not math.isnan(bridged.ci_low) and bridged.commit == "bbbbbbb"

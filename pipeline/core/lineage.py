@@ -11,7 +11,17 @@ the report (pipeline.report.runs.bridge) and the GPU queue (scripts/gpu_queue.py
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
+
+
+def load_tables(folder: Path | None) -> list[dict]:
+    """The fingerprint tables (`capsnet fingerprint`'s JSON files) in ``folder``, by file name; none if it
+    is None or absent."""
+    if folder is None or not folder.is_dir():
+        return []
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
 
 
 def recorded(config: Mapping) -> tuple[str | None, str | None, str | None]:

@@ -237,14 +237,6 @@ def commits_of(runs: list[Run]) -> list[str]:
     return list(dict.fromkeys(own + [c for r in runs for c in r.computed_by]))
 
 
-def load_tables(folder: Path | None) -> list[dict]:
-    """The fingerprint tables (`capsnet fingerprint`'s JSON files) in ``folder``; none if it is None
-    or absent."""
-    if folder is None or not folder.is_dir():
-        return []
-    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
-
-
 def bridge(runs: list[Run], tables: list[dict]) -> list[Run]:
     """Each run with the commits of the ``tables`` that compute its training (`Run.computed_by`): its
     fingerprint in the table's environment (the one it recorded, or its own commit's there:

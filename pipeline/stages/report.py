@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.core import registry, tracking
+from pipeline.core import lineage, registry, tracking
 from pipeline.core.provenance import git_commit, repo_root
 from pipeline.core.errors import UserError
 from pipeline.core.files import writable_dir, write_json, write_text
@@ -47,7 +47,7 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
     runs = rr.bridge(publish.with_earlier(rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p),
                                           models_dir, variants, seeds, p),
-                     rr.load_tables(fingerprints))
+                     lineage.load_tables(fingerprints))
     if not runs:
         raise UserError("no variant of params.yaml's ablation has an evaluation to report; run the pipeline "
                         "first (`dvc repro`), or pass --missing list to report what exists")
