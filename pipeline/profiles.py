@@ -67,7 +67,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     # of 190 s per run, estimated from the fp32 inference rate the H100 bench measured (52.6k images/s).
     # The whole step captured as one CUDA graph (train.cuda_graph): on an H200 (2026-11-26, b8f3efe)
     # capsnet_r3_recon's one seed 66.1k images/s against 31.8k uncaptured, baseline_cnn 31.8k against
-    # 30.5k, and its CUDA tests passed (reports/benchmarks.md); bf16 only: fp32 was not benched
+    # 30.5k, and its CUDA tests passed (reports/benchmarks.md); in fp32 (the precision twin) capture gains
+    # less: 14.35k compiled and captured against 13.0k eager (H200, 2026-11-27)
     "gpu": {"base.profile": "gpu", "train.epochs": 50, "train.lr_schedule_epochs": 640, "train.amp": True,
             "train.compile": True, "train.compile_cnns": False, "train.deterministic": False, "train.device": "cuda",
             "train.checkpoint_every": 5, "prepare.multimnist_pairs_per_digit": 100, "train.cuda_graph": True,
