@@ -171,3 +171,17 @@ def warm_server(tmp_path_factory):
     with warm.running(log) as address:
         assert address is not None, log.read_text()
         yield address, log
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fingerprint_cache(tmp_path_factory):
+    """One fingerprint cache for the whole run, every worker and the processes they start sharing it,
+    none from an earlier run or the user's (pipeline.training.fingerprint_cache): each fingerprint is
+    computed once per run, and a run computes everything it checks itself."""
+    from pipeline.training.fingerprint_cache import CACHE_ENV
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, above each worker's
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(shared / "fingerprints"))
+        yield shared / "fingerprints"

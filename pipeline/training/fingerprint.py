@@ -25,7 +25,8 @@ A fingerprint covers its run's own model, so two variants' never agree: the repo
 variants' rows through a commit whose code computed both fingerprints. Runs of one commit share it;
 runs of two GPU windows at two commits share one through a *table* (`fingerprint_table`, `capsnet
 fingerprint`), every variant's fingerprint as one commit's code computes them, which each GPU
-window writes before it asks its queue (scripts/gpu_plan.sh).
+window writes before it asks its queue (scripts/gpu_plan.sh). Each fingerprint is computed once per
+code, configuration and environment and kept on disk (pipeline.training.fingerprint_cache).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import torch
 from pipeline.core import registry
 from pipeline.core.errors import UserError, first_line
 from pipeline.core.params import Params
+from pipeline.training import fingerprint_cache
 from pipeline.training.checkpoint import NonFiniteLossError
 from pipeline.training.train import RunConfig, run_config, train_group
 
@@ -149,13 +151,17 @@ def in_capped_process(smalls: list[RunConfig]) -> dict:
     and this process's import path (an experiment `registry.register` added is imported there by name)."""
     root = str(Path(__file__).resolve().parents[2])
     env = os.environ | CAPPED | {"PYTHONPATH": os.pathsep.join(dict.fromkeys([root, *filter(None, sys.path)]))}
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "configs.pkl").write_bytes(pickle.dumps({"configs": smalls, "experiments": registry.plugins()}))
-        done = subprocess.run([sys.executable, "-m", __name__, tmp], env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-            raise FingerprintError(f"the training fingerprint failed in its CPU process: {why}")
-        out = json.loads((Path(tmp) / "fingerprints.json").read_text())
+
+    def compute() -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "configs.pkl").write_bytes(pickle.dumps({"configs": smalls, "experiments": registry.plugins()}))
+            done = subprocess.run([sys.executable, "-m", __name__, tmp], env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+                raise FingerprintError(f"the training fingerprint failed in its CPU process: {why}")
+            return json.loads((Path(tmp) / "fingerprints.json").read_text())
+
+    out = fingerprint_cache.cached(smalls, env, compute)  # computed once per code, configuration and environment
     _ENVIRONMENT[:] = [out["environment"]]
     return out
 

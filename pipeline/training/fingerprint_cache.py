@@ -1,0 +1,127 @@
+"""A disk cache of training fingerprints, keyed by everything that decides them.
+
+A fingerprint is a deterministic function of the package's code, the small configuration, and the
+capped process's environment (torch's build, the processor, the kernels' settings), so each is computed
+once per key instead of once per process: a train stage that follows `capsnet fingerprint` on a GPU
+machine finds its variant's fingerprint there instead of spending seconds of CPU before its first step,
+and the test suite's stage processes stop recomputing what an earlier one computed. The key hashes
+every file of the package, so any edit (a mutation of scripts/mutate.py too) misses the cache; a run
+whose experiment was registered from outside the package is never cached (its code is not in the key).
+
+Where: $CAPSNET_FINGERPRINT_CACHE (a folder; `off`: no cache), else $XDG_CACHE_HOME/capsnet-repro/
+fingerprints (~/.cache/...). One JSON file per key, written whole (a temporary file renamed); a file
+that does not read as one is computed again; processes missing one key wait for the first to write it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from pipeline.core import registry
+
+CACHE_ENV = "CAPSNET_FINGERPRINT_CACHE"
+# the environment variables that may reach the capped process's arithmetic: kernels' and threads' settings,
+# the libraries loaded (its code and torch are keyed apart)
+KERNEL_ENV = ("ATEN_", "MKL", "OMP_", "KMP_", "GOMP_", "DNNL_", "ONEDNN_", "OPENBLAS_", "TORCH", "PYTORCH_", "LD_")
+PACKAGE = Path(__file__).resolve().parents[1]  # pipeline/: the code a capped process imports
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: two processes missing one key then both compute it
+    fcntl = None
+
+
+def folder() -> Path | None:
+    """Where the cache lives; None where $CAPSNET_FINGERPRINT_CACHE is `off`."""
+    where = os.environ.get(CACHE_ENV, "")
+    if where == "off":
+        return None
+    if where:
+        return Path(where)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "capsnet-repro" / "fingerprints"
+
+
+@functools.lru_cache(maxsize=None)  # the code cannot change within a process
+def code_digest(root: Path = PACKAGE) -> str:
+    """SHA-256 over every file under ``root`` (its path and bytes), compiled bytecode aside."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(f"{path.relative_to(root).as_posix()}:{path.stat().st_size}:".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def processor() -> str:
+    """The processor's model and features (/proc/cpuinfo's first ones, where Linux has it)."""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+        return "; ".join(dict.fromkeys(line.strip() for line in lines if line.split(":")[0].strip() in wanted))
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def key(smalls: list, env: dict[str, str]) -> str | None:
+    """The cache key of ``smalls``' fingerprints computed by a process with environment ``env``; None
+    where an experiment registered from outside the package takes part."""
+    if registry.plugins():
+        return None
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    built = library.stat() if library.exists() else None
+    parts = {"code": code_digest(), "configs": [dataclasses.asdict(s) for s in smalls],
+             "python": [sys.executable, sys.version], "processor": processor(),
+             "torch": [torch.__version__, str(library), built and built.st_size, built and built.st_mtime_ns],
+             "environment": {k: v for k, v in sorted(env.items()) if k.startswith(KERNEL_ENV)}}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def read(path: Path, count: int) -> dict | None:
+    """The cached answer at ``path`` if it holds ``count`` fingerprints and an environment, else None."""
+    try:
+        out = json.loads(path.read_text())
+        valid = len(out["fingerprints"]) == count and all(isinstance(f, str) for f in out["fingerprints"]) \
+            and isinstance(out["environment"], str)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return out if valid else None
+
+
+def write(path: Path, out: dict) -> None:
+    """``out`` to ``path`` whole: a reader sees the old file, the new one or none."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        tmp.write(json.dumps({"fingerprints": out["fingerprints"], "environment": out["environment"]}))
+    os.replace(tmp.name, path)
+
+
+def cached(smalls: list, env: dict[str, str], compute) -> dict:
+    """``compute()``'s answer for ``smalls`` under ``env``, from the cache where it holds it, else
+    computed and kept; a cache folder that cannot be written only costs the computing."""
+    where, name = folder(), key(smalls, env)
+    if where is None or name is None:
+        return compute()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        lock = open(where / f"{name}.lock", "w")  # noqa: SIM115 (held until the answer is written)
+    except OSError:
+        return compute()
+    with lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process computing this key: its answer, once written
+        path = where / f"{name}.json"
+        out = read(path, len(smalls))
+        if out is None:
+            out = compute()
+            with contextlib.suppress(OSError):
+                write(path, out)
+        return out
