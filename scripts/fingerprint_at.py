@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pipeline.training import fingerprint as fp  # noqa: E402  (this checkout's cap and environment)
+from pipeline.training.fingerprint_cache import CACHE_ENV  # noqa: E402
 
 # run inside COMMIT's worktree, with its code: its table under the CAPPED given as argv[1]
 AT_COMMIT = """
@@ -56,8 +57,9 @@ def table_at(commit: str, python: str, variants: list[str] = ()) -> dict:
                                   capture_output=True, text=True)
             if made.returncode != 0:
                 sys.exit(f"{commit[:7]}'s gpu profile failed: {(made.stderr.strip().splitlines() or ['?'])[-1]}")
+            kept = {k: os.environ[k] for k in (CACHE_ENV, "HOME", "XDG_CACHE_HOME") if k in os.environ}  # its cache
             done = subprocess.run([python, "-c", AT_COMMIT, json.dumps(fp.CAPPED), json.dumps(list(variants))], cwd=tree,
-                                  capture_output=True, text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+                                  capture_output=True, text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", **kept})
         finally:
             git("worktree", "remove", "--force", str(tree))
     if done.returncode != 0:

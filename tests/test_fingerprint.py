@@ -112,7 +112,7 @@ def test_its_environment_names_the_branch_mkl_itself_reports():
     assert (branch(MKL_CBWR="COMPATIBLE"), branch(MKL_CBWR="AUTO"), branch()) == ("COMPATIBLE", "AUTO", "OFF")
 
 
-def test_an_earlier_commits_table_is_its_own_code_under_this_cap(tmp_path, params):
+def test_an_earlier_commits_table_is_its_own_code_under_this_cap(tmp_path, params, monkeypatch):
     """scripts/fingerprint_at.py: a commit's code, checked out in a worktree of its own, computes under
     this checkout's cap what this checkout computes where training is the same, and the table names the
     commit and this environment; a name that is no commit gets one line."""
@@ -128,8 +128,11 @@ def test_an_earlier_commits_table_is_its_own_code_under_this_cap(tmp_path, param
         subprocess.run(git + args, check=True)
     head = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
     script = [sys.executable, str(repo / "scripts" / "fingerprint_at.py")]
+    monkeypatch.setenv("CAPSNET_FINGERPRINT_CACHE", str(tmp_path / "cache"))
     subprocess.run(script + [head[:7], str(tmp_path / "table.json"), "--variants", "capsnet_r1"], check=True,
                    capture_output=True, text=True)
+    kept = [json.loads(p.read_text())["fingerprints"] for p in (tmp_path / "cache").glob("*.json")]
+    assert [1] == [len(f) for f in kept if f]  # capsnet_r1's, in the cache it was given, not the user's
     table = json.loads((tmp_path / "table.json").read_text())
     assert table["commit"] == head and table["environment"] == fp.fingerprint_environment()
     assert table["fingerprints"] == {"capsnet_r1": fp.training_fingerprint(run_config(params, "capsnet_r1", 0))}
