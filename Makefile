@@ -25,7 +25,7 @@ $(BIN)/capsnet: pyproject.toml uv.lock
 # The suite's time is mostly processes starting and small single-threaded models: one pytest worker
 # per core (at most 4), each with torch on one thread, a test file to a worker (its module fixtures,
 # the DVC repositories and tracking servers, built once). 2 cores: 7 min 40 s against 11 min 12 s in
-# one process (2026-11-26); 5–6 min since (docs/testing.md has the latest). TEST_WORKERS=1 for one worker.
+# one process (2026-11-26); 5.5–7.5 min since (docs/testing.md has the latest). TEST_WORKERS=1 for one worker.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
 test: venv  ## the test suite (what CI runs), TEST_WORKERS processes at a time
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
