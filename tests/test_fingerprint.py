@@ -284,7 +284,9 @@ def test_the_cache_key_follows_the_code_configuration_processor_and_kernel_setti
     small = fp.fingerprint_config(run_config(params, "capsnet_r3_recon", 0))
     env = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "CAPSNET_GIT_COMMIT": "a", "PYTHONPATH": "/a"}
     base = cache.key([small], env)
-    assert base == cache.key([small], env | {"CAPSNET_GIT_COMMIT": "b", "PYTHONPATH": "/b", "PYTEST_CURRENT_TEST": "t"})
+    assert base == cache.key([small], env | {"CAPSNET_GIT_COMMIT": "b", "PYTHONPATH": "/b", "PYTEST_CURRENT_TEST": "t",
+                                            "TORCHINDUCTOR_CACHE_DIR": "/gpu/inductor"})  # a GPU session's jobs'
+    assert base != cache.key([small], env | {"TORCH_USE_RTLD_GLOBAL": "1"})
     assert len({base, cache.key([], env), cache.key([small, small], env),
                 cache.key([fp.fingerprint_config(run_config(params, "capsnet_r1_recon", 0))], env),
                 cache.key([small], env | {"MKL_CBWR": "AUTO"}), cache.key([small], env | {"OMP_NUM_THREADS": "4"}),

@@ -32,8 +32,10 @@ from pipeline.core import registry
 
 CACHE_ENV = "CAPSNET_FINGERPRINT_CACHE"
 # the environment variables that may reach the capped process's arithmetic: kernels' and threads' settings,
-# the libraries loaded (its code and torch are keyed apart)
-KERNEL_ENV = ("ATEN_", "MKL", "OMP_", "KMP_", "GOMP_", "DNNL_", "ONEDNN_", "OPENBLAS_", "TORCH", "PYTORCH_", "LD_")
+# the libraries loaded (its code and torch are keyed apart). Not torch.compile's (TORCHINDUCTOR_*,
+# TORCHDYNAMO_*): the fingerprint never compiles, and a GPU session sets them for its jobs, not for the
+# table whose answers those jobs are to find
+KERNEL_ENV = ("ATEN_", "MKL", "OMP_", "KMP_", "GOMP_", "DNNL_", "ONEDNN_", "OPENBLAS_", "TORCH_", "PYTORCH_", "LD_")
 PACKAGE = Path(__file__).resolve().parents[1]  # pipeline/: the code a capped process imports
 
 try:
