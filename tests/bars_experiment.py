@@ -54,7 +54,8 @@ def report(runs, ctx) -> Section:
 
 TEST_SETS = (f"{NAME}_test", f"{NAME}_flipped")
 IMAGE_SIZE, MODELS, CPU_EPOCH_SECONDS, CURVES = 28, ("capsnet",), {}, "Bars"
-configure, Training, synthetic_data, examples_per_epoch = base.configure, table1.Training, table1.synthetic_data, base.examples_per_epoch
+configure, planned, Training, synthetic_data = base.configure, base.planned, table1.Training, table1.synthetic_data
+examples_per_epoch = base.examples_per_epoch
 
 
 def readme(out) -> list[str]:

@@ -326,3 +326,24 @@ def test_the_capped_process_answers_from_the_cache_once_it_holds_the_answer(tmp_
 
     monkeypatch.setattr(fp.subprocess, "run", no_process)
     assert fp.in_capped_process([]) == computed
+
+
+def test_the_table_holds_what_each_variants_train_stage_configures_from_its_prepared_sets(tmp_path, monkeypatch):
+    """`capsnet fingerprint` has no prepared sets: MultiMNIST's shift, which its train stage reads from its
+    recipes (prepare.multimnist_max_shift), comes from params instead (`planned`), or the table would hold
+    other fingerprints than its runs record and the queue would train them again in every window."""
+    from pipeline.data.splits import prepare_mnist
+    from pipeline.experiments import multimnist
+
+    tiny_pipeline(tmp_path, transforms_per_digit=1)
+    params = load_params(tmp_path / "params.yaml")
+    mnist = prepare_mnist(tmp_path / "raw", tmp_path / "prepared", train_subset=0, test_subset=0)
+    multimnist.prepare(params, mnist, tmp_path / "prepared", tmp_path / "figures")
+    assert params.prepare.multimnist_max_shift != params.train.max_shift  # so the two can differ
+    config = lambda cfg: json.dumps(dataclasses.asdict(fp.fingerprint_config(cfg)), sort_keys=True)  # noqa: E731
+    monkeypatch.setattr(fp, "training_fingerprint", config)  # what each entry fingerprints
+    variants = list(params.variants)
+    table = fp.fingerprint_table(params, variants)
+    for v in variants:
+        cfg = run_config(params, v, 0)
+        assert table[v] == config(cfg.experiment_module().configure(cfg, tmp_path / "prepared")), v

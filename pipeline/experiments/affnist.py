@@ -27,7 +27,7 @@ from pipeline.data.transforms import AffineRanges, apply_affine, ranges_metadata
 from pipeline.experiments import affnist_report as ra
 from pipeline.experiments import base, table1
 from pipeline.experiments.affnist_report import REAL_AFFNIST
-from pipeline.experiments.base import configure, examples_per_epoch  # noqa: F401 (this experiment's, as they are)
+from pipeline.experiments.base import configure, examples_per_epoch, planned  # noqa: F401 (this experiment's, as they are)
 from pipeline.report import claims as rc
 from pipeline.report import figures
 from pipeline.report.document import Context, Section, fmt_ci, fmt_pct

@@ -13,7 +13,9 @@ evaluation and report section — lives in its module. The module provides:
   (train.multimnist_epoch_size sets its epoch, so it belongs to its runs' checkpoint key).
 - ``prepare(params, mnist, out_dir, figures_dir) -> str``: write its prepared sets beside MNIST's
   train/test splits (``mnist``: their tensors) and its montage; returns a summary.
-- ``configure(cfg, data_dir) -> RunConfig``: settings read from its prepared sets (default: none).
+- ``configure(cfg, data_dir) -> RunConfig``: settings read from its prepared sets (default: none);
+  ``planned(cfg, params) -> RunConfig``: the same settings as sets prepared under ``params`` will hold
+  them, where no set is at hand (the fingerprint table, `capsnet fingerprint`).
 - ``training_data(data_dir, cfg) -> (data, dataset inputs)``: what the training loop draws from.
 - ``Training(cfg, data, device)``: the loop's view (`pipeline.training.experiment.Experiment`).
 - ``synthetic_data(cfg, n, device)``: random data of the same shapes (the bench, the fingerprint).
@@ -57,6 +59,11 @@ class Evaluation:
 
 
 def configure(cfg, data_dir: Path):
+    """No setting comes from the prepared data."""
+    return cfg
+
+
+def planned(cfg, params):
     """No setting comes from the prepared data."""
     return cfg
 

@@ -250,6 +250,11 @@ def configure(cfg, data_dir: Path):
     return dataclasses.replace(cfg, max_shift=shift)
 
 
+def planned(cfg, params):
+    """`configure`'s shift as recipes prepared under ``params`` hold it."""
+    return dataclasses.replace(cfg, max_shift=params.prepare.multimnist_max_shift)
+
+
 def training_data(data_dir: Path, cfg) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """MNIST's training digits (the pairs are drawn from them) and the test recipes with the 28×28
     test digits they index."""

@@ -20,7 +20,7 @@ from pipeline.data.transforms import AffineRanges, make_affine_set, random_shift
 from pipeline.experiments import base
 from pipeline.experiments import table1_figures as t1_figures
 from pipeline.experiments import table1_report as t1
-from pipeline.experiments.base import configure, examples_per_epoch  # noqa: F401 (this experiment's, as they are)
+from pipeline.experiments.base import configure, examples_per_epoch, planned  # noqa: F401 (this experiment's, as they are)
 from pipeline.report import claims as rc
 from pipeline.report import figures
 from pipeline.report.document import Context, Section
