@@ -86,19 +86,24 @@ def planned(runs: Path, raw: dict) -> list[tuple[str, int, list[dict]]]:
             for group in GROUPS for s in SEEDS for v in group if v in raw["variants"]]
 
 
-def queue(runs: Path, raw: dict, table: dict | None = None) -> list[str]:
+def judged(runs: Path, raw: dict, table: dict | None = None) -> list[tuple[str, bool, bool]]:
+    """Every (variant, seed) of GROUPS as ("V:S", published under the params' protocol, by the training
+    code ``table`` fingerprints (none: not checked)), the records and tables read once."""
+    known = lineage.load_tables(runs / "fingerprints")  # they carry records of an earlier environment over
+    return [(f"{v}:{s}", bool(records), any(same_training(c, v, table, known) for c in records))
+            for v, s, records in planned(runs, raw)]
+
+
+def queue(runs: Path, raw: dict, table: dict | None = None, verdicts=None) -> list[str]:
     """Every (variant, seed) of GROUPS, in their order, with no published record under the protocol
     the params train it with and, given a fingerprint ``table``, of the training code it fingerprints."""
-    known = lineage.load_tables(runs / "fingerprints")  # they carry records of an earlier environment over
-    return [f"{v}:{s}" for v, s, records in planned(runs, raw) if not any(same_training(c, v, table, known) for c in records)]
+    return [item for item, _, same in verdicts or judged(runs, raw, table) if not same]
 
 
-def other_training(runs: Path, raw: dict, table: dict) -> list[str]:
+def other_training(runs: Path, raw: dict, table: dict, verdicts=None) -> list[str]:
     """The (variant, seed)s published under the params' protocol by training code other than ``table``'s,
     which `queue` therefore lists again."""
-    known = lineage.load_tables(runs / "fingerprints")  # they carry records of an earlier environment over
-    return [f"{v}:{s}" for v, s, records in planned(runs, raw)
-            if records and not any(same_training(c, v, table, known) for c in records)]
+    return [item for item, has_record, same in verdicts or judged(runs, raw, table) if has_record and not same]
 
 
 def stacked(items: list[str]) -> list[str]:
@@ -208,8 +213,9 @@ def main() -> None:
         return
     raw = yaml.safe_load(args.params.read_text())
     table = json.loads(args.fingerprints.read_text()) if args.fingerprints else None
-    items = queue(args.runs, raw, table)
-    if table is not None and (again := other_training(args.runs, raw, table)):
+    verdicts = judged(args.runs, raw, table)
+    items = queue(args.runs, raw, table, verdicts)
+    if table is not None and (again := other_training(args.runs, raw, table, verdicts)):
         print(f"queued again, published under this protocol by other training code than {table['commit'][:7]}'s "
               f"({table['environment']}): {' '.join(again)}", file=sys.stderr)
     if args.stack:
