@@ -32,14 +32,14 @@ PINNED = {
         "capsnet_r1_official": "92b5d2f18759b2b2",  # the official recipe: its scales, biases and init
         "baseline_cnn": "a1cd1001084825e2",  # dropout's masks, drawn from each seed's generator
         "capsnet_affnist": "046f7631e62b6f35",  # §5.2: random placement on the 40×40 canvas
-        "multimnist_r3_recon": "271109563eb734f0",  # MultiMNIST: fresh pairs, two-digit targets
+        "multimnist_r3_recon": "e312026e50482894",  # MultiMNIST: fresh pairs shifted ≤ 4 px, two-digit targets
     },
     "torch 2.11.0, CPU AVX2 capped, MKL COMPATIBLE": {
         "capsnet_r3_recon": "6a2175f0758216e6",
         "capsnet_r1_official": "13e248cfad707fdc",
         "baseline_cnn": "a1cd1001084825e2",
         "capsnet_affnist": "4386a99658686bdc",
-        "multimnist_r3_recon": "ad2ce08218df8dbf",
+        "multimnist_r3_recon": "fbda738150a4b081",  # what the 2026-11-27 rehearsal's MultiMNIST jobs recorded
     },
 }
 # what would reach an uncapped process from the host (this AMD EPYC: ATen's AVX512 kernels, and MKL's

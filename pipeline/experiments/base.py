@@ -15,7 +15,7 @@ evaluation and report section — lives in its module. The module provides:
   train/test splits (``mnist``: their tensors) and its montage; returns a summary.
 - ``configure(cfg, data_dir) -> RunConfig``: settings read from its prepared sets (default: none);
   ``planned(cfg, params) -> RunConfig``: the same settings as sets prepared under ``params`` will hold
-  them, where no set is at hand (the fingerprint table, `capsnet fingerprint`).
+  them (`run_config` applies it, so the fingerprint table and the bench, which have no sets, agree).
 - ``training_data(data_dir, cfg) -> (data, dataset inputs)``: what the training loop draws from.
 - ``Training(cfg, data, device)``: the loop's view (`pipeline.training.experiment.Experiment`).
 - ``synthetic_data(cfg, n, device)``: random data of the same shapes (the bench, the fingerprint).

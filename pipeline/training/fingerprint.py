@@ -185,17 +185,12 @@ def fingerprint_environment() -> str:
     return _ENVIRONMENT[0] if _ENVIRONMENT else in_capped_process([])["environment"]
 
 
-def planned(cfg: RunConfig, params: Params) -> RunConfig:
-    """``cfg`` as its train stage configures it from sets prepared under ``params`` (MultiMNIST's shift)."""
-    return cfg.experiment_module().planned(cfg, params)
-
-
 def fingerprint_table(params: Params, variants: list[str], progress=lambda done, variant: None) -> dict[str, str]:
     """Every variant's training fingerprint as this code computes it (what its train stage would record
     under ``params``), a capped process per CPU core at a time, in ``variants``' order;
     ``progress(done, variant)`` as each comes."""
     with ThreadPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, len(variants)))) as pool:
-        running = {pool.submit(training_fingerprint, planned(run_config(params, v, seed=0), params)): v for v in variants}
+        running = {pool.submit(training_fingerprint, run_config(params, v, seed=0)): v for v in variants}
         for done, future in enumerate(as_completed(running), start=1):
             future.result()  # its error, naming the variant, before the others'
             progress(done, running[future])

@@ -126,7 +126,9 @@ class RunConfig:
 def run_config(params: Params, variant: str, seed: int, **overrides) -> RunConfig:
     """The RunConfig of (variant, seed) under ``params``: the variant's model settings plus the
     train section's recipe (every TrainParams field is a RunConfig field, but compile_cnns decides
-    ``compile`` for the CNNs, and a variant's own precision ``amp``), then ``overrides``."""
+    ``compile`` for the CNNs, and a variant's own precision ``amp``), the settings its experiment's
+    prepared sets will hold (`planned`: the train stage reads them from the sets, `configure`; the
+    fingerprint table and the bench have none), then ``overrides``."""
     v = params.variant(variant)
     recipe = dataclasses.asdict(params.train)
     compile_cnns = recipe.pop("compile_cnns")
@@ -136,6 +138,7 @@ def run_config(params: Params, variant: str, seed: int, **overrides) -> RunConfi
                     reconstruction=v.reconstruction, experiment=v.experiment, image_size=v.image_size, num_classes=10,
                     target_accuracy_pct=v.target_accuracy_pct, recipe=v.recipe, seed=seed,
                     profile=params.base.profile, **recipe)
+    cfg = cfg.experiment_module().planned(cfg, params)  # what its prepared sets will say (MultiMNIST's shift)
     return dataclasses.replace(cfg, **overrides)
 
 
