@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.training import fingerprint as fp  # noqa: E402  (this checkout's cap and environment)
 from pipeline.training.fingerprint_cache import CACHE_ENV  # noqa: E402
 
+CAPPED_SINCE = "a604021"  # the first commit whose fingerprint runs in a capped process of its own
 # run inside COMMIT's worktree, with its code: its table under the CAPPED given as argv[1]
 AT_COMMIT = """
 import json, sys
@@ -85,6 +86,10 @@ def main() -> None:
         commit = git("rev-parse", "--verify", "--quiet", f"{args.commit}^{{commit}}")
     except subprocess.CalledProcessError:
         sys.exit(f"{args.commit} is no commit of this repository: name one as `git log --oneline` shows it")
+    before = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", CAPPED_SINCE, commit], capture_output=True)
+    if before.returncode == 1:  # 0: it has the capped process; 128: a copy without that commit, AT_COMMIT checks
+        sys.exit(f"{commit[:7]} predates the capped fingerprint process ({CAPPED_SINCE}): its code computes no table "
+                 "under a cap, and its runs' fingerprints stay in their own environment")
     computed = table_at(commit, args.python, args.variants)
     here = environment(args.python)
     # COMMIT's code names the environment its own way (older code without MKL's branch): torch and the

@@ -31,7 +31,9 @@ if [ -s .gpu/import/logs/bench/.device ] && ls .gpu/import/logs/bench/*.jsonl >/
   mkdir -p "$bench" && cp .gpu/import/logs/bench/*.jsonl "$bench/" && echo "bench rows kept in $bench"
 fi
 if ls .gpu/import/fingerprints/*.json >/dev/null 2>&1; then  # each window's commit: every variant's fingerprint
-  mkdir -p reports/runs/fingerprints && cp .gpu/import/fingerprints/*.json reports/runs/fingerprints/
+  # a table of the same name from another environment (one commit, two hosts) is kept beside it, never replaced
+  $BIN/python -c 'import sys; from pathlib import Path; from pipeline.core.lineage import keep_tables
+keep_tables([Path(p) for p in sys.argv[1:]], Path("reports/runs/fingerprints"))' .gpu/import/fingerprints/*.json
 fi
 # written in a fresh folder, then copied over reports/, as tests/test_published.py regenerates it: a figure
 # the local prepare stage left in reports/figures (its git-ignored test-set montages) is not linked

@@ -12,7 +12,9 @@
 # its own deadline (the first argument, 560 s).
 # Each call picks up where the last stopped: the commit's fingerprint table is written once per warm
 # machine, before the queue is asked (15 capped CPU processes at once: 8-14 s each on this 2-core machine,
-# not measured there; its seconds come out of the call's), the CUDA tests run once (beside the first
+# not measured there; its seconds come out of the call's), then the tables of the published runs' commits
+# that no table carries into this host's environment (fingerprints depend on the host's processor and C
+# library: docs/gpu-sessions.md), the CUDA tests run once (beside the first
 # jobs, which train with the profile's settings and train again where the tests fail them), a bench this
 # machine or an earlier window on this GPU model already ran is skipped, a run already evaluated is
 # skipped, a run the deadline stopped resumes from its checkpoint. A run the window's end cuts off is
@@ -67,6 +69,21 @@ if [ ! -s "$FP_TABLE" ] && [ "$FP_TABLE" != fingerprints/unknown.json ]; then
     || echo "fingerprint table failed (logs/fingerprints.log: $(tail -1 logs/fingerprints.log)): the queue goes by protocol only"
 fi
 [ -s "$FP_TABLE" ] && QUEUE_ARGS=(--fingerprints "$FP_TABLE")
+# the tables of the published runs' own commits on this host (its processor and C library decide
+# fingerprints: a table computed elsewhere does not carry its runs here), each commit's code in its own
+# worktree (scripts/fingerprint_at.py), all at once, once per warm machine (then the queue knows them
+# from fingerprints/); a table that fails or runs past BRIDGE_SECONDS leaves its runs queued again
+if [ -s "$FP_TABLE" ]; then
+  ENV_TAG=$(python3 -c 'import hashlib, json, sys; print(hashlib.sha256(json.load(open(sys.argv[1]))["environment"].encode()).hexdigest()[:8])' "$FP_TABLE")
+  mapfile -t BRIDGES < <(python3 scripts/gpu_queue.py --params params.gpu.yaml --bridges "${QUEUE_ARGS[@]}" 2>>logs/queue.log)
+  for line in "${BRIDGES[@]}"; do
+    read -r commit variants <<<"$line"
+    ( timeout "${BRIDGE_SECONDS:-150}" python3 scripts/fingerprint_at.py "$commit" "fingerprints/$commit-$ENV_TAG.json" \
+        --variants $variants >>logs/fingerprints.log 2>&1 && echo "[$(( $(date +%s) - PLAN_START ))s] fingerprint table of ${commit:0:7} on this host: $variants" \
+      || echo "fingerprint table of ${commit:0:7} on this host failed (logs/fingerprints.log: $(tail -1 logs/fingerprints.log)): its runs are queued again" ) &
+  done
+  wait
+fi
 TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))
 TESTS=() WINDOW=()
 SPENT=$(( $(date +%s) - PLAN_START ))  # the table and the queue, out of this call's time

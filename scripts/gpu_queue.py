@@ -22,6 +22,12 @@ process (`V:0,1,2`). The paper protocol (640 epochs, `make paper-gpu`) is not qu
 about 10 min of training at the H200's captured 66k images/s (stacking is slower there), about all of
 a window, and it trains in bf16 only once the precision check shows bf16 within the seed noise.
 
+    python3 scripts/gpu_queue.py --bridges --fingerprints fingerprints/COMMIT.json [--runs R] [--params P]
+
+prints `COMMIT VARIANT...` per commit whose fingerprint table in that table's environment would carry
+published records there (`bridges`); the window computes them on its host (scripts/gpu_plan.sh), and the
+queue reads every table beside --fingerprints' as well as the published ones.
+
     python3 scripts/gpu_queue.py --fit V:0,1,2 --left S --params P [--bench logs/bench] [--parallel N]
                                  [--checkpoints checkpoints/V]
 
@@ -86,12 +92,31 @@ def planned(runs: Path, raw: dict) -> list[tuple[str, int, list[dict]]]:
             for group in GROUPS for s in SEEDS for v in group if v in raw["variants"]]
 
 
-def judged(runs: Path, raw: dict, table: dict | None = None) -> list[tuple[str, bool, bool]]:
+def judged(runs: Path, raw: dict, table: dict | None = None, tables: list[dict] = ()) -> list[tuple[str, bool, bool]]:
     """Every (variant, seed) of GROUPS as ("V:S", published under the params' protocol, by the training
-    code ``table`` fingerprints (none: not checked)), the records and tables read once."""
-    known = lineage.load_tables(runs / "fingerprints")  # they carry records of an earlier environment over
+    code ``table`` fingerprints (none: not checked)), the records and tables read once; ``tables``: more
+    than the published ones (this host's, `bridges`)."""
+    known = [*lineage.load_tables(runs / "fingerprints"), *tables]  # they carry records of an earlier environment over
     return [(f"{v}:{s}", bool(records), any(same_training(c, v, table, known) for c in records))
             for v, s, records in planned(runs, raw)]
+
+
+def bridges(runs: Path, raw: dict, table: dict, tables: list[dict] = ()) -> list[tuple[str, list[str]]]:
+    """The commits, with their variants, whose fingerprint table in ``table``'s environment would carry
+    published records under the params' protocol there (pipeline.core.lineage): records whose fingerprint
+    is not known in that environment, though a table of their own commit in their own environment
+    vouches for it; the commit with the most such records first. The GPU window computes them on its own
+    host (scripts/fingerprint_at.py, scripts/gpu_plan.sh): the host's processor and C library decide
+    fingerprints, so a table computed elsewhere would not carry them."""
+    known = [*lineage.load_tables(runs / "fingerprints"), *tables, table]
+    needed: dict[str, dict[str, int]] = {}
+    for v, _, records in planned(runs, raw):
+        for c in records:
+            commit = lineage.recorded(c)[2]
+            if lineage.vouched(c, v, known) and lineage.fingerprint_in(c, v, table["environment"], known) is None:
+                needed.setdefault(commit, {}).setdefault(v, 0)
+                needed[commit][v] += 1
+    return sorted(((commit, list(counts)) for commit, counts in needed.items()), key=lambda item: -sum(needed[item[0]].values()))
 
 
 def queue(runs: Path, raw: dict, table: dict | None = None, verdicts=None) -> list[str]:
@@ -195,6 +220,8 @@ def main() -> None:
     parser.add_argument("--stack", action="store_true", help="a variant's missing seeds as one stacked item (V:0,1,2)")
     parser.add_argument("--fingerprints", type=Path, help="the `capsnet fingerprint` table of the code that trains: "
                         "records of other training code are queued again (default: not checked)")
+    parser.add_argument("--bridges", action="store_true", help="with --fingerprints: print `COMMIT VARIANT...` for each "
+                        "commit whose table in its environment would carry published records there (`bridges`)")
     parser.add_argument("--fit", metavar="ITEM", help="print what of this item fits the window's --left seconds")
     parser.add_argument("--left", type=float, default=0.0, help="with --fit: seconds left in the window")
     parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="with --fit: a folder of bench rows")
@@ -213,7 +240,14 @@ def main() -> None:
         return
     raw = yaml.safe_load(args.params.read_text())
     table = json.loads(args.fingerprints.read_text()) if args.fingerprints else None
-    verdicts = judged(args.runs, raw, table)
+    here = lineage.load_tables(args.fingerprints.parent) if args.fingerprints else []  # this host's, beside it
+    if args.bridges:
+        if table is None:
+            sys.exit("--bridges needs --fingerprints: the table of the code that trains names the environment")
+        for commit, variants in bridges(args.runs, raw, table, here):
+            print(commit, *variants)
+        return
+    verdicts = judged(args.runs, raw, table, here)
     items = queue(args.runs, raw, table, verdicts)
     if table is not None and (again := other_training(args.runs, raw, table, verdicts)):
         print(f"queued again, published under this protocol by other training code than {table['commit'][:7]}'s "

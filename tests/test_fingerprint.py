@@ -19,27 +19,37 @@ from pipeline.training.train import run_config
 from conftest import REPO, tiny_pipeline
 
 # The fingerprint of each family's training code, per environment it was pinned in (fp32 on a CPU
-# depends on torch's release; the processor's kernels are capped, ATen's at AVX2 and MKL's at its
-# COMPATIBLE branch, so any x86-64 processor with AVX2 computes the same:
-# pipeline.training.fingerprint.CAPPED). A change here is a deliberate statement that training now
-# computes something else: runs trained before it no longer pool with runs trained after it (the report
-# groups rows by fingerprint). torch 2.15.0's is the lock's; torch 2.11.0's (pyproject's floor, the GPU
-# box's torch) computed here by scripts/torch_floor.sh. The GPU window runs these pins on its host's
-# processor (scripts/gpu_session.sh): the one check that another vendor's processor computes the same.
+# depends on torch's release, and the host's processor and C library: the processor's kernels are
+# capped, ATen's at AVX2 and MKL's at its COMPATIBLE branch, and still the H200 host's Intel Xeon with
+# glibc 2.39 computed other fingerprints than this AMD EPYC with glibc 2.36, the same torch build:
+# pipeline.training.fingerprint). A change here is a deliberate statement that training now computes
+# something else: runs trained before it no longer pool with runs trained after it (the report groups
+# rows by fingerprint). torch 2.15.0's is the lock's; torch 2.11.0's on this AMD host (pyproject's
+# floor, the GPU box's torch) computed here by scripts/torch_floor.sh; on the Intel host, what that
+# host's pins computed at bd0184f (2026-11-27 07:22 H200 window, fingerprint_pins.txt), the same as its
+# fingerprint table for that commit. The GPU window runs these pins on its host (scripts/gpu_session.sh).
+AMD = "AuthenticAMD, glibc 2.36"
 PINNED = {
-    "torch 2.15.0, CPU AVX2 capped, MKL COMPATIBLE": {
+    f"torch 2.15.0, CPU AVX2 capped, MKL COMPATIBLE, {AMD}": {
         "capsnet_r3_recon": "6a2175f0758216e6",  # Table 1: shifts, routing 3, the decoder's loss
         "capsnet_r1_official": "92b5d2f18759b2b2",  # the official recipe: its scales, biases and init
         "baseline_cnn": "a1cd1001084825e2",  # dropout's masks, drawn from each seed's generator
         "capsnet_affnist": "046f7631e62b6f35",  # §5.2: random placement on the 40×40 canvas
         "multimnist_r3_recon": "e312026e50482894",  # MultiMNIST: fresh pairs shifted ≤ 4 px, two-digit targets
     },
-    "torch 2.11.0, CPU AVX2 capped, MKL COMPATIBLE": {
+    f"torch 2.11.0, CPU AVX2 capped, MKL COMPATIBLE, {AMD}": {
         "capsnet_r3_recon": "6a2175f0758216e6",
         "capsnet_r1_official": "13e248cfad707fdc",
         "baseline_cnn": "a1cd1001084825e2",
         "capsnet_affnist": "4386a99658686bdc",
         "multimnist_r3_recon": "fbda738150a4b081",  # what the 2026-11-27 rehearsal's MultiMNIST jobs recorded
+    },
+    "torch 2.11.0, CPU AVX2 capped, MKL COMPATIBLE, GenuineIntel, glibc 2.39": {
+        "capsnet_r3_recon": "5efb8c6b93ed5b33",
+        "capsnet_r1_official": "10a360b820f381d0",
+        "baseline_cnn": "3ec84beafdad08a5",
+        "capsnet_affnist": "f6a1545074dfce5a",
+        "multimnist_r3_recon": "b77d8ce6db2ab6ec",
     },
 }
 # what would reach an uncapped process from the host (this AMD EPYC: ATen's AVX512 kernels, and MKL's
@@ -51,11 +61,29 @@ CAPPED_HERE = "CPU AVX2 capped, MKL COMPATIBLE"  # what an x86-64 host with AVX2
 
 def pinned_environment() -> str:
     """`fingerprint_environment` without the build's local tag: 'torch 2.15.0, CPU AVX2 capped, MKL
-    COMPATIBLE' (on any host with AVX2 and MKL: a pin a broken cap would skip is a failure instead)."""
-    version, _, cpu = fp.fingerprint_environment().partition(", ")
+    COMPATIBLE, AuthenticAMD, glibc 2.36' (on any host with AVX2 and MKL: a pin a broken cap would skip
+    is a failure instead)."""
+    version, _, rest = fp.fingerprint_environment().partition(", ")
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and torch.backends.mkl.is_available():
-        assert cpu == CAPPED_HERE, f"this host's {torch.backends.cpu.get_cpu_capability()} or MKL reached the fingerprint: {cpu}"
-    return f"{version.split('+')[0]}, {cpu}"
+        assert rest == f"{CAPPED_HERE}, {fp.host_numerics()}", \
+            f"this host's {torch.backends.cpu.get_cpu_capability()} or MKL reached the fingerprint: {rest}"
+    return f"{version.split('+')[0]}, {rest}"
+
+
+def test_the_environment_names_the_hosts_processor_vendor_and_c_library(tmp_path, monkeypatch):
+    """Two hosts whose capped processes computed other fingerprints with one torch build (this AMD EPYC with
+    glibc 2.36, the H200 host's Intel Xeon with glibc 2.39) record two environments, so their fingerprints
+    never compare."""
+    assert fp.fingerprint_environment().endswith(f", {fp.host_numerics()}")  # the capped process names its host
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n")
+    monkeypatch.setattr(fp, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(fp.platform, "libc_ver", lambda: ("glibc", "2.39"))
+    assert fp.host_numerics() == "GenuineIntel, glibc 2.39"
+    monkeypatch.setattr(fp, "CPUINFO", tmp_path / "absent")  # not Linux: the architecture, at least
+    monkeypatch.setattr(fp.platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(fp.platform, "libc_ver", lambda: ("", ""))
+    assert fp.host_numerics() == "arm64, libc unknown"
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +91,7 @@ def params():
     return load_params(REPO / "params.yaml")
 
 
-@pytest.mark.parametrize("variant", sorted(PINNED["torch 2.15.0, CPU AVX2 capped, MKL COMPATIBLE"]))
+@pytest.mark.parametrize("variant", sorted(PINNED[f"torch 2.15.0, CPU AVX2 capped, MKL COMPATIBLE, {AMD}"]))
 def test_every_family_computes_what_it_was_pinned_to(params, variant):
     here = pinned_environment()
     assert fp.fingerprint_environment().replace(torch.__version__, torch.__version__.split("+")[0]) == here  # runs' key
@@ -140,6 +168,19 @@ def test_an_earlier_commits_table_is_its_own_code_under_this_cap(tmp_path, param
     none = subprocess.run(script + ["nosuch", str(tmp_path / "none.json")], capture_output=True, text=True)
     assert none.returncode == 1 and none.stderr.strip().splitlines() == [
         "nosuch is no commit of this repository: name one as `git log --oneline` shows it"]
+
+
+def test_a_commit_before_the_capped_process_gets_one_line_not_a_worktree(tmp_path):
+    """scripts/fingerprint_at.py on b8f3efe (the first H200 window's commit, fingerprinted uncapped): one line
+    saying why no table comes, before any checkout (a window asks for it, gpu_plan.sh, and says it failed)."""
+    known = subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", "b8f3efe", "a604021"], capture_output=True)
+    if known.returncode != 0:
+        pytest.skip("this copy holds no history of b8f3efe and a604021 (a scratch copy of scripts/mutate.py)")
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "fingerprint_at.py"), "b8f3efe", str(tmp_path / "t.json")],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and not (tmp_path / "t.json").exists()
+    assert done.stderr.strip().splitlines() == ["b8f3efe predates the capped fingerprint process (a604021): its code "
+                                                "computes no table under a cap, and its runs' fingerprints stay in their own environment"]
 
 
 def test_a_failed_fingerprint_process_says_why_in_one_line_and_keeps_nothing(params, tmp_path, monkeypatch):
@@ -293,6 +334,9 @@ def test_the_cache_key_follows_the_code_configuration_processor_and_kernel_setti
                 cache.key([small], env | {"LD_PRELOAD": "libother.so"})}) == 7
     with monkeypatch.context() as patch:
         patch.setattr(cache, "processor", lambda: "another processor")
+        assert cache.key([small], env) != base
+    with monkeypatch.context() as patch:  # another C library: another libm
+        patch.setattr(cache.platform, "libc_ver", lambda: ("glibc", "2.99"))
         assert cache.key([small], env) != base
     with monkeypatch.context() as patch:
         patch.setattr(cache, "code_digest", lambda root=cache.PACKAGE: "other code")

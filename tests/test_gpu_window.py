@@ -3,6 +3,7 @@ fits what is left of it, and scripts/gpu_session.sh never benches again what an 
 same GPU model benched (gpu_import.sh keeps its rows in reports/bench/<model>/)."""
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -288,20 +289,31 @@ def test_a_mistyped_commit_gives_way_to_the_trees_head(tmp_path):
 
 
 STUB_FINGERPRINT = """#!%s
-# python3 on a GPU window with `capsnet fingerprint` faked: its table gives capsnet_r3_recon STUB_FP
+# python3 on a GPU window with `capsnet fingerprint` faked: its table gives capsnet_r3_recon STUB_FP; and
+# scripts/fingerprint_at.py COMMIT OUT --variants V...: a table of COMMIT here giving each V STUB_AT
+# (none: it fails), each call in at.log
 import json, os, sys
 args = sys.argv[1:]
+here = os.environ.get("STUB_ENV", "torch 2.11.0+cu130, CPU AVX2 capped")
 if args[:3] == ["-m", "pipeline.cli", "fingerprint"]:
-    json.dump({"commit": os.environ["CAPSNET_GIT_COMMIT"], "environment": "torch 2.11.0+cu130, CPU AVX2 capped",
+    json.dump({"commit": os.environ["CAPSNET_GIT_COMMIT"], "environment": here,
                "fingerprints": {"capsnet_r3_recon": os.environ["STUB_FP"]}}, open(args[3], "w"))
+    sys.exit(0)
+if args[:1] == ["scripts/fingerprint_at.py"]:
+    print(" ".join(args[1:]), file=open("at.log", "a"))
+    if not os.environ.get("STUB_AT"):
+        sys.exit("fingerprint_at: no worktree")
+    variants = args[args.index("--variants") + 1:]
+    json.dump({"commit": args[1], "environment": here, "fingerprints": {v: os.environ["STUB_AT"] for v in variants}},
+              open(args[2], "w"))
     sys.exit(0)
 os.execv(sys.executable, [sys.executable, *args])
 """
 
 
-def test_the_window_queues_again_what_other_training_code_published(tmp_path):
-    """scripts/gpu_plan.sh writes its commit's fingerprint table before it asks the queue, and the queue
-    lists again a seed published by other training code (a commit since changed what training computes)."""
+def plan_until_the_queue(tmp_path: Path) -> str:
+    """scripts/gpu_plan.sh from its fingerprint table to the queue's answer, run in ``tmp_path`` (the
+    package and scripts linked there, the gpu profile's params written), with STUB_FINGERPRINT as python3."""
     plan = (REPO / "scripts" / "gpu_plan.sh").read_text()
     fragment = plan[plan.index("mkdir -p logs fingerprints"):]
     fragment = fragment[:fragment.index("\n", fragment.index("TRAIN=$(")) + 1]
@@ -309,6 +321,14 @@ def test_the_window_queues_again_what_other_training_code_published(tmp_path):
         (tmp_path / name).symlink_to(REPO / name)
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
                     "--write", str(tmp_path / "params.gpu.yaml")], check=True, cwd=REPO)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(STUB_FINGERPRINT % sys.executable)
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    return "set -euo pipefail\nPLAN_START=$(date +%s)\n" + fragment + 'echo "$TRAIN"'
+
+
+def publish_seed0(tmp_path: Path, fingerprint: str, environment: str, commit: str | None = None) -> None:
+    """A published capsnet_r3_recon seed 0 under the gpu profile's protocol, as its config.json records it."""
     from pipeline.core.params import load_params
     from pipeline.training.train import run_config
 
@@ -317,19 +337,52 @@ def test_the_window_queues_again_what_other_training_code_published(tmp_path):
     seed0.mkdir(parents=True)
     (seed0 / "config.json").write_text(json.dumps({
         "config": {k: v for k, v in cfg.items() if v is not None}, "params": {"device": "cuda"},
-        "training_fingerprint": "a" * 16, "environment": {"fingerprint_environment": "torch 2.11.0+cu130, CPU AVX2 capped"}}))
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").write_text(STUB_FINGERPRINT % sys.executable)
-    (tmp_path / "bin" / "python3").chmod(0o755)
+        "training_fingerprint": fingerprint,
+        "environment": {"fingerprint_environment": environment} | ({"git_commit": commit} if commit else {})}))
+
+
+def test_the_window_queues_again_what_other_training_code_published(tmp_path):
+    """scripts/gpu_plan.sh writes its commit's fingerprint table before it asks the queue, and the queue
+    lists again a seed published by other training code (a commit since changed what training computes)."""
+    script = plan_until_the_queue(tmp_path)
+    publish_seed0(tmp_path, "a" * 16, "torch 2.11.0+cu130, CPU AVX2 capped")
     for fingerprint, queued in (("a" * 16, "capsnet_r3_recon:1,2"), ("b" * 16, "capsnet_r3_recon:0,1,2")):
         shutil.rmtree(tmp_path / "fingerprints", ignore_errors=True)
         env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CAPSNET_GIT_COMMIT": "c0ffee1",
                "STUB_FP": fingerprint, "PYTHONPATH": str(REPO)}
-        done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + fragment + 'echo "$TRAIN"'], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
         assert (tmp_path / "fingerprints" / "c0ffee1.json").is_file()
         assert queued in done.stdout.split(), done.stdout
         assert ("queued again" in done.stderr) == (fingerprint != "a" * 16), done.stderr
+
+
+def test_the_window_carries_runs_of_another_environment_through_tables_it_computes_on_its_host(tmp_path):
+    """scripts/gpu_plan.sh: a seed published in another fingerprint environment, whose commit's table there
+    vouches for it, is carried by that commit's table computed on this host (scripts/fingerprint_at.py,
+    only the variants it needs) when that table gives this code's fingerprint; queued again when it gives
+    another, or when the table fails (its line says so); asked once per warm machine."""
+    script = plan_until_the_queue(tmp_path)
+    old, commit = "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE", "d0" * 20
+    publish_seed0(tmp_path, "a" * 16, old, commit)
+    (tmp_path / "reports" / "runs" / "fingerprints").mkdir()
+    (tmp_path / "reports" / "runs" / "fingerprints" / f"{commit}.json").write_text(json.dumps(
+        {"commit": commit, "environment": old, "fingerprints": {"capsnet_r3_recon": "a" * 16}}))
+    here = f"{old}, GenuineIntel, glibc 2.39"
+    for at, queued in (("b" * 16, "capsnet_r3_recon:1,2"), ("c" * 16, "capsnet_r3_recon:0,1,2"), ("", "capsnet_r3_recon:0,1,2")):
+        shutil.rmtree(tmp_path / "fingerprints", ignore_errors=True)
+        (tmp_path / "at.log").unlink(missing_ok=True)
+        env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CAPSNET_GIT_COMMIT": "c0ffee1",
+               "STUB_FP": "b" * 16, "STUB_AT": at, "STUB_ENV": here, "PYTHONPATH": str(REPO)}
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+        assert (tmp_path / "at.log").read_text().split()[:2] == [commit, "fingerprints/" + f"{commit}-" +
+                                                                hashlib.sha256(here.encode()).hexdigest()[:8] + ".json"]
+        assert (tmp_path / "at.log").read_text().split()[2:] == ["--variants", "capsnet_r3_recon"]
+        assert queued in done.stdout.split(), done.stdout
+        assert ("queued again" in done.stderr) == (at != "b" * 16), done.stderr
+        assert ("on this host failed" in done.stdout) == (not at), done.stdout
+        if at:  # the next call of the warm machine finds the table beside its own and asks for none
+            again = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+            assert len((tmp_path / "at.log").read_text().splitlines()) == 1 and queued in again.stdout.split()
 
 
 STUB_GPU = """#!%s

@@ -306,8 +306,26 @@ def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path)
     (runs / "fingerprints" / "own.json").write_text(json.dumps(own))
     assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1:2"]
     assert "capsnet_r1_recon:0" not in gpu_queue.queue(runs, raw, table)
+    assert gpu_queue.bridges(runs, raw, table) == []  # every record known in the window's environment
     (runs / "fingerprints" / "there.json").unlink()  # the commit's code not computed in the window's environment
     assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1_recon:0", "capsnet_r1:2"]
+    # so the window computes that table on its own host (gpu_plan.sh): the commits whose table there would
+    # carry a record, each with the variants it needs, the commit with the most records first; a record
+    # its own commit's table does not vouch for, or one known there already, asks for none
+    for seed in (0, 1):
+        fingerprinted("models", "capsnet_r3", seed, "9" * 16, "torch 2.11.0+cu130, CPU AVX512")
+        path = runs / "models" / "capsnet_r3" / f"seed{seed}" / "config.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | {
+            "environment": {"fingerprint_environment": "torch 2.11.0+cu130, CPU AVX512", "git_commit": "e" * 40}}))
+    (runs / "fingerprints" / "e.json").write_text(json.dumps(own | {"commit": "e" * 40, "fingerprints": {"capsnet_r3": "9" * 16}}))
+    assert gpu_queue.bridges(runs, raw, table) == [("e" * 40, ["capsnet_r3"]), ("d" * 40, ["capsnet_r1_recon"])]
+    asked = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--runs", str(runs), "--bridges",
+                            "--fingerprints", str(tmp_path / "table.json")], cwd=REPO, capture_output=True, text=True, check=True)
+    assert asked.stdout.splitlines() == [f"{'e' * 40} capsnet_r3", f"{'d' * 40} capsnet_r1_recon"]
+    (runs / "fingerprints" / "own.json").write_text(json.dumps(own | {"fingerprints": {"capsnet_r1_recon": "e" * 16}}))
+    assert gpu_queue.bridges(runs, raw, table) == [("e" * 40, ["capsnet_r3"])]  # d's table does not vouch for it
+    beside = {"commit": "e" * 40, "environment": env, "fingerprints": {"capsnet_r3": "b" * 16}}
+    assert gpu_queue.bridges(runs, raw, table, [beside]) == []  # the window's own table of e, beside its table
     absent = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--fingerprints",
                              str(tmp_path / "none.json")], cwd=REPO, capture_output=True, text=True)
     assert absent.returncode == 1 and "capsnet fingerprint" in absent.stderr and "none.json does not exist" in absent.stderr

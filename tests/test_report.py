@@ -310,8 +310,8 @@ def test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment(tmp_path
     at commit A, recorded their fingerprint in the old environment, capsnet_r3's at commit B in the new
     one. B's table (new environment) bridges them only through A's own tables: A's in the old environment
     holding what the runs recorded (A's code trained them), A's in the new one holding what B computes for
-    capsnet_r1 (scripts/fingerprint_at.py). Either missing, or A's old table computing something else, and
-    nothing is bridged (pipeline.core.lineage)."""
+    capsnet_r1 (scripts/fingerprint_at.py). Either missing, A's old table computing something else, or
+    another commit's table holding what the runs recorded, and nothing is bridged (pipeline.core.lineage)."""
     old, new = "torch 2.11.0+cu130, CPU AVX2 capped", "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE"
     runs = two_commits(tmp_path, old, new)
     a_old = {"commit": "aaaaaaa1111", "environment": old, "fingerprints": {"capsnet_r1": "1111aaaa1111aaaa"}}
@@ -325,8 +325,31 @@ def test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment(tmp_path
 
     bridged = routing([a_old, a_new, b_new])
     assert not math.isnan(bridged.ci_low) and bridged.commit == "bbbbbbb"
-    for tables in ([a_new, b_new], [a_old, b_new], [a_old_other, a_new, b_new], [a_old, a_new]):
+    a_old_elsewhere = a_old | {"commit": "ccccccc3333"}  # what A's runs recorded, but from another commit's code
+    for tables in ([a_new, b_new], [a_old, b_new], [a_old_other, a_new, b_new], [a_old, a_new], [a_old_elsewhere, a_new, b_new]):
         assert math.isnan(routing(tables).ci_low) and routing(tables).status.endswith("no commit in common"), tables
+
+
+def test_a_commits_table_from_another_host_is_kept_beside_the_one_published_never_over_it(tmp_path):
+    """scripts/gpu_import.sh files each window's tables by name (`lineage.keep_tables`): the same commit's
+    table from another environment (another GPU host) goes beside the published one, which still vouches
+    for the runs trained there; the same table again replaces itself."""
+    from pipeline.core import lineage
+
+    published, window = tmp_path / "published", tmp_path / "window"
+    window.mkdir()
+    intel = {"commit": "c" * 40, "environment": "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE, GenuineIntel, glibc 2.39",
+             "fingerprints": {"capsnet_r1": "1" * 16}}
+    amd = intel | {"environment": intel["environment"].replace("GenuineIntel, glibc 2.39", "AuthenticAMD, glibc 2.36"),
+                   "fingerprints": {"capsnet_r1": "2" * 16}}
+    (window / f"{'c' * 40}.json").write_text(json.dumps(intel))
+    assert lineage.keep_tables(sorted(window.glob("*.json")), published) == [published / f"{'c' * 40}.json"]
+    assert lineage.keep_tables(sorted(window.glob("*.json")), published) == [published / f"{'c' * 40}.json"]  # again: itself
+    (window / f"{'c' * 40}.json").write_text(json.dumps(amd))
+    (beside,) = lineage.keep_tables(sorted(window.glob("*.json")), published)
+    assert beside.name.startswith("c" * 40 + "-") and sorted(p.name for p in published.iterdir()) == sorted(
+        [f"{'c' * 40}.json", beside.name])
+    assert sorted(t["environment"] for t in lineage.load_tables(published)) == sorted([intel["environment"], amd["environment"]])
 
 
 def test_an_effect_compares_the_pair_of_rows_with_the_most_seeds(tmp_path):

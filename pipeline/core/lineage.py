@@ -11,7 +11,9 @@ the report (pipeline.report.runs.bridge) and the GPU queue (scripts/gpu_queue.py
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,8 +42,32 @@ def fingerprint_in(config: Mapping, variant: str, environment: str, tables: list
         return None
     if own_env == environment:
         return fingerprint
-    mine = [t for t in tables if commit is not None and t.get("commit") == commit]
-    if not any(t.get("environment") == own_env and t["fingerprints"].get(variant) == fingerprint for t in mine):
+    if not vouched(config, variant, tables):
         return None  # its commit's code computed something else where it trained: the commit does not say
-    there = [t["fingerprints"].get(variant) for t in mine if t.get("environment") == environment]
+    there = [t["fingerprints"].get(variant) for t in tables if t.get("commit") == commit and t.get("environment") == environment]
     return there[0] if there else None
+
+
+def vouched(config: Mapping, variant: str, tables: list[dict]) -> bool:
+    """Whether one of ``tables`` of a run's own commit in its own environment holds the fingerprint it
+    recorded: the run trained what its commit's code computes, so a table of that commit in another
+    environment says what the run's code computes there."""
+    fingerprint, own_env, commit = recorded(config)
+    return fingerprint is not None and commit is not None and any(
+        t.get("commit") == commit and t.get("environment") == own_env and t["fingerprints"].get(variant) == fingerprint
+        for t in tables)
+
+
+def keep_tables(sources: list[Path], folder: Path) -> list[Path]:
+    """Copy fingerprint tables into ``folder`` under their own names, except where a table of that name
+    from another environment is there (one commit's table from two hosts): then beside it, the name
+    ending in the environment's hash, never over it; where each went."""
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for source in sources:
+        dest, environment = folder / source.name, json.loads(source.read_text())["environment"]
+        if dest.is_file() and json.loads(dest.read_text())["environment"] != environment:
+            dest = dest.with_name(f"{source.stem}-{hashlib.sha256(environment.encode()).hexdigest()[:8]}.json")
+        shutil.copyfile(source, dest)
+        kept.append(dest)
+    return kept

@@ -16,10 +16,15 @@ approximate instructions: the one branch MKL honours on Intel's and on other ven
 its AVX2 branch is Intel's only, elsewhere MKL silently runs AUTO) and oneDNN off (`CAPPED`). On
 2026-11-26 this AMD EPYC's AVX512 kernels gave other fingerprints than the project's AVX2 machine; on
 2026-11-27 the H200 host's processor computed other AVX2-capped fingerprints than this AMD EPYC, whose
-MKL had ignored MKL_CBWR=AVX2. The environment recorded with a fingerprint (`fingerprint_environment`)
-is torch's version, the capped ATen capability and the branch MKL itself reports running
-(`mkl_branch`); fingerprints of different environments do not compare, and a table of a run's own
-commit computed in another environment carries its runs there (pipeline.core.lineage).
+MKL had ignored MKL_CBWR=AVX2; and once MKL ran COMPATIBLE on both, the H200 host's Intel Xeon
+(glibc 2.39) still computed other fingerprints than this AMD EPYC (glibc 2.36) with the same torch
+build, every family (2026-11-27 07:22; which kernel differs is not known). The environment recorded
+with a fingerprint (`fingerprint_environment`) is torch's version, the capped ATen capability, the
+branch MKL itself reports running (`mkl_branch`), and the two things those processors' hosts differed
+in besides the model: the processor's vendor and the C library (`host_numerics`). Fingerprints of
+different environments do not compare, and a table of a run's own commit computed in another
+environment carries its runs there (pipeline.core.lineage; the GPU window computes those tables on its
+own host, scripts/gpu_plan.sh).
 
 A fingerprint covers its run's own model, so two variants' never agree: the report compares two
 variants' rows through a commit whose code computed both fingerprints. Runs of one commit share it;
@@ -41,6 +46,7 @@ import io
 import json
 import os
 import pickle
+import platform
 import shutil
 import subprocess
 import sys
@@ -63,6 +69,7 @@ STEPS = 2  # per epoch; two epochs: a new order, the checkpoint written between 
 EXAMPLES = 4  # training and test examples; batches of two
 # the one checkpoint train_group writes (the baseline's is 280 MB): in memory where Linux offers it
 SCRATCH, SCRATCH_BYTES = Path("/dev/shm"), 1 << 30  # several capped processes write theirs at once
+CPUINFO = Path("/proc/cpuinfo")  # the processor's vendor, where Linux says it (`host_numerics`)
 # the capped process's kernels (oneDNN's it turns off), read once at a process's start: ATen's vector
 # kernels at AVX2, MKL's GEMM in its reproducible branch for any vendor's processor
 CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
@@ -179,9 +186,23 @@ def mkl_branch() -> str:
     return MKL_BRANCHES.get(branch, f"branch {branch}")
 
 
+def host_numerics() -> str:
+    """The host beside torch and its caps that fp32 results on the CPU were seen to follow: the
+    processor's vendor (/proc/cpuinfo's vendor_id, else the machine's architecture) and the C library
+    (its libm), 'AuthenticAMD, glibc 2.36'."""
+    try:
+        vendor = next((line.partition(":")[2].strip() for line in CPUINFO.read_text().splitlines()
+                       if line.startswith("vendor_id")), "")
+    except OSError:
+        vendor = ""
+    libc, version = platform.libc_ver()
+    return f"{vendor or platform.machine() or 'processor unknown'}, {f'{libc} {version}' if libc else 'libc unknown'}"
+
+
 def fingerprint_environment() -> str:
     """What a fingerprint depends on besides the code: torch's version, the CPU capability and MKL
-    branch of its capped process, 'torch 2.15.0+cu132, CPU AVX2 capped, MKL COMPATIBLE'."""
+    branch of its capped process, and `host_numerics`: 'torch 2.15.0+cu132, CPU AVX2 capped, MKL
+    COMPATIBLE, AuthenticAMD, glibc 2.36'."""
     return _ENVIRONMENT[0] if _ENVIRONMENT else in_capped_process([])["environment"]
 
 
@@ -209,7 +230,8 @@ def main(folder: str) -> None:
             raise UserError(f"experiment {name!r} was registered from module {module!r}, which a process of its own "
                             f"cannot import ({err}): register an experiment from a module on the import path") from None
     smalls = asked["configs"]
-    environment = f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} capped, MKL {mkl_branch()}"
+    environment = (f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} capped, MKL {mkl_branch()}, "
+                   f"{host_numerics()}")
     fingerprints = [_compute(s) for s in smalls]
     (Path(folder) / "fingerprints.json").write_text(json.dumps({"fingerprints": fingerprints, "environment": environment}))
 

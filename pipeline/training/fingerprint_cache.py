@@ -1,7 +1,7 @@
 """A disk cache of training fingerprints, keyed by everything that decides them.
 
 A fingerprint is a deterministic function of the package's code, the small configuration, and the
-capped process's environment (torch's build, the processor, the kernels' settings), so each is computed
+capped process's environment (torch's build, the processor, the C library, the kernels' settings), so each is computed
 once per key instead of once per process: a train stage that follows `capsnet fingerprint` on a GPU
 machine finds its variant's fingerprint there instead of spending seconds of CPU before its first step,
 and the test suite's stage processes stop recomputing what an earlier one computed. The key hashes
@@ -66,10 +66,10 @@ def code_digest(root: Path = PACKAGE) -> str:
 
 @functools.lru_cache(maxsize=1)
 def processor() -> str:
-    """The processor's model and features (/proc/cpuinfo's first ones, where Linux has it)."""
+    """The processor's vendor, model and features (/proc/cpuinfo's first ones, where Linux has it)."""
     with contextlib.suppress(OSError):
         lines = Path("/proc/cpuinfo").read_text().splitlines()
-        wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+        wanted = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")
         return "; ".join(dict.fromkeys(line.strip() for line in lines if line.split(":")[0].strip() in wanted))
     return f"{platform.machine()} {platform.processor()}"
 
@@ -82,7 +82,7 @@ def key(smalls: list, env: dict[str, str]) -> str | None:
     library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     built = library.stat() if library.exists() else None
     parts = {"code": code_digest(), "configs": [dataclasses.asdict(s) for s in smalls],
-             "python": [sys.executable, sys.version], "processor": processor(),
+             "python": [sys.executable, sys.version], "processor": processor(), "libc": platform.libc_ver(),
              "torch": [torch.__version__, str(library), built and built.st_size, built and built.st_mtime_ns],
              "environment": {k: v for k, v in sorted(env.items()) if k.startswith(KERNEL_ENV)}}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
