@@ -373,9 +373,9 @@ def test_the_capped_process_answers_from_the_cache_once_it_holds_the_answer(tmp_
 
 
 def test_the_table_holds_what_each_variants_train_stage_configures_from_its_prepared_sets(tmp_path, monkeypatch):
-    """`capsnet fingerprint` has no prepared sets: MultiMNIST's shift, which its train stage reads from its
-    recipes (prepare.multimnist_max_shift), comes from params instead (`planned`), or the table would hold
-    other fingerprints than its runs record and the queue would train them again in every window."""
+    """`capsnet fingerprint` has no prepared sets: MultiMNIST's shift, which its train stage checks against its
+    recipes (prepare.multimnist_max_shift), comes from params (`planned`), or the table would hold other
+    fingerprints than its runs record and the queue would train them again in every window."""
     from pipeline.data.splits import prepare_mnist
     from pipeline.experiments import multimnist
 
@@ -391,3 +391,11 @@ def test_the_table_holds_what_each_variants_train_stage_configures_from_its_prep
     for v in variants:
         cfg = run_config(params, v, 0)
         assert table[v] == config(cfg.experiment_module().configure(cfg, tmp_path / "prepared")), v
+    # recipes prepared under another shift than the params': one line, before any training, not a run whose
+    # pairs, config.json and fingerprint disagree (train was run by hand after params.yaml changed)
+    from pipeline.core.errors import UserError
+
+    cfg = run_config(params, "multimnist_r3_recon", 0)
+    shift = params.prepare.multimnist_max_shift
+    with pytest.raises(UserError, match=rf"up to {shift} px, but prepare.multimnist_max_shift is {shift + 1}: .*`dvc repro -f prepare`"):
+        multimnist.configure(dataclasses.replace(cfg, max_shift=shift + 1), tmp_path / "prepared")

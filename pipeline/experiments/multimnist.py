@@ -244,10 +244,16 @@ def prepare(params: Params, mnist: dict[str, torch.Tensor], out_dir: Path, figur
 
 
 def configure(cfg, data_dir: Path):
-    """Training draws its pairs with the shift the test recipes were drawn with
-    (prepare.multimnist_max_shift, in the recipes' metadata)."""
-    shift = int(split_metadata(data_dir / f"{TEST_SETS[0]}.safetensors")["max_shift"])
-    return dataclasses.replace(cfg, max_shift=shift)
+    """``cfg`` as it is, once the test recipes in ``data_dir`` hold the shift it trains with: training draws
+    its pairs with the shift the recipes were drawn with (prepare.multimnist_max_shift, which `planned`
+    gave ``cfg`` and the recipes' metadata keeps), so a run cannot train on other pairs than its params,
+    config.json and fingerprint say."""
+    path = data_dir / f"{TEST_SETS[0]}.safetensors"
+    shift = int(split_metadata(path)["max_shift"])
+    if shift != cfg.max_shift:
+        raise UserError(f"{path}'s MultiMNIST recipes shift digits by up to {shift} px, but prepare.multimnist_max_shift "
+                        f"is {cfg.max_shift}: prepare the data again under these params with `dvc repro -f prepare`")
+    return cfg
 
 
 def planned(cfg, params):
