@@ -44,5 +44,6 @@ rm -rf reports/metrics  # the report's own, one file per row: a row renamed or g
 cp -r "$fresh/reports/." reports/ && rm -rf "$fresh"
 for folder in "${folders[@]}"; do  # the capped fingerprint on another processor: pins of this machine, passed there?
   [ -s "$folder/fingerprint_pins.txt" ] && echo "fingerprint pins on the GPU host's CPU ($folder): $(tail -1 "$folder/fingerprint_pins.txt")"
+  [ -s "$folder/fingerprint_probe.jsonl" ] && $BIN/python scripts/fingerprint_probe.py --keep "$folder/fingerprint_probe.jsonl" reports/fingerprint-probe
 done
 true

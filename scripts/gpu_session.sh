@@ -91,6 +91,11 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   { timeout 180 python3 -m pytest tests/test_fingerprint.py -k pinned -p no:cacheprovider -q >"$OUT/fingerprint_pins.txt" 2>&1
     say "fingerprint pins on this host's CPU, exit $?: $(tail -1 "$OUT/fingerprint_pins.txt")"; } &
   local pins=$!
+  # and one variant's fingerprint under other caps (scripts/fingerprint_probe.py): which one, if any, this
+  # host computes as the project's AMD EPYC does (reports/fingerprint-probe/, gpu_import.sh compares)
+  { timeout 180 python3 scripts/fingerprint_probe.py "$OUT/fingerprint_probe.jsonl" >"$OUT/fingerprint_probe.txt" 2>&1
+    say "fingerprint probe exit $?: $(paste -sd' ' "$OUT/fingerprint_probe.txt" | cut -c1-300)"; } &
+  local probe=$!
   workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")  # pytest-xdist is on the GPU image; else one by one
   # shellcheck disable=SC2086
   CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pytest -m cuda \
@@ -99,7 +104,7 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   cp "$OUT/gpu_tests.txt" logs/gpu_tests.txt  # the jobs' proofs and the warm machine's later calls read it
   pick_levers
   rm -f logs/gpu_tests.pending logs/running/cuda-tests
-  wait "$pins"  # the jobs go on meanwhile; the session waits for this function before packing
+  wait "$pins" "$probe"  # the jobs go on meanwhile; the session waits for this function before packing
 }
 mkdir -p logs/bench
 if [ -n "$BENCH" ]; then

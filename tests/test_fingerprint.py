@@ -399,3 +399,41 @@ def test_the_table_holds_what_each_variants_train_stage_configures_from_its_prep
     shift = params.prepare.multimnist_max_shift
     with pytest.raises(UserError, match=rf"up to {shift} px, but prepare.multimnist_max_shift is {shift + 1}: .*`dvc repro -f prepare`"):
         multimnist.configure(dataclasses.replace(cfg, max_shift=shift + 1), tmp_path / "prepared")
+
+
+def test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_beside_the_others(tmp_path, monkeypatch):
+    """scripts/fingerprint_probe.py: each probe's fingerprint comes from a capped process under CAPPED and that
+    probe's settings (never another's), and a window's file, kept under its host's name, says per probe
+    whether it computed what each other host's file holds."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import fingerprint_probe as probe
+
+    recorded = fp.fingerprint_environment()  # what runs record, before and after a probe's other caps
+    other = fp.in_capped_process([], caps={"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"})
+    assert ", CPU DEFAULT capped, " in other["environment"] and fp.fingerprint_environment() == recorded
+    asked = []
+
+    def fake(smalls, caps=None):  # a fingerprint that follows the settings, as the host's kernels would
+        asked.append(caps)
+        return {"fingerprints": [json.dumps(caps, sort_keys=True)], "environment": f"torch x, CPU {caps['ATEN_CPU_CAPABILITY']}"}
+
+    monkeypatch.setattr(probe.fp, "in_capped_process", fake)
+    monkeypatch.setattr(probe.fp, "host_numerics", lambda: "AuthenticAMD, glibc 2.36")
+    lines = probe.probe("capsnet_r3_recon", REPO / "params.yaml")
+    assert [line["probe"] for line in lines] == list(probe.PROBES)
+    assert sorted(map(json.dumps, asked)) == sorted(json.dumps(fp.CAPPED | s) for s in probe.PROBES.values())
+    assert all(json.loads(line["fingerprint"]) == fp.CAPPED | probe.PROBES[line["probe"]] for line in lines)
+    assert {line["host"] for line in lines} == {"AuthenticAMD, glibc 2.36"}
+    here = tmp_path / "amd.jsonl"
+    here.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    intel = [line | {"host": "GenuineIntel, glibc 2.39", "cpu": "Intel(R) Xeon(R) Processor"}
+             | ({"fingerprint": "other"} if line["probe"] in ("capped", "mkl-strict") else {}) for line in lines]
+    there = tmp_path / "window" / "fingerprint_probe.jsonl"
+    there.parent.mkdir()
+    there.write_text("".join(json.dumps(line) + "\n" for line in intel))
+    folder = tmp_path / "kept"
+    assert probe.keep(here, folder)[0].endswith("AuthenticAMD-glibc-2.36-torch-x.jsonl")
+    said = probe.keep(there, folder)
+    assert said[0] == f"fingerprint probe of Intel(R) Xeon(R) Processor (GenuineIntel, glibc 2.39) kept in {folder}/GenuineIntel-glibc-2.39-torch-x.jsonl"
+    verdicts = dict(v.split(": ") for v in said[1].split(": ", 1)[1].split(", "))
+    assert verdicts == {name: "differs" if name in ("capped", "mkl-strict") else "same" for name in probe.PROBES}

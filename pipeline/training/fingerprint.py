@@ -152,12 +152,14 @@ def _compute(small: RunConfig) -> str:
 _ENVIRONMENT: list[str] = []  # what the capped processes reported, once one ran
 
 
-def in_capped_process(smalls: list[RunConfig]) -> dict:
+def in_capped_process(smalls: list[RunConfig], caps: dict[str, str] | None = None) -> dict:
     """{"fingerprints": each of ``smalls``' fingerprints, "environment": `fingerprint_environment`},
-    computed by `python -m pipeline.training.fingerprint` under `CAPPED` with this checkout's code
-    and this process's import path (an experiment `registry.register` added is imported there by name)."""
+    computed by `python -m pipeline.training.fingerprint` under `CAPPED` (or ``caps``: other settings,
+    scripts/fingerprint_probe.py) with this checkout's code and this process's import path (an experiment
+    `registry.register` added is imported there by name)."""
     root = str(Path(__file__).resolve().parents[2])
-    env = os.environ | CAPPED | {"PYTHONPATH": os.pathsep.join(dict.fromkeys([root, *filter(None, sys.path)]))}
+    env = os.environ | (CAPPED if caps is None else caps) | {
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys([root, *filter(None, sys.path)]))}
 
     def compute() -> dict:
         with tempfile.TemporaryDirectory() as tmp:
@@ -169,7 +171,8 @@ def in_capped_process(smalls: list[RunConfig]) -> dict:
             return json.loads((Path(tmp) / "fingerprints.json").read_text())
 
     out = fingerprint_cache.cached(smalls, env, compute)  # computed once per code, configuration and environment
-    _ENVIRONMENT[:] = [out["environment"]]
+    if caps is None:
+        _ENVIRONMENT[:] = [out["environment"]]
     return out
 
 
