@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -256,120 +255,6 @@ def test_the_train_stage_records_it_in_config_and_mlflow(tmp_path, monkeypatch):
     assert table["commit"] == "abcdef0123456789" and table["environment"] == fp.fingerprint_environment()
     assert table["fingerprints"]["capsnet_r1"] == expected and len(table["fingerprints"]) == 2
     assert table["fingerprints"]["capsnet_r3_recon"] == fp.training_fingerprint(run_config(params, "capsnet_r3_recon", 0))
-
-
-# --- the disk cache (pipeline.training.fingerprint_cache) ---
-
-def answer(environment: str = "torch x, CPU AVX2 capped, MKL COMPATIBLE") -> dict:
-    return {"fingerprints": [], "environment": environment}
-
-
-def test_the_cache_computes_a_key_once_and_again_only_when_its_file_does_not_hold_an_answer(tmp_path, monkeypatch):
-    from pipeline.training import fingerprint_cache as cache
-
-    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
-    computed = []
-
-    def compute(environment="first"):
-        computed.append(environment)
-        return answer(environment)
-
-    env = {"ATEN_CPU_CAPABILITY": "avx2"}
-    assert cache.cached([], env, compute) == answer("first") and computed == ["first"]
-    assert cache.cached([], env, lambda: compute("again")) == answer("first") and computed == ["first"]  # kept
-    (entry,) = (tmp_path / "cache").glob("*.json")
-    for broken in ("{", json.dumps({"fingerprints": ["a"], "environment": "x"})):  # half-written; another count
-        entry.write_text(broken)
-        assert cache.cached([], env, lambda: compute("again")) == answer("again")
-        assert cache.read(entry, 0) == answer("again")  # rewritten whole
-    monkeypatch.setenv(cache.CACHE_ENV, "off")
-    assert cache.cached([], env, lambda: compute("off")) == answer("off")
-    (tmp_path / "file").write_text("")
-    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "file" / "cache"))  # a folder that cannot be made
-    assert cache.cached([], env, lambda: compute("unwritable")) == answer("unwritable")
-    assert computed == ["first", "again", "again", "off", "unwritable"]
-
-
-def test_processes_missing_one_key_compute_it_once(tmp_path, monkeypatch):
-    """The second waits for the first's answer instead of spending its own CPU seconds on it."""
-    import threading
-
-    from pipeline.training import fingerprint_cache as cache
-
-    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
-    inside, computed = threading.Event(), []
-
-    def compute():
-        computed.append(threading.current_thread().name)
-        first = not inside.is_set()
-        inside.set()
-        if first:
-            time.sleep(1.0)  # the other thread is asking meanwhile
-        return answer()
-
-    threads = [threading.Thread(target=cache.cached, args=([], {}, compute), name=n) for n in "ab"]
-    threads[0].start()
-    assert inside.wait(30)
-    threads[1].start()
-    for t in threads:
-        t.join()
-    assert computed == ["a"]
-
-
-def test_the_cache_key_follows_the_code_configuration_processor_and_kernel_settings(tmp_path, monkeypatch, params):
-    import shutil
-
-    from pipeline.core import registry
-    from pipeline.training import fingerprint_cache as cache
-
-    small = fp.fingerprint_config(run_config(params, "capsnet_r3_recon", 0))
-    env = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "CAPSNET_GIT_COMMIT": "a", "PYTHONPATH": "/a"}
-    base = cache.key([small], env)
-    assert base == cache.key([small], env | {"CAPSNET_GIT_COMMIT": "b", "PYTHONPATH": "/b", "PYTEST_CURRENT_TEST": "t",
-                                            "TORCHINDUCTOR_CACHE_DIR": "/gpu/inductor"})  # a GPU session's jobs'
-    assert base != cache.key([small], env | {"TORCH_USE_RTLD_GLOBAL": "1"})
-    assert len({base, cache.key([], env), cache.key([small, small], env),
-                cache.key([fp.fingerprint_config(run_config(params, "capsnet_r1_recon", 0))], env),
-                cache.key([small], env | {"MKL_CBWR": "AUTO"}), cache.key([small], env | {"OMP_NUM_THREADS": "4"}),
-                cache.key([small], env | {"LD_PRELOAD": "libother.so"})}) == 7
-    with monkeypatch.context() as patch:
-        patch.setattr(cache, "processor", lambda: "another processor")
-        assert cache.key([small], env) != base
-    with monkeypatch.context() as patch:  # another C library: another libm
-        patch.setattr(cache.platform, "libc_ver", lambda: ("glibc", "2.99"))
-        assert cache.key([small], env) != base
-    with monkeypatch.context() as patch:
-        patch.setattr(cache, "code_digest", lambda root=cache.PACKAGE: "other code")
-        assert cache.key([small], env) != base
-    # the code: every file of the package, however deep, its compiled bytecode aside
-    copy = tmp_path / "pipeline"
-    shutil.copytree(cache.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    assert cache.code_digest(copy) == cache.code_digest()
-    (copy / "models" / "__pycache__").mkdir()
-    (copy / "models" / "__pycache__" / "capsnet.cpython-311.pyc").write_bytes(b"\0")
-    assert cache.code_digest.__wrapped__(copy) == cache.code_digest()
-    (copy / "models" / "capsnet.py").write_text((copy / "models" / "capsnet.py").read_text() + "\n")
-    assert cache.code_digest.__wrapped__(copy) != cache.code_digest()
-    # an experiment registered from outside the package: its code is in no key, so nothing is kept
-    registry.register(type("Outside", (), {"NAME": "outside", "__name__": "outside"}))
-    try:
-        assert cache.key([small], env) is None
-    finally:
-        registry.unregister("outside")
-
-
-def test_the_capped_process_answers_from_the_cache_once_it_holds_the_answer(tmp_path, monkeypatch):
-    from pipeline.training import fingerprint_cache as cache
-
-    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
-    computed = fp.in_capped_process([])
-    assert [cache.read(p, 0) for p in tmp_path.glob("*.json")] == [computed]
-
-    def no_process(*args, **kwargs):
-        raise AssertionError("a capped process started for a kept answer")
-
-    monkeypatch.setattr(fp.subprocess, "run", no_process)
-    assert fp.in_capped_process([]) == computed
 
 
 def test_the_table_holds_what_each_variants_train_stage_configures_from_its_prepared_sets(tmp_path, monkeypatch):
