@@ -1,7 +1,6 @@
 """Which kernel setting makes the capped training fingerprint the same on two hosts (issue #36)?
 
     python3 scripts/fingerprint_probe.py OUT.jsonl [--variant capsnet_r3_recon]
-    python3 scripts/fingerprint_probe.py --compare A.jsonl B.jsonl
     python3 scripts/fingerprint_probe.py --keep FILE reports/fingerprint-probe
 
 Under `CAPPED` (ATen at AVX2, MKL COMPATIBLE, one thread, oneDNN off) the H200 host's Intel Xeon (glibc
@@ -9,11 +8,11 @@ Under `CAPPED` (ATen at AVX2, MKL COMPATIBLE, one thread, oneDNN off) the H200 h
 first form computes one variant's fingerprint under each of PROBES, each a process of its own, all at
 once, and writes a line per probe (its settings, the environment and fingerprint it computed, the host);
 a GPU window runs it beside its CUDA tests (scripts/gpu_session.sh) and `gpu_import.sh` files it in
-reports/fingerprint-probe/ (`--keep`: under its host's name, compared with every other host's there).
-The second prints, per probe, whether two hosts' files agree: a probe that
-agrees where `capped` does not names what differs (MKL's vector-math and GEMM dispatch, ATen's vector
-kernels, or the C library's libm, which `GLIBC_TUNABLES` sends to its generic code) and is the cap that
-would make fingerprints comparable across hosts.
+reports/fingerprint-probe/ (`--keep`: under its host's name, and says per probe whether it computed
+what each other host's file there holds). A probe that agrees where `capped` does not names what
+differs (MKL's vector-math and GEMM dispatch, ATen's vector kernels, or the C library's libm, which
+`GLIBC_TUNABLES` sends to its generic code) and is the cap that would make fingerprints comparable
+across hosts.
 """
 
 from __future__ import annotations
@@ -42,15 +41,6 @@ PROBES = {  # settings on top of CAPPED
 }
 
 
-def processor_model() -> str:
-    """/proc/cpuinfo's model name ('' where Linux does not say)."""
-    try:
-        lines = fp.CPUINFO.read_text().splitlines()
-    except OSError:
-        return ""
-    return next((line.partition(":")[2].strip() for line in lines if line.startswith("model name")), "")
-
-
 def probe(variant: str, params_path: Path) -> list[dict]:
     """``variant``'s fingerprint under each of PROBES, one process each, all at once."""
     small = fp.fingerprint_config(run_config(load_params(params_path), variant, seed=0))
@@ -66,7 +56,7 @@ def probe(variant: str, params_path: Path) -> list[dict]:
 
     with ThreadPoolExecutor(max_workers=len(PROBES)) as pool:
         lines = list(pool.map(one, PROBES))
-    host = {"variant": variant, "host": fp.host_numerics(), "cpu": processor_model()}
+    host = {"variant": variant, "host": fp.host_numerics(), "cpu": fp.cpuinfo("model name")}
     return [line | host for line in lines]
 
 
@@ -116,21 +106,14 @@ def main() -> None:
     parser.add_argument("out", nargs="?", type=Path, help="where the probe's lines go (JSON lines)")
     parser.add_argument("--variant", default="capsnet_r3_recon")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="two hosts' files: which probes agree")
     parser.add_argument("--keep", nargs=2, type=Path, metavar=("FILE", "FOLDER"),
                         help="file a window's probe under its host's name, compared with the other hosts' there")
     args = parser.parse_args()
     if args.keep:
         print("\n".join(keep(*args.keep)))
         return
-    if args.compare:
-        a, b = (read(path) for path in args.compare)
-        hosts = f"{a[0]['cpu']} ({a[0]['host']}) and {b[0]['cpu']} ({b[0]['host']})" if a and b else "?"
-        print(f"{args.compare[0].name} vs {args.compare[1].name}: {hosts}")
-        print("\n".join(compare(a, b)))
-        return
     if args.out is None:
-        parser.error("name the file the probe writes (OUT.jsonl), or --compare A B")
+        parser.error("name the file the probe writes (OUT.jsonl), or --keep FILE FOLDER")
     lines = probe(args.variant, args.params)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))

@@ -74,7 +74,8 @@ fi
 # worktree (scripts/fingerprint_at.py), all at once, once per warm machine (then the queue knows them
 # from fingerprints/); a table that fails or runs past BRIDGE_SECONDS leaves its runs queued again
 if [ -s "$FP_TABLE" ]; then
-  ENV_TAG=$(python3 -c 'import hashlib, json, sys; print(hashlib.sha256(json.load(open(sys.argv[1]))["environment"].encode()).hexdigest()[:8])' "$FP_TABLE")
+  ENV_TAG=$(python3 -c 'import json, sys; from pipeline.core.lineage import environment_tag
+print(environment_tag(json.load(open(sys.argv[1]))["environment"]))' "$FP_TABLE")
   mapfile -t BRIDGES < <(python3 scripts/gpu_queue.py --params params.gpu.yaml --bridges "${QUEUE_ARGS[@]}" 2>>logs/queue.log)
   for line in "${BRIDGES[@]}"; do
     read -r commit variants <<<"$line"

@@ -109,14 +109,12 @@ def bridges(runs: Path, raw: dict, table: dict, tables: list[dict] = ()) -> list
     host (scripts/fingerprint_at.py, scripts/gpu_plan.sh): the host's processor and C library decide
     fingerprints, so a table computed elsewhere would not carry them."""
     known = [*lineage.load_tables(runs / "fingerprints"), *tables, table]
-    needed: dict[str, dict[str, int]] = {}
+    needed: dict[str, list[str]] = {}  # commit: a variant per record it would carry
     for v, _, records in planned(runs, raw):
         for c in records:
-            commit = lineage.recorded(c)[2]
             if lineage.vouched(c, v, known) and lineage.fingerprint_in(c, v, table["environment"], known) is None:
-                needed.setdefault(commit, {}).setdefault(v, 0)
-                needed[commit][v] += 1
-    return sorted(((commit, list(counts)) for commit, counts in needed.items()), key=lambda item: -sum(needed[item[0]].values()))
+                needed.setdefault(lineage.recorded(c)[2], []).append(v)
+    return [(commit, list(dict.fromkeys(vs))) for commit, vs in sorted(needed.items(), key=lambda item: -len(item[1]))]
 
 
 def queue(runs: Path, raw: dict, table: dict | None = None, verdicts=None) -> list[str]:

@@ -50,6 +50,7 @@ PROFILES = "tests/test_profiles.py"
 DOCS = "tests/test_docs.py"
 BEGUN = "tests/test_published.py::test_a_window_that_has_only_begun_a_protocol_leaves_the_published_claims_as_they_are"
 QUEUE = f"{PROFILES}::test_gpu_queue_skips_what_is_published_under_the_profiles_protocol"
+PROBE = f"{FINGERPRINT}::test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_beside_the_others"
 WARM = "tests/test_warm.py"
 TALLY = "tests/test_steps.py::test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_step"
 CAPTURED = "tests/test_steps.py::test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains[baseline_cnn-3seeds]"
@@ -465,7 +466,7 @@ MUTATIONS = [
              'MKL {mkl_branch()}, "\n                   f"{host_numerics()}")', 'MKL {mkl_branch()}")',
              (f"{FINGERPRINT}::test_every_family_computes_what_it_was_pinned_to",)),
     Mutation("the fingerprint's environment names the processor's model, not its vendor", "pipeline/training/fingerprint.py",
-             'if line.startswith("vendor_id")), "")', 'if line.startswith("model name")), "")',
+             '    vendor = cpuinfo("vendor_id")\n', '    vendor = cpuinfo("model name")\n',
              (f"{FINGERPRINT}::test_the_environment_names_the_hosts_processor_vendor_and_c_library",)),
     Mutation("the fingerprint cache serves an answer computed under another C library", "pipeline/training/fingerprint_cache.py",
              ' "libc": platform.libc_ver(),', "",
@@ -483,17 +484,17 @@ MUTATIONS = [
              'lineage.fingerprint_in(c, v, table["environment"], known) is None:', "True:", (QUEUE,)),
     Mutation("the probe computes every cap under CAPPED alone", "scripts/fingerprint_probe.py",
              "        settings = fp.CAPPED | PROBES[name]\n", "        settings = fp.CAPPED\n",
-             (f"{FINGERPRINT}::test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_beside_the_others",)),
+             (PROBE,)),
     Mutation("the probe calls two hosts' fingerprints the same whatever they are", "scripts/fingerprint_probe.py",
              'verdict = "same" if line["fingerprint"] == other["fingerprint"] else "differs"', 'verdict = "same"',
-             (f"{FINGERPRINT}::test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_beside_the_others",)),
+             (PROBE,)),
     Mutation("the capped process runs under CAPPED whatever caps it is given", "pipeline/training/fingerprint.py",
              "env = os.environ | (CAPPED if caps is None else caps) | {", "env = os.environ | CAPPED | {",
-             (f"{FINGERPRINT}::test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_beside_the_others",)),
+             (PROBE,)),
     Mutation("a probe's other caps become the environment runs record", "pipeline/training/fingerprint.py",
              "    if caps is None:\n        _ENVIRONMENT[:] = [out[\"environment\"]]\n",
              "    _ENVIRONMENT[:] = [out[\"environment\"]]\n",
-             (f"{FINGERPRINT}::test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_beside_the_others",)),
+             (PROBE,)),
     Mutation("the fingerprint's environment leaves out MKL's branch", "pipeline/training/fingerprint.py",
              ' capped, MKL {mkl_branch()}, "', ' capped, "',
              (f"{FINGERPRINT}::test_every_family_computes_what_it_was_pinned_to",)),

@@ -58,6 +58,11 @@ def vouched(config: Mapping, variant: str, tables: list[dict]) -> bool:
         for t in tables)
 
 
+def environment_tag(environment: str) -> str:
+    """A short name for a fingerprint environment, for a table's file name: its SHA-256's first 8 hex digits."""
+    return hashlib.sha256(environment.encode()).hexdigest()[:8]
+
+
 def keep_tables(sources: list[Path], folder: Path) -> list[Path]:
     """Copy fingerprint tables into ``folder`` under their own names, except where a table of that name
     from another environment is there (one commit's table from two hosts): then beside it, the name
@@ -67,7 +72,7 @@ def keep_tables(sources: list[Path], folder: Path) -> list[Path]:
     for source in sources:
         dest, environment = folder / source.name, json.loads(source.read_text())["environment"]
         if dest.is_file() and json.loads(dest.read_text())["environment"] != environment:
-            dest = dest.with_name(f"{source.stem}-{hashlib.sha256(environment.encode()).hexdigest()[:8]}.json")
+            dest = dest.with_name(f"{source.stem}-{environment_tag(environment)}.json")
         shutil.copyfile(source, dest)
         kept.append(dest)
     return kept

@@ -189,15 +189,20 @@ def mkl_branch() -> str:
     return MKL_BRANCHES.get(branch, f"branch {branch}")
 
 
+def cpuinfo(field: str) -> str:
+    """The first value of ``field`` in /proc/cpuinfo ('vendor_id': 'AuthenticAMD'); '' where Linux does not say."""
+    try:
+        lines = CPUINFO.read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.partition(":")[2].strip() for line in lines if line.partition(":")[0].strip() == field), "")
+
+
 def host_numerics() -> str:
     """The host beside torch and its caps that fp32 results on the CPU were seen to follow: the
     processor's vendor (/proc/cpuinfo's vendor_id, else the machine's architecture) and the C library
     (its libm), 'AuthenticAMD, glibc 2.36'."""
-    try:
-        vendor = next((line.partition(":")[2].strip() for line in CPUINFO.read_text().splitlines()
-                       if line.startswith("vendor_id")), "")
-    except OSError:
-        vendor = ""
+    vendor = cpuinfo("vendor_id")
     libc, version = platform.libc_ver()
     return f"{vendor or platform.machine() or 'processor unknown'}, {f'{libc} {version}' if libc else 'libc unknown'}"
 
