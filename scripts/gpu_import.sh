@@ -1,39 +1,40 @@
 #!/usr/bin/env bash
 # Here, after a GPU session (scripts/gpu_session.sh): bring its runs home.
 #   bash scripts/gpu_import.sh /work/.device/N [/work/.device/M ...]   (the device tool's files_at folders)
-# Unpacks the newest runs archive of each folder, in the order given, into .gpu/import/ (models,
-# results, journal, logs), copies
+# Unpacks the newest runs archive of each folder, in the order given, into .gpu-import/ (models,
+# results, journal, logs; outside .gpu, which every GPU call carries), copies
 # its models/ and results/ to where the DVC stages write them, replays the tracking journal into
 # MLflow (mlflow.db or $MLFLOW_TRACKING_URI), copies the compact run records of *these* runs (never
 # a local smoke run) into reports/runs/ (committed: no weights), the bench rows into reports/bench/<GPU
-# model>/ (committed: later windows on that model skip those benches), and rewrites the report from them.
+# model>/ (committed: later windows on that model skip those benches), rewrites the report from them, and
+# says what the next window's calls will send against the device tool's 64 MiB (scripts/gpu_travel.py).
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 FOLDER [FOLDER ...] (the device tool's files_at folders)" >&2; exit 2; }
 folders=()
 for f in "$@"; do folders+=("$(cd "$f" && pwd)"); done
 cd "$(dirname "$0")/.."
-rm -rf .gpu/import && mkdir -p .gpu/import
+rm -rf .gpu-import && mkdir -p .gpu-import
 # One warm machine's archives are cumulative; naming several folders also merges archives of
 # sessions run before gpu_session.sh evaluated into gpu_results/ (whose calls lost metrics.json).
 for folder in "${folders[@]}"; do
   newest=$(ls "$folder"/runs-*.tar.gz.part-* | sed 's/\.part-.*//' | sort -u | tail -1)
-  cat "$newest".part-* | tar xzf - -C .gpu/import
+  cat "$newest".part-* | tar xzf - -C .gpu-import
 done
-cp -r .gpu/import/models .gpu/import/results .
+cp -r .gpu-import/models .gpu-import/results .
 BIN=.venv/bin
-$BIN/capsnet track sync .gpu/import/journal
-$BIN/capsnet publish .gpu/import/models .gpu/import/results reports/runs
+$BIN/capsnet track sync .gpu-import/journal
+$BIN/capsnet publish .gpu-import/models .gpu-import/results reports/runs
 $BIN/python -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write reports/runs/params.yaml  # another: a rehearsal
-mkdir -p reports/runs/journal && cp .gpu/import/journal/*.jsonl reports/runs/journal/
-if [ -s .gpu/import/logs/bench/.device ] && ls .gpu/import/logs/bench/*.jsonl >/dev/null 2>&1; then
+mkdir -p reports/runs/journal && cp .gpu-import/journal/*.jsonl reports/runs/journal/
+if [ -s .gpu-import/logs/bench/.device ] && ls .gpu-import/logs/bench/*.jsonl >/dev/null 2>&1; then
   # every finished bench entry, kept per GPU model: later windows on that model skip it (gpu_session.sh)
-  bench="reports/bench/$(cat .gpu/import/logs/bench/.device)"
-  mkdir -p "$bench" && cp .gpu/import/logs/bench/*.jsonl "$bench/" && echo "bench rows kept in $bench"
+  bench="reports/bench/$(cat .gpu-import/logs/bench/.device)"
+  mkdir -p "$bench" && cp .gpu-import/logs/bench/*.jsonl "$bench/" && echo "bench rows kept in $bench"
 fi
-if ls .gpu/import/fingerprints/*.json >/dev/null 2>&1; then  # each window's commit: every variant's fingerprint
+if ls .gpu-import/fingerprints/*.json >/dev/null 2>&1; then  # each window's commit: every variant's fingerprint
   # a table of the same name from another environment (one commit, two hosts) is kept beside it, never replaced
   $BIN/python -c 'import sys; from pathlib import Path; from pipeline.core.lineage import keep_tables
-keep_tables([Path(p) for p in sys.argv[1:]], Path("reports/runs/fingerprints"))' .gpu/import/fingerprints/*.json
+keep_tables([Path(p) for p in sys.argv[1:]], Path("reports/runs/fingerprints"))' .gpu-import/fingerprints/*.json
 fi
 # written in a fresh folder, then copied over reports/, as tests/test_published.py regenerates it: a figure
 # the local prepare stage left in reports/figures (its git-ignored test-set montages) is not linked
@@ -46,4 +47,5 @@ for folder in "${folders[@]}"; do  # the capped fingerprint on another processor
   [ -s "$folder/fingerprint_pins.txt" ] && echo "fingerprint pins on the GPU host's CPU ($folder): $(tail -1 "$folder/fingerprint_pins.txt")"
   [ -s "$folder/fingerprint_probe.jsonl" ] && $BIN/python scripts/fingerprint_probe.py --keep "$folder/fingerprint_probe.jsonl" reports/fingerprint-probe
 done
+python3 scripts/gpu_travel.py || echo "the next window cannot start until this is mended"
 true

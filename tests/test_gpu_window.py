@@ -472,3 +472,49 @@ def test_a_run_is_checked_against_the_cuda_tests_of_the_speed_settings_it_record
     assert gpu_levers.run_unproven(run("multimnist_cnn", True, False, True), {}) == ""  # no lever chosen for it
     assert "no CUDA test proves" in gpu_levers.run_unproven(
         {"config": {**run("capsnet", True, True, False)["config"], "compile_mode": "reduce-overhead"}}, passed)
+
+
+def test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit(tmp_path):
+    """scripts/gpu_travel.py (gpu_fetch_mnist.sh before a window, gpu_import.sh after one) sums what
+    the device tool sends: tracked and untracked-not-ignored files and the carried .gpu, not what git
+    ignores otherwise; near the limit it warns, over it it fails naming the largest folders."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    def write(path, mib):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(b"x" * int(mib * (1 << 20)))
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("/.gpu/\n/models/\n")
+    write("reports/runs/results/a/seed0/predictions.safetensors", 2)  # tracked
+    write("reports/runs/earlier/r/results/a/seed0/predictions.safetensors", 1.5)
+    git("add", ".")
+    write("notes.txt", 0.5)  # untracked, not ignored: it travels
+    write(".gpu/mnist/train-images-idx3-ubyte.gz", 1)  # ignored, carried
+    write("models/a/seed0/checkpoint.pt", 50)  # ignored, not carried: stays here
+
+    def travel(*args):
+        return subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_travel.py"), *args], cwd=tmp_path,
+                              capture_output=True, text=True)
+
+    fits = travel("--limit-mib", "10", "--margin-mib", "1")
+    assert fits.returncode == 0, fits.stderr
+    assert fits.stdout.splitlines() == ["travels: 5.0 MiB of 10 MiB (tracked 3.5, untracked 0.5, carried .gpu 1.0)"]
+    near = travel("--limit-mib", "5.5", "--margin-mib", "1")
+    assert near.returncode == 0 and "within 1 MiB of the limit" in near.stdout
+    over = travel("--limit-mib", "4")
+    assert over.returncode == 1 and len(over.stderr.splitlines()) == 1
+    assert "5.0 MiB, over the device tool's 4 MiB" in over.stderr
+    assert "largest, MiB: reports/runs/results 2.0, reports/runs/earlier 1.5, .gpu/mnist 1.0, . 0.5)" in over.stderr
+
+
+def test_the_import_unpacks_a_window_where_no_gpu_call_carries_it():
+    """gpu_import.sh unpacks a window's archives outside the carried .gpu, in a folder git ignores: a
+    staging copy inside .gpu (the 2026-11-27 import left 6 MB there) would travel with every later call."""
+    import re
+
+    staged = re.search(r"rm -rf (\S+) && mkdir -p \1\n", (REPO / "scripts" / "gpu_import.sh").read_text()).group(1)
+    assert not Path(staged).is_relative_to(".gpu")
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{staged}/results/x"], cwd=REPO)
+    assert ignored.returncode == 0, f"{staged} is not ignored by git: its files would travel untracked"

@@ -605,6 +605,36 @@ def test_published_copies_rewrite_the_same_report_without_scores(tmp_path):
     pd.testing.assert_frame_equal(t1.summarize(original, REFERENCE), t1.summarize(published, REFERENCE))
 
 
+def test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups(tmp_path):
+    """The affNIST-style set's source-digit indices are published in the narrowest integer type that
+    holds them (every GPU call carries reports/runs: 0.64 MB a run, not 1.28), and the §5.2 gap, whose
+    interval resamples whole source digits, comes out of the published copies as out of the originals."""
+    from safetensors.torch import load_file
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_affnist", seed, 1.0, n=400, affine_pct=21.0 + seed, image_size=40)
+        fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0 - seed, model="pooling_cnn", recon=False,
+                  image_size=40)
+    for path in sorted(tmp_path.glob("results/*/seed*/predictions.safetensors")):
+        pred = load_file(str(path))
+        save_file(pred | {"affnist_test_digit_index": torch.arange(100, dtype=torch.int32).repeat_interleave(4)}, str(path))
+    publish.publish_runs(tmp_path / "models", tmp_path / "results", tmp_path / "pub")
+    kept = load_file(str(tmp_path / "pub" / "results" / "capsnet_affnist" / "seed0" / "predictions.safetensors"))
+    assert kept["affnist_test_digit_index"].dtype == torch.int16
+    variants = ["capsnet_affnist", "cnn_affnist"]
+    original, published = load(tmp_path, variants, [0, 1]), rr.load_runs(tmp_path / "pub" / "models",
+                                                                          tmp_path / "pub" / "results", variants, [0, 1])
+    assert published[0].digit_index["affnist_test"].dtype == np.int64
+    assert ra.affnist_gap(published, REFERENCE) == ra.affnist_gap(original, REFERENCE)
+    grouped = ra.affnist_gap(original, REFERENCE)
+    for path in sorted(tmp_path.glob("results/*/seed*/predictions.safetensors")):  # the same runs, images not grouped
+        pred = load_file(str(path))
+        del pred["affnist_test_digit_index"]
+        save_file(pred, str(path))
+    assert ra.affnist_gap(load(tmp_path, variants, [0, 1]), REFERENCE)["ci_low"] != grouped["ci_low"]  # the groups count
+    assert [publish.narrowest(torch.tensor(v)).dtype for v in ([0, 32767], [-1, 40000], [0, 2**31])] == \
+        [torch.int16, torch.int32, torch.int64]
+
+
 def test_a_seed_trained_again_sets_its_published_record_aside_and_the_report_keeps_both(tmp_path):
     first, again, pub = tmp_path / "first", tmp_path / "again", tmp_path / "pub"
     for seed in (0, 1):

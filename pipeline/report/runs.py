@@ -354,7 +354,7 @@ def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: l
                 variant, seed, metrics, config, pd.read_csv(model_dir / "history.csv"),
                 {name: _correct(pred[f"{name}_labels"], pred[f"{name}_preds"]) for name in sets},
                 json.loads((result_dir / "breakdown.json").read_text()),
-                {name: pred[f"{name}_digit_index"].numpy() for name in sets if f"{name}_digit_index" in pred},
+                {name: pred[f"{name}_digit_index"].long().numpy() for name in sets if f"{name}_digit_index" in pred},
                 *recorded_commit(config, journal_dir)))
     return runs
 
