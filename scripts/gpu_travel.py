@@ -8,8 +8,8 @@ reports/runs) and spend its minutes on mending it.
 
 Prints `travels: X MiB of 64 MiB (tracked …, untracked …, carried .gpu …)`; within --margin-mib of
 the limit (about what a window's runs add) a second line says so; over the limit it exits 1 with one
-line naming the largest folders. scripts/gpu_fetch_mnist.sh runs it before a window,
-scripts/gpu_import.sh after one. Needs only git and Python.
+line naming the largest folders (2 outside a git checkout). scripts/gpu_fetch_mnist.sh runs it before a
+window, scripts/gpu_import.sh after one. Needs only git and Python.
 """
 
 from __future__ import annotations
@@ -57,8 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-mib", type=float, default=64.0, help="the device tool's limit")
     parser.add_argument("--margin-mib", type=float, default=8.0, help="warn within this much of the limit")
     args = parser.parse_args(argv)
-    root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                               check=True).stdout.strip())
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode != 0:
+        print(f"{Path.cwd()} is not a git checkout: what a GPU call sends is measured on the checkout it sends",
+              file=sys.stderr)
+        return 2
+    root = Path(top.stdout.strip())
     groups = travelling(root, args.carry or [".gpu"])
     every = {path: size for files in groups.values() for path, size in files.items()}
     total = sum(every.values()) / MIB

@@ -507,6 +507,11 @@ def test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit(tmp_pa
     assert over.returncode == 1 and len(over.stderr.splitlines()) == 1
     assert "5.0 MiB, over the device tool's 4 MiB" in over.stderr
     assert "largest, MiB: reports/runs/results 2.0, reports/runs/earlier 1.5, .gpu/mnist 1.0, . 0.5)" in over.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    elsewhere = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_travel.py")], cwd=bare, capture_output=True,
+                               text=True, env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tmp_path)})
+    assert elsewhere.returncode == 2 and len(elsewhere.stderr.splitlines()) == 1 and "not a git checkout" in elsewhere.stderr
 
 
 def test_the_import_unpacks_a_window_where_no_gpu_call_carries_it():
