@@ -48,6 +48,30 @@ def test_the_cache_computes_a_key_once_and_again_only_when_its_file_does_not_hol
     assert computed == ["first", "again", "again", "off", "unwritable"]
 
 
+def test_a_write_removes_the_entries_nothing_has_used_for_a_month(tmp_path, monkeypatch):
+    """Every edit of the package makes new keys: a write removes entries and locks unused for KEEP_DAYS,
+    and a read keeps its entry in use."""
+    import os
+
+    from pipeline.training import fingerprint_cache as cache
+
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
+    stale = time.time() - (cache.KEEP_DAYS + 1) * 86400
+    for kernels in ("avx2", "default"):
+        cache.cached([], {"ATEN_CPU_CAPABILITY": kernels}, answer)
+    unused, read = sorted(tmp_path.glob("*.json"))  # one left unused, one read below
+    for path in [*tmp_path.glob("*.json"), *tmp_path.glob("*.lock")]:
+        os.utime(path, (stale, stale))
+    (tmp_path / "left-by-a-killed-writer.tmp").write_text("{")
+    os.utime(tmp_path / "left-by-a-killed-writer.tmp", (stale, stale))
+    read_key = next(k for k in ("avx2", "default") if cache.key([], {"ATEN_CPU_CAPABILITY": k}) == read.stem)
+    assert cache.cached([], {"ATEN_CPU_CAPABILITY": read_key}, lambda: answer("again")) == answer()  # a hit
+    cache.cached([], {"ATEN_CPU_CAPABILITY": "avx512"}, answer)  # a write: the month-old go
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert unused.name not in left and f"{unused.stem}.lock" not in left and "left-by-a-killed-writer.tmp" not in left
+    assert read.name in left and f"{read.stem}.lock" in left and len(left) == 4  # the read one and the new one
+
+
 def test_processes_missing_one_key_compute_it_once(tmp_path, monkeypatch):
     """The second waits for the first's answer instead of spending its own CPU seconds on it."""
     import threading

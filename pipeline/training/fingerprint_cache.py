@@ -11,6 +11,8 @@ whose experiment was registered from outside the package is never cached (its co
 Where: $CAPSNET_FINGERPRINT_CACHE (a folder; `off`: no cache), else $XDG_CACHE_HOME/capsnet-repro/
 fingerprints (~/.cache/...). One JSON file per key, written whole (a temporary file renamed); a file
 that does not read as one is computed again; processes missing one key wait for the first to write it.
+Every edit of the package makes new keys, so each write removes the entries (and their lock files) no
+process has read or written for KEEP_DAYS: an answer removed is only computed again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -37,6 +40,7 @@ CACHE_ENV = "CAPSNET_FINGERPRINT_CACHE"
 # table whose answers those jobs are to find
 KERNEL_ENV = ("ATEN_", "MKL", "OMP_", "KMP_", "GOMP_", "DNNL_", "ONEDNN_", "OPENBLAS_", "TORCH_", "PYTORCH_", "LD_")
 PACKAGE = Path(__file__).resolve().parents[1]  # pipeline/: the code a capped process imports
+KEEP_DAYS = 30  # an entry unused this long goes at the next write (its code has most likely changed since)
 
 try:
     import fcntl
@@ -126,4 +130,17 @@ def cached(smalls: list, env: dict[str, str], compute) -> dict:
             out = compute()
             with contextlib.suppress(OSError):
                 write(path, out)
+                prune(where)
+        else:
+            with contextlib.suppress(OSError):
+                os.utime(path)  # in use: kept by `prune`
         return out
+
+
+def prune(where: Path, days: float = KEEP_DAYS) -> None:
+    """Remove the entries and lock files in ``where`` that nothing has read or written for ``days``."""
+    oldest = time.time() - days * 86400
+    for path in [*where.glob("*.json"), *where.glob("*.lock"), *where.glob("*.tmp")]:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime < oldest:
+                path.unlink()
