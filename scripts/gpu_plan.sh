@@ -2,10 +2,11 @@
 # Every lent GPU session's work (issue #36, was #24), as one command the device tool runs unchanged on each
 # call of the session (carry [".gpu"]; fire each call within 30 s of the last so the machine stays warm),
 # LEFT being the device tool's `status` budget_left_s read just before the call (free):
-#   CAPSNET_GPU_LEFT=LEFT CAPSNET_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_plan.sh
-# A window is 15 device-minutes, the machine's start and every transfer counted in: from LEFT the call
-# works out the seconds it has (LEFT less 165 s on a cold machine, 75 s on a warm one: start,
-# transfers, packing, the wait between calls; assumed from the device tool's README, not measured),
+#   CAPSNET_GPU_LEFT=LEFT CAPSNET_GPU_LEFT_AT=T CAPSNET_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_plan.sh
+# (T: `date +%s` here when LEFT was read, typed as a number). A window is 15 device-minutes, the machine's
+# start and every transfer counted in: from LEFT the call works out the seconds it has (LEFT less the
+# seconds since T, the start and the transfer in as measured, less 60 s after a cold start or 30 s after a
+# warm one for what follows; without T, LEFT less 165 s on a cold machine, 75 s on a warm one),
 # stops its work within them (560 s at most a call) and
 # starts a training job only when its estimate fits them (scripts/gpu_queue.py --fit). Typically two
 # calls: the first about 9 min, the second the 2-3 min left. Without CAPSNET_GPU_LEFT a call only knows
@@ -90,8 +91,20 @@ TESTS=() WINDOW=()
 SPENT=$(( $(date +%s) - PLAN_START ))  # the table and the queue, out of this call's time
 [ -f logs/gpu_tests.done ] || TESTS=(--tests)
 if [ -n "${CAPSNET_GPU_LEFT:-}" ]; then
-  overhead=165  # a cold machine: its start is in LEFT too
-  [ -f logs/gpu_tests.done ] && overhead=75
+  # what LEFT (read before the call) loses besides this call's work. With CAPSNET_GPU_LEFT_AT (the
+  # clock there when LEFT was read: the device's files come back stamped within a second of it) the
+  # machine's start, a failed try and the transfer in are measured, and AFTER is allowed for what
+  # follows: this call's files back, the wait for the next call and its transfer in, the give-back (all
+  # of it, start included, took 45 s in each of two H200 windows of two calls, 2026-11-26/27, and 30 s
+  # for the first call of a third: 60 s allowed after a cold start and 30 s after a warm one, about
+  # twice the measured less what T measures); a clock difference outside 0-600 s is not
+  # believed. Without it, allowances for the whole: 165 s on a cold machine (its start is in LEFT
+  # too), 75 s on a warm one
+  overhead=165 after=60
+  [ -f logs/gpu_tests.done ] && overhead=75 after=30
+  since=-1
+  [[ "${CAPSNET_GPU_LEFT_AT:-}" =~ ^[0-9]+$ ]] && since=$(( PLAN_START - CAPSNET_GPU_LEFT_AT ))
+  if [ "$since" -ge 0 ] && [ "$since" -le 600 ]; then overhead=$(( since + after )); fi
   WINDOW=(--window $(( CAPSNET_GPU_LEFT - overhead - SPENT )))
   [ "${WINDOW[1]}" -ge 60 ] || { echo "the window has ${WINDOW[1]} s left: give the machine back (device tool give_back)"; exit 0; }
 fi

@@ -8,7 +8,7 @@
 #     unchanged but for CAPSNET_GPU_PROFILE=smoke and a CPU-sized bench (CAPSNET_GPU_BENCH, _ARGS), under a python3
 #     that cannot import mlflow or dvc (the GPU machine has neither), once with a deadline that cuts
 #     the queue (240 s) and once more to finish it, each call with an empty $OUT of its own and the
-#     device budget a 15-minute window would have left (CAPSNET_GPU_LEFT), so jobs start by their
+#     device budget a 15-minute window would have left (CAPSNET_GPU_LEFT, read at CAPSNET_GPU_LEFT_AT), so jobs start by their
 #     estimates from the bench's rows;
 #  2. the import: scripts/gpu_import.sh on both calls' $OUT in SCRATCH/home, a copy of the tree with
 #     its own MLflow store, which replays the journals, publishes the runs and writes the report.
@@ -65,7 +65,7 @@ for call in 1 2; do
   send_tree "$SCRATCH/device"
   mkdir -p "$SCRATCH/out-$call"
   say "call $call: gpu_plan.sh with a ${deadline}s deadline"
-  (cd "$SCRATCH/device" && PATH="$SCRATCH/bin:$PATH" OUT="$SCRATCH/out-$call" CAPSNET_GIT_COMMIT=$COMMIT CAPSNET_GPU_LEFT=$left \
+  (cd "$SCRATCH/device" && PATH="$SCRATCH/bin:$PATH" OUT="$SCRATCH/out-$call" CAPSNET_GIT_COMMIT=$COMMIT CAPSNET_GPU_LEFT=$left CAPSNET_GPU_LEFT_AT=$called \
      CAPSNET_GPU_PROFILE=smoke CAPSNET_GPU_BENCH="$BENCH" CAPSNET_GPU_BENCH_ARGS="--batch 16 --steps 2 --warmup 1 --no-reference" timeout 600 bash scripts/gpu_plan.sh "$deadline") \
     || fail "call $call exited $? (its log: $SCRATCH/out-$call/session.log)"
   say "call $call came back with: $(ls "$SCRATCH/out-$call" | tr '\n' ' ')"

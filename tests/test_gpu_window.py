@@ -523,3 +523,33 @@ def test_the_import_unpacks_a_window_where_no_gpu_call_carries_it():
     assert not Path(staged).is_relative_to(".gpu")
     ignored = subprocess.run(["git", "check-ignore", "-q", f"{staged}/results/x"], cwd=REPO)
     assert ignored.returncode == 0, f"{staged} is not ignored by git: its files would travel untracked"
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after(tmp_path, warm):
+    """scripts/gpu_plan.sh's window: LEFT (the device time read before the call) less the seconds since
+    it was read (CAPSNET_GPU_LEFT_AT: the machine's start and the transfer in, measured) and an allowance
+    for what follows the call; without a believable reading, the whole allowance (165 s cold, 75 s warm);
+    under 60 s, give the machine back."""
+    plan = (REPO / "scripts" / "gpu_plan.sh").read_text()
+    fragment = plan[plan.index("TESTS=() WINDOW=()"):]
+    fragment = fragment[:fragment.index("\nfi\n") + 4]
+    if warm:
+        (tmp_path / "logs").mkdir()
+        (tmp_path / "logs" / "gpu_tests.done").touch()
+    start = 1_795_764_155
+
+    def window(**env):
+        script = f"set -euo pipefail\nPLAN_START={start}\n" + fragment.replace(
+            "SPENT=$(( $(date +%s) - PLAN_START ))", "SPENT=7") + 'echo "${WINDOW[@]}"'
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("CAPSNET_GPU_")} | env)
+        return done.stdout.strip()
+
+    after, allowance = (30, 75) if warm else (60, 165)
+    assert window() == ""  # no LEFT: the call knows its own deadline only
+    assert window(CAPSNET_GPU_LEFT="900") == f"--window {900 - allowance - 7}"
+    assert window(CAPSNET_GPU_LEFT="900", CAPSNET_GPU_LEFT_AT=str(start - 40)) == f"--window {900 - 40 - after - 7}"
+    for unbelievable in (str(start + 5), str(start - 601), "07:22", ""):  # a clock ahead, a reading too old, not seconds
+        assert window(CAPSNET_GPU_LEFT="900", CAPSNET_GPU_LEFT_AT=unbelievable) == f"--window {900 - allowance - 7}"
+    assert "give the machine back" in window(CAPSNET_GPU_LEFT=str(allowance + 7 + 59))
