@@ -49,8 +49,8 @@ def test_the_cache_computes_a_key_once_and_again_only_when_its_file_does_not_hol
 
 
 def test_a_write_removes_the_entries_nothing_has_used_for_a_month(tmp_path, monkeypatch):
-    """Every edit of the package makes new keys: a write removes entries and locks unused for KEEP_DAYS,
-    and a read keeps its entry in use."""
+    """Every edit of the package makes new keys: a write removes entries, locks and torn writes unused for
+    KEEP_DAYS, never a file the cache did not make, and a read keeps its entry in use."""
     import os
 
     from pipeline.training import fingerprint_cache as cache
@@ -62,14 +62,16 @@ def test_a_write_removes_the_entries_nothing_has_used_for_a_month(tmp_path, monk
     unused, read = sorted(tmp_path.glob("*.json"))  # one left unused, one read below
     for path in [*tmp_path.glob("*.json"), *tmp_path.glob("*.lock")]:
         os.utime(path, (stale, stale))
-    (tmp_path / "left-by-a-killed-writer.tmp").write_text("{")
-    os.utime(tmp_path / "left-by-a-killed-writer.tmp", (stale, stale))
+    for name in ("tmpleftbyakilledwriter.tmp", "notes.json"):  # a torn write; a file the cache did not make
+        (tmp_path / name).write_text("{")
+        os.utime(tmp_path / name, (stale, stale))
     read_key = next(k for k in ("avx2", "default") if cache.key([], {"ATEN_CPU_CAPABILITY": k}) == read.stem)
     assert cache.cached([], {"ATEN_CPU_CAPABILITY": read_key}, lambda: answer("again")) == answer()  # a hit
     cache.cached([], {"ATEN_CPU_CAPABILITY": "avx512"}, answer)  # a write: the month-old go
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert unused.name not in left and f"{unused.stem}.lock" not in left and "left-by-a-killed-writer.tmp" not in left
-    assert read.name in left and f"{read.stem}.lock" in left and len(left) == 4  # the read one and the new one
+    assert unused.name not in left and f"{unused.stem}.lock" not in left and "tmpleftbyakilledwriter.tmp" not in left
+    assert read.name in left and f"{read.stem}.lock" in left and "notes.json" in left
+    assert len(left) == 5  # the read one, the new one (each with its lock), and what the cache did not make
 
 
 def test_processes_missing_one_key_compute_it_once(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -41,6 +42,7 @@ CACHE_ENV = "CAPSNET_FINGERPRINT_CACHE"
 KERNEL_ENV = ("ATEN_", "MKL", "OMP_", "KMP_", "GOMP_", "DNNL_", "ONEDNN_", "OPENBLAS_", "TORCH_", "PYTORCH_", "LD_")
 PACKAGE = Path(__file__).resolve().parents[1]  # pipeline/: the code a capped process imports
 KEEP_DAYS = 30  # an entry unused this long goes at the next write (its code has most likely changed since)
+OURS = re.compile(r"[0-9a-f]{64}\.(json|lock)|tmp\w+\.tmp")  # `key`'s files, `write`'s temporaries
 
 try:
     import fcntl
@@ -138,9 +140,11 @@ def cached(smalls: list, env: dict[str, str], compute) -> dict:
 
 
 def prune(where: Path, days: float = KEEP_DAYS) -> None:
-    """Remove the entries and lock files in ``where`` that nothing has read or written for ``days``."""
+    """Remove the entries, lock files and torn writes in ``where`` that nothing has read or written for
+    ``days``; only files the cache names (a key's, `write`'s temporaries): $CAPSNET_FINGERPRINT_CACHE may
+    name a folder that holds other files."""
     oldest = time.time() - days * 86400
-    for path in [*where.glob("*.json"), *where.glob("*.lock"), *where.glob("*.tmp")]:
+    for path in where.iterdir():
         with contextlib.suppress(OSError):
-            if path.stat().st_mtime < oldest:
+            if OURS.fullmatch(path.name) and path.stat().st_mtime < oldest:
                 path.unlink()
