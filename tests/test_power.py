@@ -139,6 +139,34 @@ def test_costs_come_from_each_variants_own_row_on_its_device(tmp_path):
     assert math.isnan(hours) and "NVIDIA A100" in why
 
 
+def test_a_variant_never_benched_takes_the_row_of_one_with_its_layers_or_more_and_says_so(tmp_path):
+    """costs.with_stand_ins: on a device where a variant has no row, a recipe twin takes its paper
+    recipe's row (the same layers), a lighter CapsNet the row of the closest one that does more work on
+    them (an upper bound), a CNN never a CapsNet's, a CapsNet never a lighter one's; the citation names it."""
+    (tmp_path / "benchmarks.md").write_text(BENCH)
+    net = costs.Network
+    networks = {"capsnet_r1": net("capsnet", "table1", 1, False), "capsnet_r1_recon": net("capsnet", "table1", 1, True),
+                "capsnet_r3_recon": net("capsnet", "table1", 3, True), "capsnet_r3_recon_official": net("capsnet", "table1", 3, True),
+                "baseline_cnn": net("baseline_cnn", "table1", 0, False), "cnn_affnist": net("pooling_cnn", "affnist", 0, False),
+                "capsnet_affnist": net("capsnet", "affnist", 3, True)}
+    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    stood = {r.variant: r for r in costs.with_stand_ins(rows, networks) if r.stand_in and r.images_per_s == 24_000.0}
+    assert sorted(stood) == ["capsnet_r1", "capsnet_r1_recon", "capsnet_r3_recon_official"]  # not the CNNs, not §5.2's
+    assert stood["capsnet_r3_recon_official"].relation == "the same layers"
+    assert stood["capsnet_r1_recon"].relation == "an upper bound: 3 routing iterations, not 1"
+    assert stood["capsnet_r1"].relation == "an upper bound: 3 routing iterations, not 1, the decoder too"
+    hours, source = rc.run_cost([FakeRun("capsnet_r3_recon_official")], 10, costs.with_stand_ins(rows, networks))
+    assert hours == pytest.approx(10 * 6e6 / 24_000 / 3600)
+    assert "capsnet_r3_recon_official at capsnet_r3_recon's bf16 + compile (model+loss) (the same layers): 24,000" in source
+    benched_r1_recon = [*rows, costs.BenchRow("capsnet_r1_recon", "NVIDIA H100 80GB HBM3",
+                                              "capsnet-repro bf16 + compile (model+loss)", 30_000.0, "GPU: one H100")]
+    closest = {r.variant: r.stand_in for r in costs.with_stand_ins(benched_r1_recon, networks) if r.stand_in}
+    assert closest["capsnet_r1"] == "capsnet_r1_recon"  # the closest that does at least its work
+    assert "capsnet_r3_recon" not in closest  # its own row; and r1_recon's, lighter, would never stand in for it
+    only_light = [r for r in benched_r1_recon if r.variant == "capsnet_r1_recon"]
+    assert {r.variant for r in costs.with_stand_ins(only_light, networks) if r.stand_in} == {"capsnet_r1"}
+
+
 def test_the_paper_protocols_cost_is_the_same_seeds_for_640_epochs_of_the_runs_images(tmp_path):
     """What settling a claim would take under the authors' protocol: each arm's images per epoch (as its
     runs recorded them) for 640 epochs at its own speed; nothing for arms that trained 640 epochs

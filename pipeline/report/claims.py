@@ -30,7 +30,7 @@ def run_cost(runs: list[Run], seeds: int, bench: list[costs.BenchRow], epochs: i
     """(GPU-hours for ``seeds`` more runs like ``runs``, under their protocol or, with ``epochs``, for
     that many epochs of their images per epoch at their speed, the bench row it comes from), or (NaN,
     why not): no recorded training length, runs that trained to a target accuracy (with ``epochs``),
-    or no bench row for their own variant, configuration and device."""
+    or no bench row for their variant (its own, or a stand-in's: costs.with_stand_ins), configuration and device."""
     run = runs[0]
     recorded = [r.images_trained for r in runs if r.images_trained]
     device = run.config.get("environment", {}).get("device_name", "")

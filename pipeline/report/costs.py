@@ -7,11 +7,15 @@ training images (steps × batch, as it recorded them) over the images/s of *its 
 configuration it trained with (bf16 autocast and compile as recorded) on its recorded device: an
 estimate (a bench step times training only, a run also scores the test set each epoch; runs side
 by side share a GPU), always stated with the row it comes from. No row for a variant, device or
-configuration means no estimate: never another variant's speed.
+configuration means no estimate, with one exception, said in the row's citation (`with_stand_ins`): a
+variant benched on no device of the row's takes the row of a variant with the same layers (a recipe or
+precision twin: the same speed) or of one that does more work on them (more routing iterations, the
+decoder too: an upper bound), never a lighter one's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,11 +37,15 @@ class BenchRow:
     configuration: str  # the table's first column, e.g. "capsnet-repro bf16 + compile (model+loss)"
     images_per_s: float
     section: str  # the section heading, with its date
+    stand_in: str = ""  # the benched variant whose row this is, where ``variant`` has none (`with_stand_ins`)
+    relation: str = ""  # how ``variant``'s step compares with the stand-in's: the same, or an upper bound
 
     def cite(self) -> str:
         """'<section> | <variant> <configuration>: N images/s' (`sources` groups them by section)."""
-        return (f"{self.section} | {self.variant} {self.configuration.removeprefix('capsnet-repro ')}: "
-                f"{self.images_per_s:,.0f} images/s")
+        configuration = self.configuration.removeprefix("capsnet-repro ")
+        what = f"{self.variant} at {self.stand_in}'s {configuration} ({self.relation})" if self.stand_in \
+            else f"{self.variant} {configuration}"
+        return f"{self.section} | {what}: {self.images_per_s:,.0f} images/s"
 
 
 def sources(cites: list[str]) -> str:
@@ -68,6 +76,51 @@ def bench_rows(path: Path) -> list[BenchRow]:
             except (IndexError, ValueError):
                 continue  # not a speed row
     return rows
+
+
+@dataclass(frozen=True)
+class Network:
+    """What decides a variant's training speed besides the configuration: its model and images, and
+    the work its layers do (routing iterations, the decoder). Recipes and precision twins share one."""
+
+    model: str
+    experiment: str
+    routing_iterations: int
+    reconstruction: bool
+
+    def relation(self, other: Network) -> str | None:
+        """How a step of this network compares with one of ``other``: 'the same layers', an upper bound
+        (``other`` routes more times or adds the decoder), or None (another model or images, or lighter)."""
+        if (self.model, self.experiment) != (other.model, other.experiment) or \
+                other.routing_iterations < self.routing_iterations or other.reconstruction < self.reconstruction:
+            return None
+        if other == self:
+            return "the same layers"
+        more = [f"{other.routing_iterations} routing iterations, not {self.routing_iterations}"] \
+            if other.routing_iterations > self.routing_iterations else []
+        more += ["the decoder too"] if other.reconstruction > self.reconstruction else []
+        return f"an upper bound: {', '.join(more)}"
+
+
+def with_stand_ins(rows: list[BenchRow], networks: dict[str, Network]) -> list[BenchRow]:
+    """``rows`` and, for each variant of ``networks`` without a row of its own on a row's device, the
+    rows there of the benched variant closest to it that does at least its work (`Network.relation`:
+    the same layers first, then the fewest routing iterations), each citing that variant."""
+    out = list(rows)
+    for device in dict.fromkeys(r.device for r in rows):
+        here = [r for r in rows if r.device == device]
+        benched = [v for v in dict.fromkeys(r.variant for r in here) if v in networks]
+        for variant, network in networks.items():
+            if any(r.variant == variant for r in here):
+                continue
+            fits = [(v, network.relation(networks[v])) for v in benched]
+            fits = sorted(((v, rel) for v, rel in fits if rel), key=lambda vr: (
+                vr[1] != "the same layers", networks[vr[0]].routing_iterations, networks[vr[0]].reconstruction))
+            if fits:
+                stand_in, rel = fits[0]
+                out += [dataclasses.replace(r, variant=variant, stand_in=stand_in, relation=rel)
+                        for r in here if r.variant == stand_in]
+    return out
 
 
 def configuration(cfg: dict) -> str:

@@ -51,8 +51,10 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     if not runs:
         raise UserError("no variant of params.yaml's ablation has an evaluation to report; run the pipeline "
                         "first (`dvc repro`), or pass --missing list to report what exists")
-    ctx = doc.Context(p, rr.paper_reference(), costs.bench_rows(benchmarks) if benchmarks is not None else [],
-                      results_dir, out)
+    networks = {name: costs.Network(v.model, v.experiment or f"{v.image_size}px", v.routing_iterations, v.reconstruction)
+                for name, v in p.variants.items()}
+    bench = costs.with_stand_ins(costs.bench_rows(benchmarks), networks) if benchmarks is not None else []
+    ctx = doc.Context(p, rr.paper_reference(), bench, results_dir, out)
     experiments = [registry.load(name) for name in registry.names()]
     mine = {e.NAME: [r for r in runs if r.experiment == e.NAME] for e in experiments}
     sections = [e.report(mine[e.NAME], ctx) for e in experiments]
