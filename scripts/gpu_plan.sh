@@ -3,7 +3,7 @@
 # call of the session (carry [".gpu"]; fire each call within 30 s of the last so the machine stays warm),
 # LEFT being the device tool's `status` budget_left_s read just before the call (free):
 #   CAPSNET_GPU_LEFT=LEFT CAPSNET_GPU_LEFT_AT=T CAPSNET_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_plan.sh
-# (T: `date +%s` here when LEFT was read, typed as a number). A window is 15 device-minutes, the machine's
+# (T: `date +%s` here when LEFT was read; `bash scripts/gpu_command.sh LEFT` here prints the line). A window is 15 device-minutes, the machine's
 # start and every transfer counted in: from LEFT the call works out the seconds it has (LEFT less the
 # seconds since T, the start and the transfer in as measured, less 60 s after a cold start or 30 s after a
 # warm one for what follows; without T, LEFT less 165 s on a cold machine, 75 s on a warm one),

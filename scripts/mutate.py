@@ -660,6 +660,13 @@ MUTATIONS = [
     Mutation("a warm call allows for a cold call's aftermath", "scripts/gpu_plan.sh",
              "[ -f logs/gpu_tests.done ] && overhead=75 after=30", "[ -f logs/gpu_tests.done ] && overhead=75",
              (f"{WINDOW}::test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after",)),
+    Mutation("the next call's command is printed for a tree that is not HEAD", "scripts/gpu_command.sh",
+             'if [ -n "$changed" ]; then', "if false; then", (f"{WINDOW}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
+    Mutation("the next call's command is printed beside untracked files that travel", "scripts/gpu_command.sh",
+             "changed=$(git status --porcelain |", "changed=$(git status --porcelain --untracked-files=no |",
+             (f"{WINDOW}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
+    Mutation("the next call's command leaves out when LEFT was read", "scripts/gpu_command.sh",
+             "CAPSNET_GPU_LEFT=$1 CAPSNET_GPU_LEFT_AT=$(date +%s) ", "CAPSNET_GPU_LEFT=$1 ", (f"{WINDOW}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
     # --- what every GPU call carries: the published records, the device tool's 64 MiB ---
     Mutation("published source digits keep their evaluated width", "pipeline/report/publish.py",
              'keep = {k: narrowest(t) if k.endswith("_digit_index") else t.contiguous() for k, t in pred.items()',

@@ -553,3 +553,40 @@ def test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_afte
     for unbelievable in (str(start + 5), str(start - 601), "07:22", ""):  # a clock ahead, a reading too old, not seconds
         assert window(CAPSNET_GPU_LEFT="900", CAPSNET_GPU_LEFT_AT=unbelievable) == f"--window {900 - allowance - 7}"
     assert "give the machine back" in window(CAPSNET_GPU_LEFT=str(allowance + 7 + 59))
+
+
+def test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head(tmp_path):
+    """scripts/gpu_command.sh LEFT prints the call's command with LEFT, now and HEAD typed in, and
+    refuses in one line a tree that differs from HEAD (the runs record HEAD) or has no MNIST in .gpu."""
+    import time
+
+    tree = {"cwd": tmp_path, "capture_output": True, "text": True}
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "gpu_command.sh", tmp_path / "scripts")
+    (tmp_path / ".gitignore").write_text("/.gpu/\n")
+    subprocess.run(["git", "init", "-q"], check=True, **tree)
+    subprocess.run(["git", "add", "."], check=True, **tree)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "x"], check=True, **tree)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], check=True, **tree).stdout.strip()
+
+    def command(*args):
+        return subprocess.run(["bash", "scripts/gpu_command.sh", *args], **tree)
+
+    assert command().returncode == 2 and command("15 min").returncode == 2
+    missing = command("900")
+    assert missing.returncode == 1 and "bash scripts/gpu_fetch_mnist.sh" in missing.stderr and not missing.stdout
+    (tmp_path / ".gpu" / "mnist").mkdir(parents=True)
+    (tmp_path / ".gpu" / "mnist" / "t10k-labels-idx1-ubyte.gz").write_bytes(b"")
+    done = command("900")
+    assert done.returncode == 0, done.stderr
+    left, at, commit, *rest = done.stdout.split()
+    assert (left, commit, rest) == ("CAPSNET_GPU_LEFT=900", f"CAPSNET_GIT_COMMIT={head}", ["bash", "scripts/gpu_plan.sh"])
+    assert abs(int(at.removeprefix("CAPSNET_GPU_LEFT_AT=")) - time.time()) < 5
+    for change in ("scripts/gpu_command.sh", "new.py"):  # a tracked file edited; an untracked one that would travel
+        with open(tmp_path / change, "a") as f:
+            f.write("\n")
+        dirty = command("900")
+        assert dirty.returncode == 1 and len(dirty.stderr.splitlines()) == 1 and "commit it first" in dirty.stderr
+        assert change in dirty.stderr and not dirty.stdout
+        subprocess.run(["git", "checkout", "-q", "--", "."], **tree)
+        (tmp_path / "new.py").unlink(missing_ok=True)
