@@ -51,9 +51,8 @@ exec "$DEVICE_PY" "\$@"
 EOF
 chmod +x "$SCRATCH/bin/python3"
 
-send_tree() {  # what the device tool sends: tracked and not-ignored untracked files, over what is there
-  git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
-    [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$1"
+send_tree() {  # what the device tool sends (tracked and not-ignored untracked files, .gpu), over what is there
+  python3 scripts/gpu_travel.py --list | xargs -0 -r cp -f --parents -t "$1"
 }
 COMMIT=$(git rev-parse HEAD)
 # the models gpu_levers picks for, and the smoke profile's own fp32 that the jobs' estimates read

@@ -5,6 +5,7 @@ a window would open on a repository that has grown past it (each window's runs a
 reports/runs) and spend its minutes on mending it.
 
     python3 scripts/gpu_travel.py [--carry .gpu ...] [--limit-mib 64] [--margin-mib 8]
+    python3 scripts/gpu_travel.py --list [--carry .gpu ...]   (those files, NUL-separated: scripts/gpu_rehearse.sh sends them)
 
 Prints `travels: X MiB of 64 MiB (tracked …, untracked …, carried .gpu …)`; within --margin-mib of
 the limit (about what a window's runs add) a second line says so; over the limit it exits 1 with one
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--carry", action="append", help="a carried path (repeatable; default .gpu)")
     parser.add_argument("--limit-mib", type=float, default=64.0, help="the device tool's limit")
     parser.add_argument("--margin-mib", type=float, default=8.0, help="warn within this much of the limit")
+    parser.add_argument("--list", action="store_true", help="print the files that travel, NUL-separated, and nothing else")
     args = parser.parse_args(argv)
     top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if top.returncode != 0:
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(top.stdout.strip())
     groups = travelling(root, args.carry or [".gpu"])
     every = {path: size for files in groups.values() for path, size in files.items()}
+    if args.list:
+        sys.stdout.write("".join(f"{path}\0" for path in every))
+        return 0
     total = sum(every.values()) / MIB
     parts = ", ".join(f"{name} {sum(files.values()) / MIB:.1f}" for name, files in groups.items())
     print(f"travels: {total:.1f} MiB of {args.limit_mib:g} MiB ({parts})")

@@ -76,10 +76,10 @@ def test_the_environment_names_the_hosts_processor_vendor_and_c_library(tmp_path
     assert fp.fingerprint_environment().endswith(f", {fp.host_numerics()}")  # the capped process names its host
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n")
-    monkeypatch.setattr(fp, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(fp.fingerprint_cache, "CPUINFO", cpuinfo)
     monkeypatch.setattr(fp.platform, "libc_ver", lambda: ("glibc", "2.39"))
     assert fp.host_numerics() == "GenuineIntel, glibc 2.39"
-    monkeypatch.setattr(fp, "CPUINFO", tmp_path / "absent")  # not Linux: the architecture, at least
+    monkeypatch.setattr(fp.fingerprint_cache, "CPUINFO", tmp_path / "absent")  # not Linux: the architecture, at least
     monkeypatch.setattr(fp.platform, "machine", lambda: "arm64")
     monkeypatch.setattr(fp.platform, "libc_ver", lambda: ("", ""))
     assert fp.host_numerics() == "arm64, libc unknown"

@@ -498,6 +498,10 @@ def test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit(tmp_pa
         return subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_travel.py"), *args], cwd=tmp_path,
                               capture_output=True, text=True)
 
+    listed = travel("--list").stdout.split("\0")
+    assert sorted(filter(None, listed)) == [".gitignore", ".gpu/mnist/train-images-idx3-ubyte.gz", "notes.txt",
+                                            "reports/runs/earlier/r/results/a/seed0/predictions.safetensors",
+                                            "reports/runs/results/a/seed0/predictions.safetensors"]  # what the rehearsal sends
     fits = travel("--limit-mib", "10", "--margin-mib", "1")
     assert fits.returncode == 0, fits.stderr
     assert fits.stdout.splitlines() == ["travels: 5.0 MiB of 10 MiB (tracked 3.5, untracked 0.5, carried .gpu 1.0)"]

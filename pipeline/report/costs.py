@@ -8,9 +8,9 @@ configuration it trained with (bf16 autocast and compile as recorded) on its rec
 estimate (a bench step times training only, a run also scores the test set each epoch; runs side
 by side share a GPU), always stated with the row it comes from. No row for a variant, device or
 configuration means no estimate, with one exception, said in the row's citation (`with_stand_ins`): a
-variant benched on no device of the row's takes the row of a variant with the same layers (a recipe or
-precision twin: the same speed) or of one that does more work on them (more routing iterations, the
-decoder too: an upper bound), never a lighter one's.
+variant with no row of its own on a device takes that device's rows of a variant with the same layers
+(a recipe or precision twin: the same speed) or of one that does more work on them (more routing
+iterations, the decoder too: an upper bound), never a lighter one's.
 """
 
 from __future__ import annotations
@@ -113,13 +113,11 @@ def with_stand_ins(rows: list[BenchRow], networks: dict[str, Network]) -> list[B
         for variant, network in networks.items():
             if any(r.variant == variant for r in here):
                 continue
-            fits = [(v, network.relation(networks[v])) for v in benched]
-            fits = sorted(((v, rel) for v, rel in fits if rel), key=lambda vr: (
-                vr[1] != "the same layers", networks[vr[0]].routing_iterations, networks[vr[0]].reconstruction))
+            fits = sorted((v for v in benched if network.relation(networks[v])), key=lambda v: (
+                networks[v] != network, networks[v].routing_iterations, networks[v].reconstruction))
             if fits:
-                stand_in, rel = fits[0]
-                out += [dataclasses.replace(r, variant=variant, stand_in=stand_in, relation=rel)
-                        for r in here if r.variant == stand_in]
+                out += [dataclasses.replace(r, variant=variant, stand_in=fits[0], relation=network.relation(networks[fits[0]]))
+                        for r in here if r.variant == fits[0]]
     return out
 
 

@@ -51,7 +51,7 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     if not runs:
         raise UserError("no variant of params.yaml's ablation has an evaluation to report; run the pipeline "
                         "first (`dvc repro`), or pass --missing list to report what exists")
-    networks = {name: costs.Network(v.model, v.experiment or f"{v.image_size}px", v.routing_iterations, v.reconstruction)
+    networks = {name: costs.Network(v.model, v.experiment, v.routing_iterations, v.reconstruction)  # experiment: settled by params
                 for name, v in p.variants.items()}
     bench = costs.with_stand_ins(costs.bench_rows(benchmarks), networks) if benchmarks is not None else []
     ctx = doc.Context(p, rr.paper_reference(), bench, results_dir, out)

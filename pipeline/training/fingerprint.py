@@ -61,6 +61,7 @@ from pipeline.core import registry
 from pipeline.core.errors import UserError, first_line
 from pipeline.core.params import Params
 from pipeline.training import fingerprint_cache
+from pipeline.training.fingerprint_cache import cpuinfo  # the probe's host line too (scripts/fingerprint_probe.py)
 from pipeline.training.checkpoint import NonFiniteLossError
 from pipeline.training.train import RunConfig, run_config, train_group
 
@@ -69,7 +70,6 @@ STEPS = 2  # per epoch; two epochs: a new order, the checkpoint written between 
 EXAMPLES = 4  # training and test examples; batches of two
 # the one checkpoint train_group writes (the baseline's is 280 MB): in memory where Linux offers it
 SCRATCH, SCRATCH_BYTES = Path("/dev/shm"), 1 << 30  # several capped processes write theirs at once
-CPUINFO = Path("/proc/cpuinfo")  # the processor's vendor, where Linux says it (`host_numerics`)
 # the capped process's kernels (oneDNN's it turns off), read once at a process's start: ATen's vector
 # kernels at AVX2, MKL's GEMM in its reproducible branch for any vendor's processor
 CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
@@ -187,15 +187,6 @@ def mkl_branch() -> str:
     except (OSError, AttributeError):
         return "unreported"
     return MKL_BRANCHES.get(branch, f"branch {branch}")
-
-
-def cpuinfo(field: str) -> str:
-    """The first value of ``field`` in /proc/cpuinfo ('vendor_id': 'AuthenticAMD'); '' where Linux does not say."""
-    try:
-        lines = CPUINFO.read_text().splitlines()
-    except OSError:
-        return ""
-    return next((line.partition(":")[2].strip() for line in lines if line.partition(":")[0].strip() == field), "")
 
 
 def host_numerics() -> str:

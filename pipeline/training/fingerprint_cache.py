@@ -41,6 +41,7 @@ CACHE_ENV = "CAPSNET_FINGERPRINT_CACHE"
 # table whose answers those jobs are to find
 KERNEL_ENV = ("ATEN_", "MKL", "OMP_", "KMP_", "GOMP_", "DNNL_", "ONEDNN_", "OPENBLAS_", "TORCH_", "PYTORCH_", "LD_")
 PACKAGE = Path(__file__).resolve().parents[1]  # pipeline/: the code a capped process imports
+CPUINFO = Path("/proc/cpuinfo")  # what Linux says of the processor (`cpuinfo`)
 KEEP_DAYS = 30  # an entry unused this long goes at the next write (its code has most likely changed since)
 OURS = re.compile(r"[0-9a-f]{64}\.(json|lock)|tmp\w+\.tmp")  # `key`'s files, `write`'s temporaries
 
@@ -70,14 +71,20 @@ def code_digest(root: Path = PACKAGE) -> str:
     return digest.hexdigest()
 
 
+def cpuinfo(field: str) -> str:
+    """The first value of ``field`` in /proc/cpuinfo ('vendor_id': 'AuthenticAMD'); '' where Linux does not say."""
+    try:
+        lines = CPUINFO.read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.partition(":")[2].strip() for line in lines if line.partition(":")[0].strip() == field), "")
+
+
 @functools.lru_cache(maxsize=1)
 def processor() -> str:
-    """The processor's vendor, model and features (/proc/cpuinfo's first ones, where Linux has it)."""
-    with contextlib.suppress(OSError):
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        wanted = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")
-        return "; ".join(dict.fromkeys(line.strip() for line in lines if line.split(":")[0].strip() in wanted))
-    return f"{platform.machine()} {platform.processor()}"
+    """The processor's vendor, model and features (`cpuinfo`'s, where Linux has them)."""
+    fields = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")
+    return "; ".join(f"{f}: {v}" for f in fields if (v := cpuinfo(f))) or f"{platform.machine()} {platform.processor()}"
 
 
 def key(smalls: list, env: dict[str, str]) -> str | None:
