@@ -98,3 +98,14 @@ def with_earlier(runs: list[Run], models_dir: Path, variants: list[str], seeds: 
                            journal_dir=models_dir.parent / "journal", params=params)
     order = {v: i for i, v in enumerate(variants)}
     return sorted(found + runs, key=lambda r: (order[r.variant], r.seed))  # stable: set-aside ones first
+
+
+def one_per_seed(runs: list[Run]) -> tuple[list[Run], list[Run]]:
+    """(runs, superseded): of several records of one seed in one report row (variant, protocol,
+    training code: `runs.group`), the last (`with_earlier`'s order: the current record after those it
+    displaced) counts and the earlier ones are superseded. A seed trained again under the same
+    protocol and code is the same draw of the seed noise, not another: pooling both would count it
+    twice and narrow every interval it enters. Superseded records stay where they are (earlier/)."""
+    last = {(r.variant, r.protocol_key, r.commit_key, r.seed): k for k, r in enumerate(runs)}
+    kept = [r for k, r in enumerate(runs) if last[(r.variant, r.protocol_key, r.commit_key, r.seed)] == k]
+    return kept, [r for k, r in enumerate(runs) if last[(r.variant, r.protocol_key, r.commit_key, r.seed)] != k]

@@ -45,9 +45,13 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     variants, seeds = list(p.ablation.variants), list(p.ablation.seeds)
     skip = rr.missing_runs(models_dir, results_dir, variants, seeds) if missing == "list" else []
     not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
-    runs = rr.bridge(publish.with_earlier(rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p),
-                                          models_dir, variants, seeds, p),
-                     lineage.load_tables(fingerprints))
+    runs, superseded = publish.one_per_seed(
+        publish.with_earlier(rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p),
+                             models_dir, variants, seeds, p))
+    runs = rr.bridge(runs, lineage.load_tables(fingerprints))
+    for r in superseded:
+        print(f"{r.variant} seed {r.seed}: run {r.config.get('run_id', rr.NOT_RECORDED)} was trained again "
+                   f"under the same protocol and training code; the later run counts (the earlier record stays)")
     if not runs:
         raise UserError("no variant of params.yaml's ablation has an evaluation to report; run the pipeline "
                         "first (`dvc repro`), or pass --missing list to report what exists")
@@ -63,7 +67,7 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     claims = doc.all_claims(sections)
     deviations = [d for s in sections for d in s.deviations] + doc.run_deviations(runs, ADAM_EPS)
     text = doc.render(sections, profile=p.base.profile, figures=shared, deviations=deviations,
-                      provenance=provenance(p, runs, not_run), not_run=not_run, run_table=rr.run_provenance(runs))
+                      provenance=provenance(p, runs, not_run, superseded), not_run=not_run, run_table=rr.run_provenance(runs))
     tables = {"ablation.md": text, **{name: t for s in sections for name, t in s.tables.items()},
               "claims.csv": claims.to_csv(index=False)}
     for name, content in tables.items():
@@ -153,9 +157,11 @@ def flatten(headline: dict) -> dict[str, float]:
     return {f"{group}/{key}": value for group, values in headline.items() for key, value in values.items()}
 
 
-def provenance(p: Params, runs: list[rr.Run], not_run: dict[str, list[int]]) -> dict[str, str]:
+def provenance(p: Params, runs: list[rr.Run], not_run: dict[str, list[int]],
+               superseded: list[rr.Run] = ()) -> dict[str, str]:
     """Where the numbers come from: commits, protocols, devices, software, runs, time (each run's
-    own record is the table after these lines)."""
+    own record is the table after these lines); ``superseded``: records of a seed trained again in
+    its row (`publish.one_per_seed`), named only where there are some."""
     versions = {name: md.version(name) for name in ("torch", "torchvision", "dvc", "mlflow", "pandas")}
     env = [r.config.get("environment", {}) for r in runs]
     trained = sorted({f"torch {e.get('torch_version', rr.NOT_RECORDED)}, Python {e.get('python_version', rr.NOT_RECORDED)}"
@@ -186,4 +192,6 @@ def provenance(p: Params, runs: list[rr.Run], not_run: dict[str, list[int]]) -> 
         "total training time": f"{sum(r.history.epoch_seconds.sum() for r in runs) / 60:.1f} min over {len(runs)} runs "
                                "(sum of each run's epoch times; runs trained side by side on one device overlap)",
         "seeds": ", ".join(map(str, p.ablation.seeds)),
-    }
+    } | ({"trained again, the earlier record not counted": "; ".join(
+        f"{r.variant} seed {r.seed} (run {r.config.get('run_id', rr.NOT_RECORDED)}, in reports/runs/earlier)"
+        for r in superseded)} if superseded else {})
