@@ -31,6 +31,15 @@ if [ -s .gpu-import/logs/bench/.device ] && ls .gpu-import/logs/bench/*.jsonl >/
   bench="reports/bench/$(cat .gpu-import/logs/bench/.device)"
   mkdir -p "$bench" && cp .gpu-import/logs/bench/*.jsonl "$bench/" && echo "bench rows kept in $bench"
 fi
+if [ -s .gpu-import/logs/bench/.device ] && [ -s .gpu-import/logs/jobs/seconds.jsonl ]; then
+  # the jobs the window measured (gpu_queue.py --record), added once each to its GPU model's: they price the
+  # next window's jobs (the window started from a copy of the kept ones, which are not added again)
+  jobs="reports/bench/$(cat .gpu-import/logs/bench/.device)/jobs/seconds.jsonl"
+  mkdir -p "${jobs%/*}" && touch "$jobs"
+  before=$(wc -l <"$jobs")
+  cat "$jobs" .gpu-import/logs/jobs/seconds.jsonl | awk '!seen[$0]++' >"$jobs.tmp" && mv "$jobs.tmp" "$jobs"
+  echo "$(( $(wc -l <"$jobs") - before )) measured job(s) kept in $jobs"
+fi
 if ls .gpu-import/fingerprints/*.json >/dev/null 2>&1; then  # each window's commit: every variant's fingerprint
   # a table of the same name from another environment (one commit, two hosts) is kept beside it, never replaced
   $BIN/python -c 'import sys; from pathlib import Path; from pipeline.core.lineage import keep_tables

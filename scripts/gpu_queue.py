@@ -40,6 +40,16 @@ trains with (params P's levers; capsnet_r3_recon's rows for every CapsNet, basel
 CNNs), the GPU shared by N processes, plus EVAL_SECONDS per seed and the process's STARTUP_SECONDS. No
 bench row: no estimate, it starts. A variant's seeds train stacked unless that is slower than one
 process per seed, one after another (`stacking_pays`).
+
+A job this GPU model already ran is priced by its measured seconds instead (--jobs, `measured_seconds`):
+the bench row of capsnet_r3_recon over-priced the H200 window of 2026-11-27's seeds (155 s estimated,
+118 s trained and evaluated at routing 3, 49-87 s at routing 1) and left a routing-1 seed unstarted
+with 133 s to spare.
+
+    python3 scripts/gpu_queue.py --record V:S1[,S2] --seconds T --parallel N --params P --jobs FILE
+
+appends that measurement (gpu_session.sh, after each job that trained and evaluated); gpu_import.sh keeps
+them in reports/bench/<model>/jobs/, and the next window on that model reads them.
 """
 
 from __future__ import annotations
@@ -184,14 +194,50 @@ def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parall
     return STARTUP_SECONDS + MARGIN * images / (row["train_images_per_s"] / parallel) + seeds * EVAL_SECONDS, source
 
 
+def job_row(params: dict, variant: str, seeds: int, seconds: float, parallel: int, commit: str = "") -> dict:
+    """A measured job: ``seeds`` seeds of ``variant`` trained (stacked in one process) and evaluated in
+    ``seconds`` of wall time while ``parallel`` processes shared the GPU (the most at its start or end),
+    with the protocol and speed mode it trained under: what `measured_seconds` matches."""
+    spec = params["variants"][variant]
+    return {"variant": variant, "seeds": seeds, "seconds": round(seconds, 1), "parallel": parallel,
+            "mode": trained_mode(variant_train(params, variant), spec["model"]),
+            "protocol": json.loads(json.dumps(protocol.planned(params, variant))), "commit": commit[:7]}
+
+
+def job_rows(paths: list[Path]) -> list[dict]:
+    """The measured jobs in these files (`job_row`, one JSON object a line; a torn line skipped)."""
+    rows = []
+    for line in (line for p in paths if p.is_file() for line in p.read_text().splitlines()):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def measured_seconds(params: dict, variant: str, seeds: int, jobs: list[dict], parallel: int) -> tuple[float, str] | None:
+    """The seconds of ``seeds`` seeds of a variant from jobs measured under the same protocol and mode:
+    each one's wall time is an upper bound where as many processes or more shared the GPU, and
+    times parallel over its count where fewer did (each process's share of the GPU at most divides by
+    that); the least of those bounds, with MARGIN's head room. None where no such job was measured."""
+    mine = job_row(params, variant, seeds, 0.0, parallel)
+    bounds = [(r["seconds"] * max(1.0, parallel / max(r["parallel"], 1)), r) for r in jobs
+              if all(r.get(k) == mine[k] for k in ("variant", "seeds", "mode", "protocol"))]
+    if not bounds:
+        return None
+    seconds, row = min(bounds, key=lambda b: b[0])
+    return MARGIN * seconds, f"{variant} ×{seeds} measured: {row['seconds']:.0f} s with {row['parallel']} sharing the GPU"
+
+
 def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
-        checkpoints: Path | None = None) -> tuple[str | None, str]:
+        checkpoints: Path | None = None, jobs: list[dict] = ()) -> tuple[str | None, str]:
     """What of ``item`` (V:S or V:S1,S2,..., the seeds without metrics yet) to start with ``left`` seconds
     of the window: a job an earlier call of this window started and its deadline stopped (its
     checkpoint, seed<S1-S2...>.pt in ``checkpoints``, holds none but these seeds: it resumes, it was
     started to end inside the window), else the item, its first seeds only (the others wait for the
     next window; its first seed only where stacking does not pay, `stacking_pays`: gpu_session.sh then
-    asks again for the rest), or None; and a line saying why."""
+    asks again for the rest), or None; and a line saying why. Each job is priced by ``jobs`` measured
+    before (`measured_seconds`) where there are some, else by the bench ``rows`` (`job_seconds`)."""
     variant, seeds = item.split(":")[0], item.split(":")[1].split(",")
     for path in sorted(checkpoints.glob("seed*.pt")) if checkpoints and checkpoints.is_dir() else []:
         stopped = path.stem.removeprefix("seed").split("-")
@@ -199,7 +245,7 @@ def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
             return f"{variant}:{','.join(stopped)}", f"{item}: seed(s) {','.join(stopped)} resume from {path}"
     alone = not stacking_pays(params, variant, len(seeds), rows, parallel)  # one seed per process, the next after it
     for n in [1] if alone else range(len(seeds), 0, -1):
-        estimate = job_seconds(params, variant, n, rows, parallel)
+        estimate = measured_seconds(params, variant, n, jobs, parallel) or job_seconds(params, variant, n, rows, parallel)
         if estimate is None:
             return item, f"{item}: no bench row to estimate from; it starts"
         seconds, source = estimate
@@ -225,14 +271,30 @@ def main() -> None:
     parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="with --fit: a folder of bench rows")
     parser.add_argument("--parallel", type=int, default=1, help="with --fit: processes sharing the GPU")
     parser.add_argument("--checkpoints", type=Path, help="with --fit: the variant's checkpoint folder on this machine")
+    parser.add_argument("--jobs", type=Path, action="append", default=[],
+                        help="with --fit: a file of measured jobs (repeatable); with --record: the file appended to")
+    parser.add_argument("--record", metavar="ITEM", help="append ITEM's measured job (--seconds, --parallel) to --jobs")
+    parser.add_argument("--seconds", type=float, default=0.0, help="with --record: the job's wall time")
+    parser.add_argument("--commit", default="", help="with --record: the commit that trained it")
     args = parser.parse_args()
     if not args.params.is_file():
         sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
     if args.fingerprints and not args.fingerprints.is_file():
         sys.exit(f"{args.fingerprints} does not exist: write it with `capsnet fingerprint {args.fingerprints} --params {args.params}`")
+    if args.record:
+        if len(args.jobs) != 1:
+            sys.exit("--record needs one --jobs FILE to append to")
+        variant, seeds = args.record.split(":")
+        row = job_row(yaml.safe_load(args.params.read_text()), variant, len(seeds.split(",")), args.seconds,
+                      max(args.parallel, 1), args.commit)
+        args.jobs[0].parent.mkdir(parents=True, exist_ok=True)
+        with args.jobs[0].open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        return
     if args.fit:
         params = yaml.safe_load(args.params.read_text())
-        start, why = fit(args.fit, args.left, params, bench_rows(args.bench), max(args.parallel, 1), args.checkpoints)
+        start, why = fit(args.fit, args.left, params, bench_rows(args.bench), max(args.parallel, 1), args.checkpoints,
+                         job_rows(args.jobs))
         print(why, file=sys.stderr)
         print(start or "")
         return

@@ -100,4 +100,6 @@ ls "$SCRATCH"/home/reports/runs/fingerprints/"$COMMIT".json >/dev/null 2>&1 || f
 slug=$(cat "$SCRATCH/device/logs/bench/.device")  # this CPU's folder: the committed GPU models' folders are there too
 kept=$(ls "$SCRATCH/home/reports/bench/$slug"/*.jsonl 2>/dev/null | wc -l)
 [ "$kept" = "$(wc -w <<<"$BENCH")" ] || fail "$kept bench entries kept in reports/bench/$slug/, $(wc -w <<<"$BENCH") benched"
+measured=$(cat "$SCRATCH/home/reports/bench/$slug/jobs/seconds.jsonl" 2>/dev/null | wc -l)
+[ "$measured" -gt 0 ] || fail "no measured job kept in reports/bench/$slug/jobs/ (gpu_queue.py --record)"
 say "rehearsal passed: $published runs published, the report in $SCRATCH/home/reports"

@@ -20,8 +20,9 @@
 #   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile ("V:0,1,2": three seeds
 #                     stacked in one process, issue #23), --parallel at a time, stopped at --deadline
 #                    (a stopped run resumes from its checkpoint if the same machine runs it again); a job
-#                    starts only when its estimate (scripts/gpu_queue.py --fit, from the bench rows) fits
-#                    the --window's seconds left, or with its first seeds only, the others next window
+#                    starts only when its estimate (scripts/gpu_queue.py --fit: its variant's jobs measured
+#                    before on this GPU model, logs/jobs/ and reports/bench/<model>/jobs/, else the bench
+#                    rows) fits the --window's seconds left, or with its first seeds only, the others next window
 #   --window S       seconds the lent window has left at this call's start (scripts/gpu_plan.sh works it
 #                    out from the device tool's budget; default: --deadline); a job may outlast the call
 #                    to resume on the next, never the window, whose end loses it
@@ -115,6 +116,10 @@ print(device_slug(device_name(resolve_device("auto"))))' 2>>"$LOG") && echo "$sl
   for kept in reports/bench/"${slug:-none}"/*.jsonl; do
     [ -f "$kept" ] && [ ! -s "logs/bench/${kept##*/}" ] && cp "$kept" logs/bench/ && say "bench ${kept##*/}: rows of an earlier window on this GPU model ($kept)"
   done
+  kept=reports/bench/"${slug:-none}"/jobs/seconds.jsonl  # the jobs earlier windows measured on it (gpu_queue.py --record)
+  if [ -s "$kept" ] && [ ! -e logs/jobs/seconds.jsonl ]; then
+    mkdir -p logs/jobs && cp "$kept" logs/jobs/seconds.jsonl && say "$(wc -l <"$kept") jobs measured by earlier windows on this GPU model ($kept)"
+  fi
   [ -f logs/bench/.started ] || date +%s >logs/bench/.started
 fi
 for entry in $BENCH; do
@@ -216,17 +221,28 @@ run_job() {
   key=$(python3 scripts/gpu_levers.py --params params.gpu.yaml --key "$variant")  # at its precision: capsnet-fp32
   [ -f "params.gpu.$key.yaml" ] && params="params.gpu.$key.yaml"
   # a job an earlier call of this window stopped resumes; else the seeds whose estimate fits the window
+  local shared
+  shared=$(ls logs/running | wc -l)
   seeds=$(python3 scripts/gpu_queue.py --fit "$variant:$seeds" --left $((WINDOW_END - $(date +%s))) --params "$params" \
-            --bench logs/bench --parallel "$(ls logs/running | wc -l)" --checkpoints "checkpoints/$variant" 2>"logs/$variant.fit")
+            --bench logs/bench --parallel "$shared" --checkpoints "checkpoints/$variant" --jobs "$JOBS" \
+            2>"logs/$variant.fit")
   cat "logs/$variant.fit"
   seeds=${seeds##*:}
   [ -n "$seeds" ] || return 0
-  local tag="$variant-${seeds//,/-}"
+  local tag="$variant-${seeds//,/-}" began trained_at evaluated_from resumed=""
+  [ -f "checkpoints/$variant/seed${seeds//,/-}.pt" ] && resumed=1  # a resumed job's time is not a whole job's
+  began=$(date +%s)
   timeout "$left" python3 -m pipeline.cli train "$variant" "$seeds" data/prepared "models/$variant/seed{seed}" \
       --checkpoint "checkpoints/$variant/seed${seeds//,/-}.pt" --params "$params" >>"logs/$tag.log" 2>&1
   local status=$?
+  trained_at=$(date +%s)
   if [ $status = 0 ]; then proofs "$variant" "$seeds" || return $?; fi
+  evaluated_from=$(date +%s)  # the proofs' wait for the CUDA tests is not the job's own time
   [ $status = 0 ] && { evaluate "$variant" "$seeds" "logs/$tag.log" || status=$?; }
+  # its measured seconds price its variant's next seeds, here and in later windows on this GPU model
+  [ $status = 0 ] && [ -z "$resumed" ] && { python3 scripts/gpu_queue.py --record "$variant:$seeds" --params "$params" \
+    --seconds $(( trained_at - began + $(date +%s) - evaluated_from )) --jobs "$JOBS" --commit "${CAPSNET_GIT_COMMIT:-}" \
+    --parallel $(( $(ls logs/running | wc -l) > shared ? $(ls logs/running | wc -l) : shared )) || true; }
   echo "$1 exit $status after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$tag.log")"
   local rest=",${1##*:},"
   for s in ${seeds//,/ }; do rest=${rest/,$s,/,}; done
@@ -234,7 +250,7 @@ run_job() {
   return 0
 }
 export -f job evaluate proofs run_job
-export LEVERS
+export LEVERS JOBS=logs/jobs/seconds.jsonl
 if [ -n "$TRAIN" ]; then
   say "training $TRAIN, $PARALLEL at a time, until $((DEADLINE - START))s"
   printf '%s\n' $TRAIN | xargs -P "$PARALLEL" -I{} bash -c 'job "$1"' _ {} | tee -a "$LOG"

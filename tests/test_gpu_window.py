@@ -115,6 +115,45 @@ def test_a_job_the_last_call_stopped_resumes_whatever_the_estimate(gpu_params, t
     assert gpu_queue.fit("capsnet_r3_recon:1,2", 1, gpu_params, rows(), 2, tmp_path / "absent")[0] is None
 
 
+def test_a_job_measured_before_is_priced_by_its_measured_seconds(gpu_params, tmp_path):
+    """The bench row of capsnet_r3_recon over-priced the H200 window of 2026-11-27 (155 s estimated for a
+    seed that trained and evaluated in 118 s at routing 3, 49-87 s at routing 1): a variant's seeds
+    measured under the same protocol and mode price its next ones, each an upper bound where as many
+    processes shared the GPU or more, scaled by the sharing where fewer did; the least bound, with MARGIN."""
+    bench_price, _ = gpu_queue.job_seconds(gpu_params, "capsnet_r1", 1, rows(), 2)
+    measured = [gpu_queue.job_row(gpu_params, "capsnet_r1", 1, 70.0, 2),
+                gpu_queue.job_row(gpu_params, "capsnet_r1", 1, 50.0, 1),  # alone: twice that beside another
+                gpu_queue.job_row(gpu_params, "capsnet_r1", 1, 192.0, 3)]  # compiling beside the CUDA tests
+    seconds, source = gpu_queue.measured_seconds(gpu_params, "capsnet_r1", 1, measured, 2)
+    assert seconds == pytest.approx(gpu_queue.MARGIN * 70.0) and "70 s with 2 sharing" in source
+    assert gpu_queue.measured_seconds(gpu_params, "capsnet_r1", 1, measured, 1)[0] == pytest.approx(gpu_queue.MARGIN * 50.0)
+    assert gpu_queue.measured_seconds(gpu_params, "capsnet_r1", 1, measured[1:2], 2)[0] == pytest.approx(gpu_queue.MARGIN * 100.0)
+    # another variant, seed count, mode or protocol: not this job's measurement
+    other = {**gpu_params, "train": {**gpu_params["train"], "epochs": gpu_params["train"]["epochs"] * 2}}
+    for who, n, params in (("capsnet_r3", 1, gpu_params), ("capsnet_r1", 2, gpu_params), ("capsnet_r1", 1, other)):
+        assert gpu_queue.measured_seconds(params, who, n, measured, 2) is None
+    assert gpu_queue.measured_seconds(gpu_params, "capsnet_r1", 1, [{**measured[0], "mode": "fp32"}], 2) is None
+    # the window's last minutes: the bench price does not fit, the measured one does, and it starts
+    left = bench_price - 1
+    assert left > gpu_queue.MARGIN * 70.0  # the test's premise
+    assert gpu_queue.fit("capsnet_r1:2", left, gpu_params, rows(), 2)[0] is None
+    start, why = gpu_queue.fit("capsnet_r1:2", left, gpu_params, rows(), 2, jobs=measured)
+    assert start == "capsnet_r1:2" and "measured" in why
+    # measured slower than the bench says: the measurement holds it back
+    assert gpu_queue.fit("capsnet_r1:2", bench_price + 1, gpu_params, rows(), 2,
+                         jobs=[gpu_queue.job_row(gpu_params, "capsnet_r1", 1, bench_price, 2)])[0] is None
+    # recorded from the command line (gpu_session.sh after each job), read back by --fit
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(gpu_params))
+    jobs = tmp_path / "jobs" / "seconds.jsonl"
+    common = [sys.executable, "scripts/gpu_queue.py", "--params", str(tmp_path / "params.yaml"), "--jobs", str(jobs)]
+    subprocess.run([*common, "--record", "capsnet_r1:1", "--seconds", "70", "--parallel", "2", "--commit", "abcdef0123"],
+                   cwd=REPO, check=True)
+    assert gpu_queue.job_rows([jobs, tmp_path / "absent"]) == [{**measured[0], "commit": "abcdef0"}]
+    fits = subprocess.run([*common, "--fit", "capsnet_r1:2", "--left", "80", "--parallel", "2", "--bench", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    assert fits.stdout.strip() == "capsnet_r1:2" and "measured: 70 s" in fits.stderr
+
+
 def test_fit_from_the_command_line(gpu_params, tmp_path):
     """What gpu_session.sh runs before each job: the item to start on stdout, why on stderr."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(gpu_params))
@@ -166,6 +205,8 @@ def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_b
     kept = work / "reports" / "bench" / device_slug(device_name(resolve_device("auto")))
     kept.mkdir(parents=True)
     (kept / "capsnet_r3_recon@bf16#1.jsonl").write_text(json.dumps(rows()[2]) + "\n")
+    (kept / "jobs").mkdir()
+    (kept / "jobs" / "seconds.jsonl").write_text('{"variant": "capsnet_r1", "seconds": 70}\n')  # an earlier window's
     env = python3_on_path(tmp_path, f'#!/bin/sh\nexec "{sys.executable}" "$@"\n',  # this venv's
                           CAPSNET_GPU_PROFILE="smoke",  # a bench that runs: brief
                           CAPSNET_GPU_BENCH_ARGS="--batch 2 --steps 1 --warmup 0 --no-reference --device cpu")
@@ -180,6 +221,28 @@ def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_b
     assert (work / "logs" / "bench" / "capsnet_r3_recon@bf16#1.jsonl").read_text() == json.dumps(rows()[2]) + "\n"
     assert not (tmp_path / "out" / "bench.jsonl").exists()
     assert (work / "logs" / "bench" / ".device").read_text().strip() == kept.name  # what gpu_import.sh files them under
+    assert (work / "logs" / "jobs" / "seconds.jsonl").read_text() == (kept / "jobs" / "seconds.jsonl").read_text()
+    assert "1 jobs measured by earlier windows on this GPU model" in log
+
+
+def test_the_import_keeps_each_measured_job_once_per_gpu_model(tmp_path):
+    """gpu_import.sh adds a window's measured jobs (logs/jobs/seconds.jsonl) to reports/bench/<model>/jobs/:
+    the window began from a copy of those kept, which are not added again, nor on a second import."""
+    script = (REPO / "scripts" / "gpu_import.sh").read_text()
+    fragment = script[script.index("if [ -s .gpu-import/logs/bench/.device ] && [ -s .gpu-import/logs/jobs"):]
+    fragment = fragment[:fragment.index("\nfi\n") + 4]
+    logs = tmp_path / ".gpu-import" / "logs"
+    (logs / "bench").mkdir(parents=True)
+    (logs / "bench" / ".device").write_text("nvidia-h200\n")
+    kept = tmp_path / "reports" / "bench" / "nvidia-h200" / "jobs" / "seconds.jsonl"
+    kept.parent.mkdir(parents=True)
+    kept.write_text('{"a": 1}\n')
+    (logs / "jobs").mkdir()
+    (logs / "jobs" / "seconds.jsonl").write_text('{"a": 1}\n{"b": 2}\n{"c": 3}\n')
+    for added in ("2", "0"):
+        done = subprocess.run(["bash", "-c", fragment], cwd=tmp_path, capture_output=True, text=True, check=True)
+        assert done.stdout.startswith(f"{added} measured job(s) kept in reports/bench/nvidia-h200/jobs/seconds.jsonl")
+    assert kept.read_text() == '{"a": 1}\n{"b": 2}\n{"c": 3}\n'
 
 
 STUB_CLI = """#!/bin/sh
@@ -218,6 +281,10 @@ def test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by
     assert calls == ["evaluate models/capsnet_r3/seed0 data/prepared", "train capsnet_r3 1", "evaluate models/capsnet_r3/seed1 data/prepared",
                      "train capsnet_r3 2", "evaluate models/capsnet_r3/seed2 data/prepared"], calls
     assert "capsnet_r3:0 trained before, evaluated: exit 0" in log and "seed(s) 2 after it" in log
+    # the jobs that trained and evaluated are measured (seed 0's evaluation alone is not), and price the next seed
+    measured = gpu_queue.job_rows([work / "logs" / "jobs" / "seconds.jsonl"])
+    assert [(r["variant"], r["seeds"], r["parallel"]) for r in measured] == [("capsnet_r3", 1, 1)] * 2, measured
+    assert "capsnet_r3:2: " in log and "(capsnet_r3 ×1 measured: " in log
     # an evaluation that fails is not asked again (the job would loop to the deadline), nor trained again
     (work / "models" / "capsnet_r1" / "seed0").mkdir(parents=True)
     (work / "models" / "capsnet_r1" / "seed0" / "config.json").write_text("{}")

@@ -330,6 +330,38 @@ def test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment(tmp_path
         assert math.isnan(routing(tables).ci_low) and routing(tables).status.endswith("no commit in common"), tables
 
 
+def test_one_code_trained_again_on_another_host_is_one_row_and_each_seed_counts_once(tmp_path):
+    """capsnet_r1 seeds 0-2 trained at commit A on a host whose processor fingerprints it 1111aaaa…, then
+    seeds 0-1 again at commit B on another host (2222bbbb…, the 2026-11-27 capsnet_r3_recon rows): where
+    A's table on the second host computes B's fingerprint, the code is one, so the rows are one (named by
+    the fingerprint its last run recorded) and a seed of both is one seed trained again: the later run counts
+    (`publish.one_per_seed`), three seeds, not five. Without that table: two rows, nothing superseded."""
+    amd, intel = "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE", "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE "
+    for seed in (0, 1, 2):
+        fabricate(tmp_path / "a", "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit="aaaaaaa1111",
+                  fingerprint="1111aaaa1111aaaa", fingerprint_env=amd)
+    for seed in (0, 1):
+        fabricate(tmp_path / "b", "capsnet_r1", seed, 2.0 + seed / 10, n=1000, commit="bbbbbbb2222",
+                  fingerprint="2222bbbb2222bbbb", fingerprint_env=intel)
+    fabricate(tmp_path / "c", "capsnet_r1", 0, 3.0, n=1000, commit="bbbbbbb2222", epochs=2,  # another protocol
+              fingerprint="2222bbbb2222bbbb", fingerprint_env=intel)
+    earlier, later = load(tmp_path / "a", ["capsnet_r1"], [0, 1, 2]), load(tmp_path / "b", ["capsnet_r1"], [0, 1])
+    runs = sorted(earlier + later, key=lambda r: r.seed)  # as publish.with_earlier orders them: set aside first
+    runs += load(tmp_path / "c", ["capsnet_r1"], [0])
+    a_amd = {"commit": "aaaaaaa1111", "environment": amd, "fingerprints": {"capsnet_r1": "1111aaaa1111aaaa"}}
+    a_intel = {"commit": "aaaaaaa1111", "environment": intel, "fingerprints": {"capsnet_r1": "2222bbbb2222bbbb"}}
+    b_intel = {"commit": "bbbbbbb2222", "environment": intel, "fingerprints": {"capsnet_r1": "2222bbbb2222bbbb"}}
+    kept, superseded = publish.one_per_seed(rr.same_code(rr.bridge(runs, [a_amd, a_intel, b_intel])))
+    assert [(r.seed, r.commit[:7]) for r in superseded] == [(0, "aaaaaaa"), (1, "aaaaaaa")]
+    summary = t1.summarize(kept, REFERENCE)
+    assert sorted(summary.n_seeds) == [1, 3]  # the other protocol's run is a row of its own
+    row = summary[summary.n_seeds == 3].iloc[0]
+    assert row.test_errors == "2.00 2.10 1.20"
+    assert row.commit == "fp 1111aaaa: bbbbbbb, aaaaaaa"  # the last run's (seed 2's) fingerprint, both commits
+    kept, superseded = publish.one_per_seed(rr.same_code(rr.bridge(runs, [a_amd, b_intel])))
+    assert not superseded and sorted(t1.summarize(kept, REFERENCE).n_seeds) == [1, 2, 3]
+
+
 def test_a_commits_table_from_another_host_is_kept_beside_the_one_published_never_over_it(tmp_path):
     """scripts/gpu_import.sh files each window's tables by name (`lineage.keep_tables`): the same commit's
     table from another environment (another GPU host) goes beside the published one, which still vouches

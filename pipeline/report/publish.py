@@ -105,7 +105,9 @@ def one_per_seed(runs: list[Run]) -> tuple[list[Run], list[Run]]:
     training code: `runs.group`), the last (`with_earlier`'s order: the current record after those it
     displaced) counts and the earlier ones are superseded. A seed trained again under the same
     protocol and code is the same draw of the seed noise, not another: pooling both would count it
-    twice and narrow every interval it enters. Superseded records stay where they are (earlier/)."""
+    twice and narrow every interval it enters. Superseded records stay where they are (earlier/).
+    Records set aside hold no training date: of two of them in one row and seed (neither current), the
+    later in their run ids' order counts."""
     last = {(r.variant, r.protocol_key, r.commit_key, r.seed): k for k, r in enumerate(runs)}
     kept = [r for k, r in enumerate(runs) if last[(r.variant, r.protocol_key, r.commit_key, r.seed)] == k]
     return kept, [r for k, r in enumerate(runs) if last[(r.variant, r.protocol_key, r.commit_key, r.seed)] != k]

@@ -72,8 +72,10 @@ def uniform_metrics(metrics: dict, clean: str, transformed: str) -> dict:
 def whole_images(error_pct: float, n: int) -> float:
     """An error rate as the count of misclassified images over ``n`` it is: evaluations before
     2026-11-27 took the mean in float32 (0.39 % stored as 0.38999998…), and a mean of such values
-    rounds the other way from the exact one (0.375 shown as 0.37 in one table, 0.38 in another)."""
-    return round(error_pct * n / 100) * 100 / n
+    rounds the other way from the exact one (0.375 shown as 0.37 in one table, 0.38 in another). A value
+    farther from a whole count than float32's rounding is left as it is."""
+    count = error_pct * n / 100
+    return round(count) * 100 / n if abs(count - round(count)) < 1e-3 else error_pct  # float32's noise only
 
 
 class ReportError(UserError, RuntimeError):
@@ -98,6 +100,7 @@ class Run:
     commit: str = NOT_RECORDED  # full hash from config.json, or the journal's short tag, or NOT_RECORDED
     commit_source: str = NOT_RECORDED  # "config.json" | "tracking journal" | NOT_RECORDED
     computed_by: tuple[str, ...] = ()  # other commits whose fingerprint table computes this run's (`bridge`)
+    same_code_as: str = ""  # the fingerprint of the row it joins, recorded in another environment (`same_code`)
 
     @property
     def cfg(self) -> dict:
@@ -185,6 +188,8 @@ class Run:
         """What the run's training code is compared by: its training fingerprint where it recorded one
         (``fp <8 hex>``: runs of any commits that compute the same pool), else its commit's first 7
         characters (the journal tags hold only those)."""
+        if self.same_code_as:
+            return f"fp {self.same_code_as[:8]}"
         return f"fp {self.fingerprint[:8]}" if self.fingerprint != NOT_RECORDED else short(self.commit)
 
     @property
@@ -260,6 +265,35 @@ def bridge(runs: list[Run], tables: list[dict]) -> list[Run]:
                                  and lineage.fingerprint_in(r.config, r.variant, t.get("environment"), tables)
                                  == t["fingerprints"][r.variant]))
         out.append(dataclasses.replace(r, computed_by=by) if by and r.fingerprint != NOT_RECORDED else r)
+    return out
+
+
+def same_code(runs: list[Run]) -> list[Run]:
+    """``runs`` (bridged: `bridge`) with the rows of one variant and protocol whose training code is one
+    joined: two rows of fingerprints recorded in two environments (a host's processor and C library
+    decide them) that compute one commit's code (`shared_commit`) are that commit's training, so one row,
+    under the fingerprint of its last run (`Run.same_code_as`); a seed in both is then one seed trained
+    again (`publish.one_per_seed`), not two. Rows without a fingerprint stay as they are."""
+    rows = group(runs)
+    target: dict[tuple, tuple] = {}  # row key: the key of the row it joins
+    for key, mine in rows.items():
+        if mine[0].fingerprint == NOT_RECORDED:
+            continue
+        for other in target.values() or ():
+            if other[:2] == key[:2] and shared_commit(mine, rows[other]) is not None:
+                target[key] = other
+                break
+        else:
+            target[key] = key
+    last = {}  # joined row: its last run's fingerprint
+    for r in runs:
+        if (r.variant, r.protocol_key, r.commit_key) in target:
+            last[target[(r.variant, r.protocol_key, r.commit_key)]] = r.fingerprint
+    out = []
+    for r in runs:
+        joined = target.get((r.variant, r.protocol_key, r.commit_key))
+        several = joined is not None and sum(t == joined for t in target.values()) > 1
+        out.append(dataclasses.replace(r, same_code_as=last[joined]) if several and last[joined] != r.fingerprint else r)
     return out
 
 

@@ -45,10 +45,10 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     variants, seeds = list(p.ablation.variants), list(p.ablation.seeds)
     skip = rr.missing_runs(models_dir, results_dir, variants, seeds) if missing == "list" else []
     not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
-    runs, superseded = publish.one_per_seed(
+    runs, superseded = publish.one_per_seed(rr.same_code(rr.bridge(
         publish.with_earlier(rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p),
-                             models_dir, variants, seeds, p))
-    runs = rr.bridge(runs, lineage.load_tables(fingerprints))
+                             models_dir, variants, seeds, p),
+        lineage.load_tables(fingerprints))))
     for r in superseded:
         print(f"{r.variant} seed {r.seed}: run {r.config.get('run_id', rr.NOT_RECORDED)} was trained again "
                    f"under the same protocol and training code; the later run counts (the earlier record stays)")
