@@ -256,7 +256,7 @@ MUTATIONS = [
              "        set_aside(dest, variant, seed_dir, run_id(models_dir / variant / seed_dir))\n", "",
              ("tests/test_report.py::test_a_seed_trained_again_sets_its_published_record_aside_and_the_report_keeps_both",)),
     Mutation("the report leaves out the published records set aside", "pipeline/stages/report.py",
-             "models_dir, variants, seeds, p))", "models_dir / 'none', variants, seeds, p))",
+             "models_dir, variants, seeds, p),", "models_dir / 'none', variants, seeds, p),",
              ("tests/test_published.py",)),
     Mutation("a seed trained again in its row counts twice", "pipeline/report/publish.py",
              "    kept = [r for k, r in enumerate(runs) if last[(r.variant, r.protocol_key, r.commit_key, r.seed)] == k]\n",

@@ -52,9 +52,9 @@ def test_the_published_report_regenerates_byte_for_byte(tmp_path, monkeypatch):
     assert readme_block_of(readme.read_text()) == readme_block_of((REPO / "README.md").read_text())
 
 
-OTHER_PROTOCOLS = {  # what a later window may train seed 0 under: the paper's length, or the headline's again
+OTHER_PROTOCOLS = {  # what a later window may train seed 0 under: the paper's length, or its own again
     "paper length": lambda cfg: cfg | {"epochs": 640},
-    "the headline's again": lambda cfg: cfg,
+    "its own again": lambda cfg: cfg,
 }
 
 
@@ -65,7 +65,7 @@ def test_a_window_that_has_only_begun_a_protocol_leaves_the_published_claims_as_
     variant and of §5.2's CapsNet retrained and published (`capsnet publish` sets the records they
     displace aside to earlier/). Under another protocol it adds rows of one seed, and the claims, their
     protocols and the README's block read the protocol whose seeds are all there, as before (a
-    paper-length protocol heads the report only once it has as many runs). Under the headline's own
+    paper-length protocol heads the report only once it has as many runs). Under its own
     protocol and training code it is the same seed again: the later record counts, once
     (`publish.one_per_seed`), and the report names the one it supersedes."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
@@ -89,7 +89,7 @@ def test_a_window_that_has_only_begun_a_protocol_leaves_the_published_claims_as_
     pd.testing.assert_frame_equal(after[columns], before[columns])
     assert readme_block_of(readme.read_text()) == readme_block_of((REPO / "README.md").read_text())
     again = "capsnet_r1 seed 0: run " in result.output
-    assert again == (protocol == "the headline's again"), result.output
+    assert again == (protocol == "its own again"), result.output
     named = "**trained again, the earlier record not counted**: capsnet_r1 seed 0 (run "
     assert (named in (tmp_path / "reports" / "ablation.md").read_text()) == again
     rows = pd.read_csv(tmp_path / "reports" / "results.csv").query("variant == 'capsnet_r1'")
