@@ -279,7 +279,7 @@ def same_code(runs: list[Run]) -> list[Run]:
     for key, mine in rows.items():
         if mine[0].fingerprint == NOT_RECORDED:
             continue
-        for other in target.values() or ():
+        for other in dict.fromkeys(target.values()):  # the rows joined so far
             if other[:2] == key[:2] and shared_commit(mine, rows[other]) is not None:
                 target[key] = other
                 break

@@ -51,7 +51,7 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
         lineage.load_tables(fingerprints))))
     for r in superseded:
         print(f"{r.variant} seed {r.seed}: run {r.config.get('run_id', rr.NOT_RECORDED)} was trained again "
-                   f"under the same protocol and training code; the later run counts (the earlier record stays)")
+              f"under the same protocol and training code; the later run counts (the earlier record stays)")
     if not runs:
         raise UserError("no variant of params.yaml's ablation has an evaluation to report; run the pipeline "
                         "first (`dvc repro`), or pass --missing list to report what exists")
