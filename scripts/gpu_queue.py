@@ -205,14 +205,9 @@ def job_row(params: dict, variant: str, seeds: int, seconds: float, parallel: in
 
 
 def job_rows(paths: list[Path]) -> list[dict]:
-    """The measured jobs in these files (`job_row`, one JSON object a line; a torn line skipped)."""
-    rows = []
-    for line in (line for p in paths if p.is_file() for line in p.read_text().splitlines()):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """The measured jobs in these files (`job_row`, one JSON object a line, read as bench rows are: a
+    torn line skipped, a missing file none)."""
+    return [row for p in paths for row in bench_rows(p)]
 
 
 def measured_seconds(params: dict, variant: str, seeds: int, jobs: list[dict], parallel: int) -> tuple[float, str] | None:

@@ -240,9 +240,11 @@ run_job() {
   evaluated_from=$(date +%s)  # the proofs' wait for the CUDA tests is not the job's own time
   [ $status = 0 ] && { evaluate "$variant" "$seeds" "logs/$tag.log" || status=$?; }
   # its measured seconds price its variant's next seeds, here and in later windows on this GPU model
+  local now_shared
+  now_shared=$(ls logs/running | wc -l)
   [ $status = 0 ] && [ -z "$resumed" ] && { python3 scripts/gpu_queue.py --record "$variant:$seeds" --params "$params" \
     --seconds $(( trained_at - began + $(date +%s) - evaluated_from )) --jobs "$JOBS" --commit "${CAPSNET_GIT_COMMIT:-}" \
-    --parallel $(( $(ls logs/running | wc -l) > shared ? $(ls logs/running | wc -l) : shared )) || true; }
+    --parallel $(( now_shared > shared ? now_shared : shared )) || true; }
   echo "$1 exit $status after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$tag.log")"
   local rest=",${1##*:},"
   for s in ${seeds//,/ }; do rest=${rest/,$s,/,}; done

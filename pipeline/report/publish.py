@@ -109,5 +109,5 @@ def one_per_seed(runs: list[Run]) -> tuple[list[Run], list[Run]]:
     Records set aside hold no training date: of two of them in one row and seed (neither current), the
     later in their run ids' order counts."""
     last = {(r.variant, r.protocol_key, r.commit_key, r.seed): k for k, r in enumerate(runs)}
-    kept = [r for k, r in enumerate(runs) if last[(r.variant, r.protocol_key, r.commit_key, r.seed)] == k]
-    return kept, [r for k, r in enumerate(runs) if last[(r.variant, r.protocol_key, r.commit_key, r.seed)] != k]
+    counts = set(last.values())
+    return [r for k, r in enumerate(runs) if k in counts], [r for k, r in enumerate(runs) if k not in counts]

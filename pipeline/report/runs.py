@@ -289,10 +289,11 @@ def same_code(runs: list[Run]) -> list[Run]:
     for r in runs:
         if (r.variant, r.protocol_key, r.commit_key) in target:
             last[target[(r.variant, r.protocol_key, r.commit_key)]] = r.fingerprint
+    joins = Counter(target.values())  # a joined row: how many rows it holds
     out = []
     for r in runs:
         joined = target.get((r.variant, r.protocol_key, r.commit_key))
-        several = joined is not None and sum(t == joined for t in target.values()) > 1
+        several = joined is not None and joins[joined] > 1
         out.append(dataclasses.replace(r, same_code_as=last[joined]) if several and last[joined] != r.fingerprint else r)
     return out
 
