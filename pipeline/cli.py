@@ -294,18 +294,22 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
               show_default=True, help="how stacked seeds run (train.stack_layout): fused, one grouped kernel per "
                                       "layer (vmap); bmm, the convolutions as batched matrix products; loop, each "
                                       "seed's kernels in turn (repeatable)")
+@click.option("--profile-steps", "profile", type=click.IntRange(min=0), default=0, show_default=True,
+              help="after the timed steps, this many more under torch.profiler: each row's \"profile\" says where "
+                   "a step's time went (the device's busy time against the wall, by category, the longest kernels)")
 @PARAMS_OPTION
 @user_errors
 def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
           reference: bool, deterministic: str, device: str, seeds: tuple[int, ...], layouts: tuple[str, ...],
-          params_path: str) -> None:
+          profile: int, params_path: str) -> None:
     """Print one JSON line per configuration: images/s, ms/step, s/epoch, TFLOP/s, memory.
 
     Times the real training step of `capsnet train` on random uint8 data after warm-up steps,
     synchronising the device only at the edges, with the profile's settings (params.yaml) unless
     told otherwise. FLOP per image are counted by torch's FlopCounterMode over one training step.
     With --reference, a loop written the way popular re-implementations train (eager fp32,
-    DataLoader, per-sample transforms) gives the ratio.
+    DataLoader, per-sample transforms) gives the ratio. With --profile-steps N, each row also says
+    where N more steps' time went (torch.profiler; pipeline/training/profile.py).
     """
     import json
 
@@ -313,7 +317,7 @@ def bench(variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], st
 
     params = load_params(params_path)
     for row in bn.run(params, variant, batch_sizes, modes, steps, warmup, reference, deterministic, device, seeds,
-                      layouts):
+                      layouts, profile):
         click.echo(json.dumps(row))
 
 

@@ -5,7 +5,8 @@
 
 One table per benched variant for its one-seed rows, in the form pipeline/report/costs.py reads
 (`| capsnet-repro <configuration> | images/s | …`: the report prices seeds with them), and one for
-its stacked rows (`| stacked …`, which the costs leave alone: they are aggregates of several seeds).
+its stacked rows (`| stacked …`, which the costs leave alone: they are aggregates of several seeds), and
+where a step's time goes for the rows a `+profile` entry profiled (`capsnet bench --profile-steps`).
 A captured mode that ran uncaptured (`captured: false`: the capture failed, or no CUDA) says so. Needs only this
 repository (no torch).
 """
@@ -46,6 +47,34 @@ def number(x, digits: int = 0) -> str:
     return "–" if x is None else f"{x:,.{digits}f}"
 
 
+def profile_table(rows: list[dict]) -> list[str]:
+    """Where a step's time went in the rows benched with --profile-steps (`+profile` entries): per
+    configuration the wall and the device's busy milliseconds per step, the busy time by category,
+    then each configuration's longest kernels; nothing when no row was profiled."""
+    profiled = [r for r in rows if r.get("profile")]
+    if not profiled:
+        return []
+    cats = list(next((r["profile"]["categories_ms_per_step"] for r in profiled if r["profile"]["busy_ms_per_step"] is not None),
+                     None) or ())
+    out = ["", f"Where a step's time goes (`capsnet bench --profile-steps`: torch.profiler over "
+               f"{profiled[0]['profile']['steps']} steps after the timed ones; ms per step; busy: the kernels' summed time):",
+           "", "| configuration | seeds | layout | wall | busy (of wall) | kernels | " + " | ".join(cats) + " |",
+           "|---|---|---|---|---|---|" + "---|" * len(cats)]
+    for r in profiled:
+        p = r["profile"]
+        busy = "none recorded" if p["busy_ms_per_step"] is None else \
+            f"{p['busy_ms_per_step']:.2f} ({p['busy_ms_per_step'] / p['wall_ms_per_step']:.0%})"
+        spread = [number((p["categories_ms_per_step"] or {}).get(c), 2) for c in cats]
+        out.append(f"| {label(r)} | {r.get('seeds', 1)} | {r.get('stack', '–')} | {p['wall_ms_per_step']:.2f} | {busy} | "
+                   f"{number(p['calls_per_step'])} | " + " | ".join(spread) + " |")
+    out += ["", "Longest kernels (ms per step, calls per step):"]
+    for r in profiled:
+        top = "; ".join(f"`{k['name'][:60]}` {k['ms_per_step']:.3f} ×{k['calls_per_step']:g}" for k in r["profile"]["top"][:5]) \
+            or f"none ({r['profile']['activity']})"
+        out.append(f"- {label(r)}, {r.get('seeds', 1)} seed{'s' if r.get('seeds', 1) > 1 else ''}: {top}")
+    return out
+
+
 def section(folder: Path) -> str:
     rows = rows_of(folder)
     if not rows:
@@ -79,6 +108,7 @@ def section(folder: Path) -> str:
                 lines.append(f"| stacked {label(r)} | {r['seeds']} | {r.get('stack', 'fused')} | {number(r['train_images_per_s'])} | "
                              f"{number(r.get('per_seed_images_per_s'))} | {number(r.get('speedup_vs_separate'), 2)} | "
                              f"{number(r.get('peak_memory_mb'))} | {number(r.get('first_step_s'), 1)} |")
+        lines += profile_table(mine)
     lines += ["", f"Targets (issue #36, {TARGET_VARIANT}, any measured mode):"]
     for seeds, target in TARGETS.items():
         timed = [r for r in rows if r["variant"] == TARGET_VARIANT and r.get("seeds", 1) == seeds and r["mode"] != "reference"]

@@ -56,7 +56,7 @@ send_tree() {  # what the device tool sends (tracked and not-ignored untracked f
 }
 COMMIT=$(git rev-parse HEAD)
 # the models gpu_levers picks for, and the smoke profile's own fp32 that the jobs' estimates read
-BENCH="capsnet_r3_recon@fp32,bf16-capture#1,3+bmm baseline_cnn@fp32,bf16-capture#1"
+BENCH="capsnet_r3_recon@fp32,bf16-capture#1,3+bmm+profile baseline_cnn@fp32,bf16-capture#1"
 left=900  # the device tool's budget_left_s before the call
 for call in 1 2; do
   deadline=$([ $call = 1 ] && echo 240 || echo 560)
@@ -75,6 +75,7 @@ grep -q "fingerprint pins on this host's CPU, exit 0" "$SCRATCH/out-1/session.lo
   || fail "the fingerprint pins failed on this CPU, their own ($SCRATCH/out-1/fingerprint_pins.txt)"
 grep -q "gpu tests exit" "$SCRATCH/out-2/session.log" && fail "call 2 ran the CUDA tests again on the warm machine"
 cat "$SCRATCH"/out-*/bench.jsonl 2>/dev/null | grep -q . || fail "no bench rows came back"
+cat "$SCRATCH"/out-*/bench.jsonl | grep -q '"profile": {' || fail "no profiled bench row came back (the +profile entry)"
 grep -q "s estimated of" "$SCRATCH/out-1/session.log" || fail "call 1 started no job by its estimate"
 say "call 1 left $(grep -c "not started" "$SCRATCH/out-1/session.log" || true) items unstarted and stopped $(grep -c " exit 124 " "$SCRATCH/out-1/session.log" || true) at its deadline"
 wanted=$(cd "$SCRATCH/device" && python3 scripts/gpu_queue.py --params params.gpu.yaml --runs "$REPO/reports/runs")

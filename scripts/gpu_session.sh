@@ -9,7 +9,8 @@
 #   --bench "V ..."  `capsnet bench` rows for these variants: the reference loop, then fp32, bf16 and
 #                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs),
 #                    with seeds stacked as V@mode#1,3 (one seed, then three stacked: bench --seeds;
-#                    V@mode#1,3+loop+bmm also times the stack's loop and bmm layouts beside the fused one);
+#                    V@mode#1,3+loop+bmm also times the stack's loop and bmm layouts beside the fused one,
+#                    V@mode#1,3+profile says where each configuration's step time goes: bench --profile-steps);
 #                    a bench this warm machine already ran (logs/bench/), or an earlier window on this GPU
 #                    model (reports/bench/<model>/, gpu_import.sh keeps them), is not run again; a bench
 #                    starts only within the first --bench-budget seconds (default 300) of benching on
@@ -126,6 +127,8 @@ for entry in $BENCH; do
   spec=${entry%%#*} seeds=1 layouts=fused
   [[ $entry == *#* ]] && seeds=${entry#*#}
   if [[ $seeds == *+* ]]; then layouts="fused ${seeds#*+}" seeds=${seeds%%+*}; layouts=${layouts//+/ }; fi
+  profile=()  # +profile: ten more steps of each configuration under torch.profiler (pipeline/training/profile.py)
+  if [[ " $layouts " == *" profile "* ]]; then profile=(--profile-steps 10) layouts=${layouts// profile/}; fi
   variant=${spec%%@*} modes=fp32,bf16,bf16-compile
   [[ $spec == *@* ]] && modes=${spec#*@}
   done_file="logs/bench/$entry.jsonl"
@@ -138,6 +141,7 @@ for entry in $BENCH; do
   for mode in ${modes//,/ }; do mode_args+=(--mode "$mode"); done
   for s in ${seeds//,/ }; do mode_args+=(--seeds "$s"); done
   for layout in $layouts; do mode_args+=(--stack "$layout"); done
+  mode_args+=(${profile[@]+"${profile[@]}"})
   # stopped at the deadline like a training run: rows stream out, so one cut short keeps what it
   # measured and runs again on the next call; CAPSNET_GPU_BENCH_ARGS: a rehearsal's smaller bench
   # shellcheck disable=SC2086

@@ -53,6 +53,7 @@ QUEUE = f"{PROFILES}::test_gpu_queue_skips_what_is_published_under_the_profiles_
 PROBE = f"{FINGERPRINT}::test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_beside_the_others"
 WARM = "tests/test_warm.py"
 TALLY = "tests/test_steps.py::test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_step"
+PROFILE = "tests/test_profile.py"
 CAPTURED = "tests/test_steps.py::test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains[baseline_cnn-3seeds]"
 
 MUTATIONS = [
@@ -737,6 +738,22 @@ MUTATIONS = [
              (DOCS,)),
     Mutation("the README links a page that is not there", "README.md", "[docs/testing.md](docs/testing.md)",
              "[docs/testing.md](docs/tests.md)", (DOCS,)),
+    # --- where a step's time goes (capsnet bench --profile-steps) ---
+    Mutation("a convolution's implicit GEMM counted as a matrix product", "pipeline/training/profile.py",
+             '    ("matmul", ("triton_tem",)),\n    ("fused (triton)", ("triton",)),\n    ("convolution", ("conv", "implicit_gemm", "fprop", "dgrad", "wgrad", "nchwtonhwc", "nhwctonchw", "cudnn")),\n    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm")),',
+             '    ("matmul", ("triton_tem",)),\n    ("fused (triton)", ("triton",)),\n    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm")),\n    ("convolution", ("conv", "implicit_gemm", "fprop", "dgrad", "wgrad", "nchwtonhwc", "nhwctonchw", "cudnn")),',
+             (PROFILE,)),
+    Mutation("the profile's busy time summed over its steps, not per step", "pipeline/training/profile.py",
+             '"busy_ms_per_step": round(busy / per_step, 4)', '"busy_ms_per_step": round(busy / 1000, 4)', (PROFILE,)),
+    Mutation("the device's record_function ranges counted as kernels", "pipeline/training/profile.py",
+             'if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):',
+             "if e.device_type == DeviceType.CUDA:", (PROFILE,)),
+    Mutation("the bench draws no data for its profiled steps", "pipeline/training/bench.py",
+             "n = cfg.batch_size * (steps + warmup + profile)", "n = cfg.batch_size * (steps + warmup)", (PROFILE,)),
+    Mutation("a +profile entry benched without its profile", "scripts/gpu_session.sh",
+             "profile=(--profile-steps 10) layouts=", "profile=() layouts=", (PROFILE,)),
+    Mutation("the bench table leaves the profiles out", "scripts/bench_table.py",
+             "        lines += profile_table(mine)\n", "", (PROFILE,)),
     Mutation("the README's mutation count is not the list's", "README.md", "applies 2", "applies 9",
              (DOCS,)),  # the count's first digit: stays valid as mutations are added (200-299)
 ]

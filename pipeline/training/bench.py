@@ -21,6 +21,7 @@ from torchvision.transforms import v2
 from pipeline.core.params import BENCH_MODES
 from pipeline.core.provenance import git_commit, repo_root
 from pipeline.data.idx import MNIST_SIZE
+from pipeline.training.profile import profile_steps
 from pipeline.training.train import (
     RunConfig, build_group, build_model, compute_loss, configure_backends, loss_recipe, make_optimizer, make_step,
     predict, resolve_device,
@@ -61,7 +62,7 @@ def random_data(cfg: RunConfig, n: int, device: torch.device) -> dict[str, torch
 
 
 def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
-               compile_mode: str = "default", seeds: int = 1, layout: str = "fused") -> dict:
+               compile_mode: str = "default", seeds: int = 1, layout: str = "fused", profile: int = 0) -> dict:
     """Time the training step `capsnet train` runs (`train.make_step`: every seed's batch drawn, one
     stacked step; captured as one CUDA graph under cfg.cuda_graph) and inference, on random uint8
     data; ``seeds`` seeds stacked (1: a separate run) in ``layout`` (`pipeline.training.stack.SeedStack`).
@@ -70,6 +71,8 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     without warm-up steps: then the timed steps include it). A captured step is captured after
     its own eager warm-up steps (pipeline.training.steps.WARMUP_STEPS), within ``warmup`` when it
     is larger. train_images_per_s counts every seed's images (aggregate); per_seed_images_per_s one seed's.
+    ``profile`` > 0: that many more steps under torch.profiler after the timed ones, where their time
+    went as the row's "profile" (`pipeline.training.profile`; the timing does not include them).
     """
     device = resolve_device(cfg.device)
     amp = cfg.amp and device.type == "cuda"
@@ -77,7 +80,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     cfgs = [dataclasses.replace(cfg, seed=generator_seed + k, stack_layout=layout) for k in range(seeds)]
     stack, optimizer, scheduler, generators = build_group(cfgs, device)
     loss_fn = torch.compile(stack, mode=compile_mode) if cfg.compile else stack
-    n = cfg.batch_size * (steps + warmup)
+    n = cfg.batch_size * (steps + warmup + profile)
     exp = cfg.experiment_module().Training(cfg, random_data(cfg, n, device), device)
     step = make_step(cfg, exp, stack, loss_fn, optimizer, scheduler, generators, amp, device)
     step.begin_epoch(0, [exp.epoch_order(g) for g in generators], torch.ones(seeds, device=device))
@@ -97,6 +100,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     _sync(device)
     train_seconds = time.perf_counter() - t0
     captured = step.graph is not None
+    where = profile_steps(step, profile, device) if profile else None
     # whole eval batches only: a last partial batch is a new shape, and cuDNN autotuning (deterministic:
     # false) would time its algorithm search
     images = exp.test_images  # (n, S, S); MultiMNIST's are the 28×28 digits its recipes index
@@ -114,7 +118,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     return {"seeds": seeds, "train_images_per_s": images_per_s, "per_seed_images_per_s": images_per_s / seeds,
             "ms_per_step": 1000 * train_seconds / steps, "s_per_epoch": seeds * EPOCH_IMAGES / images_per_s,
             "peak_memory_mb": _peak_memory_mb(device), "inference_images_per_s": infer.shape[0] / infer_seconds,
-            "first_step_s": first_step_s, "captured": captured}
+            "first_step_s": first_step_s, "captured": captured, **({"profile": where} if where else {})}
 
 
 class _TensorDigits(Dataset):
@@ -173,11 +177,11 @@ def device_slug(name: str) -> str:
 
 def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ...], steps: int, warmup: int,
         reference: bool, deterministic: str, device: str, seeds: tuple[int, ...] = (1,),
-        layouts: tuple[str, ...] = ("fused",)):
+        layouts: tuple[str, ...] = ("fused",), profile: int = 0):
     """Yield one row per (batch, mode, seeds stacked, layout), the reference loop first when asked:
     what `capsnet bench` prints. Rows with seeds > 1 carry their layout and speedup_vs_separate: their
     aggregate images/s over the one-seed row's (S separate runs one after another train at the
-    one-seed rate)."""
+    one-seed rate). ``profile`` > 0: each timed row also says where that many steps' time went."""
     import datetime
 
     from pipeline.training.train import run_config
@@ -207,7 +211,7 @@ def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ..
             single = None
             for s, layout in [(s, layout) for s in seeds for layout in (layouts if s > 1 else ("fused",))]:
                 result = bench_step(cfg, steps, warmup, compile_mode=compile_mode or "default", seeds=s,
-                                    layout=layout)
+                                    layout=layout, profile=profile)
                 if ref:
                     result["speedup_vs_reference"] = result["train_images_per_s"] / ref["train_images_per_s"]
                 if s == 1:
