@@ -52,9 +52,12 @@ $BIN/capsnet report reports/runs/models reports/runs/results "$fresh/reports" --
   --readme README.md --fingerprints reports/runs/fingerprints --benchmarks reports/benchmarks.md
 rm -rf reports/metrics  # the report's own, one file per row: a row renamed or gone leaves no stale file
 cp -r "$fresh/reports/." reports/ && rm -rf "$fresh"
+n=0
 for folder in "${folders[@]}"; do  # the capped fingerprint on another processor: pins of this machine, passed there?
-  [ -s "$folder/fingerprint_pins.txt" ] && echo "fingerprint pins on the GPU host's CPU ($folder): $(tail -1 "$folder/fingerprint_pins.txt")"
-  [ -s "$folder/fingerprint_probe.jsonl" ] && $BIN/python scripts/fingerprint_probe.py --keep "$folder/fingerprint_probe.jsonl" reports/fingerprint-probe
+  checks=$folder n=$((n + 1))  # a call's checks come in checks.tar.gz (gpu_session.sh), before 2026-11-28 loose
+  if [ -s "$folder/checks.tar.gz" ]; then checks=.gpu-import/checks-$n && mkdir -p "$checks" && tar xzf "$folder/checks.tar.gz" -C "$checks"; fi
+  [ -s "$checks/fingerprint_pins.txt" ] && echo "fingerprint pins on the GPU host's CPU ($folder): $(tail -1 "$checks/fingerprint_pins.txt")"
+  [ -s "$checks/fingerprint_probe.jsonl" ] && $BIN/python scripts/fingerprint_probe.py --keep "$checks/fingerprint_probe.jsonl" reports/fingerprint-probe
 done
 travel=0; python3 scripts/gpu_travel.py || travel=$?
 [ "$travel" != 1 ] || echo "the next window cannot start until this is mended"

@@ -56,7 +56,7 @@ send_tree() {  # what the device tool sends (tracked and not-ignored untracked f
 }
 COMMIT=$(git rev-parse HEAD)
 # the models gpu_levers picks for, and the smoke profile's own fp32 that the jobs' estimates read
-BENCH="capsnet_r3_recon@fp32,bf16-capture#1,3+bmm+profile baseline_cnn@fp32,bf16-capture#1"
+BENCH="capsnet_r3_recon@fp32,bf16-capture#1,3+bmm baseline_cnn@fp32,bf16-capture#1 capsnet_r1@fp32#1+profile"  # the last: CPU-sized
 left=900  # the device tool's budget_left_s before the call
 for call in 1 2; do
   deadline=$([ $call = 1 ] && echo 240 || echo 560)
@@ -72,10 +72,14 @@ for call in 1 2; do
 done
 grep -q "gpu tests exit" "$SCRATCH/out-1/session.log" || fail "call 1 did not run the CUDA tests"
 grep -q "fingerprint pins on this host's CPU, exit 0" "$SCRATCH/out-1/session.log" \
-  || fail "the fingerprint pins failed on this CPU, their own ($SCRATCH/out-1/fingerprint_pins.txt)"
+  || fail "the fingerprint pins failed on this CPU, their own ($SCRATCH/out-1/checks.tar.gz's fingerprint_pins.txt)"
 grep -q "gpu tests exit" "$SCRATCH/out-2/session.log" && fail "call 2 ran the CUDA tests again on the warm machine"
-cat "$SCRATCH"/out-*/bench.jsonl 2>/dev/null | grep -q . || fail "no bench rows came back"
-cat "$SCRATCH"/out-*/bench.jsonl | grep -q '"profile": {' || fail "no profiled bench row came back (the +profile entry)"
+for call in 1 2; do
+  [ "$(ls "$SCRATCH/out-$call" | wc -l)" -le 8 ] || fail "call $call's \$OUT holds over 8 files, the device tool's limit"
+done
+bench_rows() { for f in "$SCRATCH"/out-*/checks.tar.gz; do tar xzf "$f" -O bench.jsonl 2>/dev/null; done; }
+bench_rows | grep -q . || fail "no bench rows came back (checks.tar.gz's bench.jsonl)"
+bench_rows | grep -q '"profile": {' || fail "no profiled bench row came back (the +profile entry)"
 grep -q "s estimated of" "$SCRATCH/out-1/session.log" || fail "call 1 started no job by its estimate"
 say "call 1 left $(grep -c "not started" "$SCRATCH/out-1/session.log" || true) items unstarted and stopped $(grep -c " exit 124 " "$SCRATCH/out-1/session.log" || true) at its deadline"
 wanted=$(cd "$SCRATCH/device" && python3 scripts/gpu_queue.py --params params.gpu.yaml --runs "$REPO/reports/runs")
@@ -97,6 +101,8 @@ say "import: gpu_import.sh in a copy of the tree with its own MLflow store"
 published=$(ls -d "$SCRATCH"/home/reports/runs/models/*/seed* | wc -l)
 [ "$published" = "$(echo "$wanted" | wc -w)" ] || fail "$published runs published, $(echo "$wanted" | wc -w) trained"
 [ "$SCRATCH/home/reports/ablation.md" -nt "$SCRATCH/import.started" ] || fail "no report written (reports/ablation.md)"
+grep -q "fingerprint pins on the GPU host's CPU ($SCRATCH/out-1): .*passed" "$SCRATCH/import.log" \
+  || fail "the import did not read call 1's fingerprint pins (checks.tar.gz)"
 ls "$SCRATCH"/home/reports/runs/fingerprints/"$COMMIT".json >/dev/null 2>&1 || fail "no fingerprint table of $COMMIT imported"
 slug=$(cat "$SCRATCH/device/logs/bench/.device")  # this CPU's folder: the committed GPU models' folders are there too
 kept=$(ls "$SCRATCH/home/reports/bench/$slug"/*.jsonl 2>/dev/null | wc -l)

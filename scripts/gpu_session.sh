@@ -27,9 +27,10 @@
 #   --window S       seconds the lent window has left at this call's start (scripts/gpu_plan.sh works it
 #                    out from the device tool's budget; default: --deadline); a job may outlast the call
 #                    to resume on the next, never the window, whose end loses it
-# Tracking is journalled (no MLflow there); everything comes back in $OUT (runs-*.tar.gz split
-# under 16 MiB, with the commit's fingerprint table that gpu_plan.sh wrote in fingerprints/; bench.jsonl, gpu_tests.txt,
-# gpu_diffs.jsonl, session.log, inductor-cache.tar.gz).
+# Tracking is journalled (no MLflow there); everything comes back in $OUT, at most 8 files (the device
+# tool's limit): runs-*.tar.gz split under 16 MiB, with the commit's fingerprint table that gpu_plan.sh
+# wrote in fingerprints/; session.log; inductor-cache.tar.gz; checks.tar.gz, the checks' own files
+# (bench.jsonl, gpu_tests.txt, gpu_diffs.jsonl, fingerprint_pins.txt, fingerprint_probe.jsonl and .txt).
 # Here: `bash scripts/gpu_fetch_mnist.sh` once, then the device tool runs, with carry [".gpu"]:
 #   bash scripts/gpu_session.sh --tests --bench "capsnet_r3_recon" --train "capsnet_r3_recon:0"
 # Back here: `bash scripts/gpu_import.sh FOLDER` unpacks the runs, syncs MLflow and writes the report.
@@ -272,4 +273,12 @@ if [ ${#runs[@]} -gt 0 ]; then
 fi
 tar czf "$OUT/inductor-cache.tar.gz" -C .gpu inductor 2>/dev/null
 [ "$(stat -c %s "$OUT/inductor-cache.tar.gz" 2>/dev/null || echo 0)" -gt 15000000 ] && rm -f "$OUT/inductor-cache.tar.gz"
+# the checks' files as one: the device tool brings back at most 8 files a call, and one call's checks are
+# six beside session.log, the inductor cache and the runs' parts (2026-11-27's first call: 7 of 8 without a bench)
+checks=()
+for f in bench.jsonl gpu_tests.txt gpu_diffs.jsonl fingerprint_pins.txt fingerprint_probe.jsonl fingerprint_probe.txt; do
+  [ -f "$OUT/$f" ] && checks+=("$f")
+done
+if [ ${#checks[@]} -gt 0 ] && tar czf "$OUT/checks.tar.gz" -C "$OUT" "${checks[@]}"; then (cd "$OUT" && rm -f "${checks[@]}"); fi
+[ "$(ls "$OUT" | wc -l)" -le 8 ] || say "over 8 files in \$OUT: the device tool leaves the rest behind"
 say "done: $(ls "$OUT" | tr '\n' ' ')"

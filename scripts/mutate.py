@@ -754,6 +754,10 @@ MUTATIONS = [
              "profile=(--profile-steps 10) layouts=", "profile=() layouts=", (PROFILE,)),
     Mutation("the bench table leaves the profiles out", "scripts/bench_table.py",
              "        lines += profile_table(mine)\n", "", (PROFILE,)),
+    Mutation("a call's checks come back one file each, past the device tool's eight", "scripts/gpu_session.sh",
+             '[ -f "$OUT/$f" ] && checks+=("$f")', '[ -f "$OUT/$f" ] && false', (WINDOW,)),
+    Mutation("the import looks for a call's checks beside its archive", "scripts/gpu_import.sh",
+             'checks=.gpu-import/checks-$n && mkdir', 'checks=$folder && mkdir', (WINDOW,)),
     Mutation("the README's mutation count is not the list's", "README.md", "applies 2", "applies 9",
              (DOCS,)),  # the count's first digit: stays valid as mutations are added (200-299)
 ]

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -223,6 +224,52 @@ def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_b
     assert (work / "logs" / "bench" / ".device").read_text().strip() == kept.name  # what gpu_import.sh files them under
     assert (work / "logs" / "jobs" / "seconds.jsonl").read_text() == (kept / "jobs" / "seconds.jsonl").read_text()
     assert "1 jobs measured by earlier windows on this GPU model" in log
+
+
+def test_a_call_brings_back_its_checks_as_one_file_within_the_device_tools_eight(tmp_path):
+    """gpu_session.sh packs the checks' files (the bench rows, the CUDA tests' logs, the fingerprint pins and
+    probe) into checks.tar.gz: with session.log, the inductor cache and the runs' parts a call's first
+    window held nine files, and the device tool brings back eight."""
+    work = device_tree(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    checks = ["gpu_tests.txt", "gpu_diffs.jsonl", "fingerprint_pins.txt", "fingerprint_probe.jsonl", "fingerprint_probe.txt"]
+    for name in checks:  # what the CUDA tests beside the jobs leave there
+        (out / name).write_text(f"{name}\n")
+    (work / ".gpu" / "inductor").mkdir(parents=True)
+    (work / ".gpu" / "inductor" / "kernel.py").write_text("cached")
+    stub = f"""#!/bin/sh
+if [ "$1 $2 $3" = "-m pipeline.cli bench" ]; then echo '{{"variant": "capsnet_r1", "mode": "fp32"}}'; exit 0; fi
+exec "{sys.executable}" "$@"
+"""
+    env = python3_on_path(tmp_path, stub, CAPSNET_GPU_PROFILE="smoke")
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--bench", "capsnet_r1@fp32#1", "--deadline", "300"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    back = sorted(p.name for p in out.iterdir())
+    assert back[0] == "checks.tar.gz" and back[1:3] == ["inductor-cache.tar.gz", back[2]] and back[-1] == "session.log"
+    assert back[2].startswith("runs-") and len(back) == 4, back
+    with tarfile.open(out / "checks.tar.gz") as tar:
+        assert sorted(tar.getnames()) == sorted(["bench.jsonl", *checks])
+        assert tar.extractfile("bench.jsonl").read().decode().startswith('{"variant": "capsnet_r1"')
+    assert "over 8 files" not in (out / "session.log").read_text()
+
+
+def test_the_import_reads_a_calls_checks_from_their_archive_and_from_an_older_calls_loose_files(tmp_path):
+    script = (REPO / "scripts" / "gpu_import.sh").read_text()
+    fragment = script[script.index("n=0\nfor folder in"):]
+    fragment = fragment[:fragment.index("\ndone\n") + 6]
+    new, old = tmp_path / "1", tmp_path / "2"
+    new.mkdir(), old.mkdir()
+    (tmp_path / "fingerprint_pins.txt").write_text("...\n5 passed in 90s\n")
+    with tarfile.open(new / "checks.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "fingerprint_pins.txt", arcname="fingerprint_pins.txt")
+    (old / "fingerprint_pins.txt").write_text("1 failed in 80s\n")
+    done = subprocess.run(["bash", "-c", f"folders=({new} {old}); BIN=/nowhere\n{fragment}"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.stdout.splitlines() == [f"fingerprint pins on the GPU host's CPU ({new}): 5 passed in 90s",
+                                        f"fingerprint pins on the GPU host's CPU ({old}): 1 failed in 80s"], done.stdout + done.stderr
+    assert [p.name for p in new.iterdir()] == ["checks.tar.gz"]  # the device tool's folders are read-only: unpacked elsewhere
 
 
 def test_the_import_keeps_each_measured_job_once_per_gpu_model(tmp_path):
