@@ -35,7 +35,8 @@ prints what of that item to start with S seconds of the window left (gpu_session
 job): the item, its first seeds only, or nothing (the reason goes to stderr). A run the window's end
 cuts off is lost (its checkpoint stays on the machine given back), and it slows the runs beside it
 into the same end, so a job starts only when its estimate fits: epochs × images per epoch (× the
-image area over MNIST's 28×28: MultiMNIST 36, §5.2 40) per seed over the bench row of the settings it
+image area over MNIST's 28×28, MultiMNIST 36, §5.2 40, or × the training FLOP per image over the
+benched variant's where that is more: `image_cost`) per seed over the bench row of the settings it
 trains with (params P's levers; capsnet_r3_recon's rows for every CapsNet, baseline_cnn's for the
 CNNs), the GPU shared by N processes, plus EVAL_SECONDS per seed and the process's STARTUP_SECONDS. No
 bench row: no estimate, it starts. A variant's seeds train stacked unless that is slower than one
@@ -154,6 +155,21 @@ EVAL_SECONDS = 30  # a seed's evaluation, MultiMNIST's 1M test pairs the longest
 STARTUP_SECONDS = 25  # a process's start to its first epoch: 22-24 s on the H200 (2026-11-26, capsnet_r3_recon
 # seed 0: 71 s of wall time, 46.8 s of it in 30 epochs; imports, data, the fingerprint, compile from the cache)
 MARGIN = 1.1  # an estimate's head room
+FLOPS = Path(__file__).resolve().parents[1] / "reports" / "bench" / "flop_per_image.json"  # scripts/flop_table.py
+
+
+def image_cost(variant: str, benched: str, experiment: str, flops: dict | None = None) -> tuple[float, str]:
+    """How many of ``benched``'s training images one of ``variant``'s costs, and why: its image area
+    over MNIST's, or its training FLOP over ``benched``'s (reports/bench/flop_per_image.json, counted)
+    where that is more. A CapsNet on a larger canvas routes more primary capsules (§5.2's 40×40: 4,608
+    against 1,152, 3.9× the FLOP for 2.0× the area), and an estimate short of the truth loses the job at
+    the window's end; a CNN whose pooling cuts its FLOP keeps the area, which it may not beat."""
+    flops = json.loads(FLOPS.read_text()) if flops is None and FLOPS.is_file() else flops or {}
+    area = (registry.entry(experiment).image_size / MNIST_SIDE) ** 2
+    ratio = flops[variant] / flops[benched] if variant in flops and benched in flops else 0.0
+    if ratio > area:
+        return ratio, f"×{ratio:.2f} its FLOP per image"
+    return area, "" if area == 1 else f"×{area:.2f} its image area"
 
 
 def trained_rows(params: dict, variant: str, rows: list[dict]) -> tuple[str, list[dict]]:
@@ -189,8 +205,10 @@ def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parall
         return None
     experiment = spec.get("experiment", "table1")
     epoch = train["multimnist_epoch_size"] if experiment == "multimnist" else params["prepare"]["train_subset"] or 60_000
-    images = seeds * train["epochs"] * epoch * (registry.entry(experiment).image_size / MNIST_SIDE) ** 2
-    source = f"{benched} {row['mode']} ×{row.get('seeds', 1)}: {row['train_images_per_s']:,.0f} images/s over {parallel}"
+    cost, why = image_cost(variant, benched, experiment)
+    images = seeds * train["epochs"] * epoch * cost
+    source = f"{benched} {row['mode']} ×{row.get('seeds', 1)}: {row['train_images_per_s']:,.0f} images/s over {parallel}" \
+        + (f", {why}" if why else "")
     return STARTUP_SECONDS + MARGIN * images / (row["train_images_per_s"] / parallel) + seeds * EVAL_SECONDS, source
 
 

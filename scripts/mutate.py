@@ -758,6 +758,12 @@ MUTATIONS = [
              '[ -f "$OUT/$f" ] && checks+=("$f")', '[ -f "$OUT/$f" ] && false', (WINDOW,)),
     Mutation("the import looks for a call's checks beside its archive", "scripts/gpu_import.sh",
              'checks=.gpu-import/checks-$n && mkdir', 'checks=$folder && mkdir', (WINDOW,)),
+    Mutation("the queue prices a larger canvas's CapsNet by its image area alone", "scripts/gpu_queue.py",
+             "    if ratio > area:\n", "    if False:\n", (WINDOW,)),
+    Mutation("the queue prices a pooled CNN by its smaller FLOP", "scripts/gpu_queue.py",
+             "    if ratio > area:\n", "    if ratio > 0:\n", (WINDOW,)),
+    Mutation("the FLOP table is not what the code counts", "reports/bench/flop_per_image.json",
+             '"capsnet_affnist": 4', '"capsnet_affnist": 3', (WINDOW,)),
     Mutation("the README's mutation count is not the list's", "README.md", "applies 2", "applies 9",
              (DOCS,)),  # the count's first digit: stays valid as mutations are added (200-299)
 ]

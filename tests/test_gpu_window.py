@@ -58,11 +58,18 @@ def test_the_estimate_is_the_bench_row_of_the_settings_the_job_trains_with(gpu_p
     assert f"capsnet_r3_recon {CAPS} ×3: 60,000 images/s over 2" in source
     one, _ = gpu_queue.job_seconds(gpu_params, "capsnet_r1", 1, rows(), parallel=1)  # every CapsNet: r3_recon's row
     assert one == pytest.approx(start + margin * epochs * 60_000 / 24_000 + evaluation)
-    # MultiMNIST's 36×36 and §5.2's 40×40 images cost their area over MNIST's 28×28
-    multi, _ = gpu_queue.job_seconds(gpu_params, "multimnist_r3_recon", 1, rows(), parallel=1)
-    assert multi - evaluation - start == pytest.approx((one - evaluation - start) * (36 / 28) ** 2)
-    canvas, _ = gpu_queue.job_seconds(gpu_params, "capsnet_affnist", 1, rows(), parallel=1)
-    assert canvas - evaluation - start == pytest.approx((one - evaluation - start) * (40 / 28) ** 2)
+    # MultiMNIST's 36×36 and §5.2's 40×40 CapsNets cost their counted FLOP over capsnet_r3_recon's (more
+    # primary capsules to route: more than the area), their CNNs at least their area over MNIST's 28×28
+    flops = json.loads(gpu_queue.FLOPS.read_text())
+    for variant, side in (("multimnist_r3_recon", 36), ("capsnet_affnist", 40)):
+        canvas, source = gpu_queue.job_seconds(gpu_params, variant, 1, rows(), parallel=1)
+        ratio = flops[variant] / flops["capsnet_r3_recon"]
+        assert ratio > (side / 28) ** 2 and f"×{ratio:.2f} its FLOP per image" in source
+        assert canvas - evaluation - start == pytest.approx((one - evaluation - start) * ratio)
+    pooled, source = gpu_queue.job_seconds(gpu_params, "cnn_affnist", 1, rows(), parallel=1)
+    alone, _ = gpu_queue.job_seconds(gpu_params, "baseline_cnn", 1, rows(), parallel=1)
+    assert pooled - evaluation - start == pytest.approx((alone - evaluation - start) * (40 / 28) ** 2)
+    assert "×2.04 its image area" in source
     # two seeds stacked, no two-seed row: at the three-seed row's images/s, all seeds together; no
     # stacked row at all: training counts as no faster than one seed after another
     two, source = gpu_queue.job_seconds(gpu_params, "capsnet_r3", 2, rows(), parallel=1)
@@ -224,6 +231,26 @@ def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_b
     assert (work / "logs" / "bench" / ".device").read_text().strip() == kept.name  # what gpu_import.sh files them under
     assert (work / "logs" / "jobs" / "seconds.jsonl").read_text() == (kept / "jobs" / "seconds.jsonl").read_text()
     assert "1 jobs measured by earlier windows on this GPU model" in log
+
+
+def test_an_image_costs_its_area_or_its_flop_whichever_is_more_and_the_table_is_what_torch_counts():
+    """gpu_queue.image_cost prices a variant nobody timed from the variant timed for its model:
+    reports/bench/flop_per_image.json must hold what scripts/flop_table.py counts for every variant."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import flop_table
+    finally:
+        sys.path.pop(0)
+    committed = json.loads(gpu_queue.FLOPS.read_text())
+    counted = flop_table.count(REPO / "params.yaml")
+    assert committed.keys() == counted.keys(), "run .venv/bin/python scripts/flop_table.py"
+    assert all(committed[v] == pytest.approx(counted[v], rel=1e-6) for v in counted), \
+        "reports/bench/flop_per_image.json is not what the code counts: run .venv/bin/python scripts/flop_table.py"
+    flops = {"timed": 1e9, "more": 4e9, "less": 0.5e9}
+    assert gpu_queue.image_cost("more", "timed", "affnist", flops) == (4.0, "×4.00 its FLOP per image")
+    assert gpu_queue.image_cost("less", "timed", "affnist", flops) == (pytest.approx((40 / 28) ** 2), "×2.04 its image area")
+    assert gpu_queue.image_cost("unknown", "timed", "multimnist", flops)[1] == "×1.65 its image area"  # not counted: area
+    assert gpu_queue.image_cost("less", "timed", "table1", flops) == (1.0, "")
 
 
 def test_a_call_brings_back_its_checks_as_one_file_within_the_device_tools_eight(tmp_path):

@@ -4,8 +4,6 @@ bench row carries it, as the GPU window asks for it (`+profile` entries) and as 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 from torch.autograd import DeviceType
+
+from test_gpu_window import device_tree, python3_on_path
 
 from pipeline.cli import main
 from pipeline.training import profile
@@ -111,22 +111,13 @@ def test_a_profiled_bench_row_says_where_its_steps_went_and_an_unprofiled_one_sa
 def test_a_profile_entry_of_the_window_asks_the_bench_for_its_profile(tmp_path):
     """gpu_session.sh: `V@mode#1,3+profile` benches those seeds with --profile-steps and no layout called
     "profile"; `+bmm+profile` keeps its bmm layout."""
-    work = tmp_path / "device"
-    for part in ("scripts", "pipeline", "params.yaml"):
-        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, work / part)
-    (work / "data" / "prepared").mkdir(parents=True)
-    (work / "data" / "prepared" / "train.safetensors").write_text("prepared before")
-    (tmp_path / "bin").mkdir()
-    stub = tmp_path / "bin" / "python3"
-    stub.write_text(f"""#!/bin/sh
+    work = device_tree(tmp_path)
+    env = python3_on_path(tmp_path, f"""#!/bin/sh
 if [ "$1 $2 $3" = "-m pipeline.cli bench" ]; then
   shift 3; echo "$*" >>bench-calls.log; echo '{{"variant": "capsnet_r1", "mode": "fp32", "train_images_per_s": 1.0}}'; exit 0
 fi
 exec "{sys.executable}" "$@"
-""")
-    stub.chmod(0o755)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-           "CAPSNET_GPU_PROFILE": "smoke"}
+""", CAPSNET_GPU_PROFILE="smoke")
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "--bench", "capsnet_r1@fp32#1,3+profile capsnet_r3@fp32#3+bmm+profile",
                            "--deadline", "300"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
