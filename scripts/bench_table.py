@@ -54,7 +54,7 @@ def profile_table(rows: list[dict]) -> list[str]:
     profiled = [r for r in rows if r.get("profile")]
     if not profiled:
         return []
-    cats = list(next((r["profile"]["categories_ms_per_step"] for r in profiled if r["profile"]["busy_ms_per_step"] is not None),
+    cats = list(next((r["profile"]["categories_ms_per_step"] for r in profiled if r["profile"].get("busy_ms_per_step") is not None),
                      None) or ())
     out = ["", f"Where a step's time goes (`capsnet bench --profile-steps`: torch.profiler over "
                f"{profiled[0]['profile']['steps']} steps after the timed ones; ms per step; busy: the kernels' summed time):",
@@ -62,13 +62,17 @@ def profile_table(rows: list[dict]) -> list[str]:
            "|---|---|---|---|---|---|" + "---|" * len(cats)]
     for r in profiled:
         p = r["profile"]
+        if "error" in p:
+            out.append(f"| {label(r)} | {r.get('seeds', 1)} | {r.get('stack', '–')} | – | failed: {p['error']} | – | "
+                       + " | ".join("–" for _ in cats) + " |")
+            continue
         busy = "none recorded" if p["busy_ms_per_step"] is None else \
             f"{p['busy_ms_per_step']:.2f} ({p['busy_ms_per_step'] / p['wall_ms_per_step']:.0%})"
         spread = [number((p["categories_ms_per_step"] or {}).get(c), 2) for c in cats]
         out.append(f"| {label(r)} | {r.get('seeds', 1)} | {r.get('stack', '–')} | {p['wall_ms_per_step']:.2f} | {busy} | "
                    f"{number(p['calls_per_step'])} | " + " | ".join(spread) + " |")
     out += ["", "Longest kernels (ms per step, calls per step):"]
-    for r in profiled:
+    for r in (r for r in profiled if "error" not in r["profile"]):
         top = "; ".join(f"`{k['name'][:60]}` {k['ms_per_step']:.3f} ×{k['calls_per_step']:g}" for k in r["profile"]["top"][:5]) \
             or f"none ({r['profile']['activity']})"
         out.append(f"- {label(r)}, {r.get('seeds', 1)} seed{'s' if r.get('seeds', 1) > 1 else ''}: {top}")

@@ -750,6 +750,8 @@ MUTATIONS = [
              "if e.device_type == DeviceType.CUDA:", (PROFILE,)),
     Mutation("the bench draws no data for its profiled steps", "pipeline/training/bench.py",
              "n = cfg.batch_size * (steps + warmup + profile)", "n = cfg.batch_size * (steps + warmup)", (PROFILE,)),
+    Mutation("a profiler that fails takes the bench's row with it", "pipeline/training/bench.py",
+             "        except Exception as err:  # noqa: BLE001", "        except ImportError as err:  # noqa: BLE001", (PROFILE,)),
     Mutation("a +profile entry benched without its profile", "scripts/gpu_session.sh",
              "profile=(--profile-steps 10) layouts=", "profile=() layouts=", (PROFILE,)),
     Mutation("the bench table leaves the profiles out", "scripts/bench_table.py",

@@ -108,6 +108,18 @@ def test_a_profiled_bench_row_says_where_its_steps_went_and_an_unprofiled_one_sa
     assert conv_calls[0] == conv_calls[1] > 0
 
 
+def test_a_profiler_that_fails_costs_the_row_its_profile_only(monkeypatch):
+    from pipeline.training import bench
+
+    def refused(*_):
+        raise RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES\nmore lines")
+
+    monkeypatch.setattr(bench, "profile_steps", refused)
+    (row,) = bench_rows("--profile-steps", "2")
+    assert row["profile"] == {"error": "RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES", "steps": 2}
+    assert row["train_images_per_s"] > 0 and row["inference_images_per_s"] > 0
+
+
 def test_a_profile_entry_of_the_window_asks_the_bench_for_its_profile(tmp_path):
     """gpu_session.sh: `V@mode#1,3+profile` benches those seeds with --profile-steps and no layout called
     "profile"; `+bmm+profile` keeps its bmm layout."""
@@ -137,6 +149,7 @@ def test_the_bench_table_shows_where_a_profiled_steps_time_goes(tmp_path):
     blind = profile.summarize({}, steps=10, wall_s=0.05, activity="cuda kernels")
     rows = [{**common, "seeds": 1, "train_images_per_s": 66_000, "profile": where},
             {**common, "seeds": 3, "stack": "fused", "train_images_per_s": 31_000, "profile": blind},
+            {**common, "seeds": 3, "stack": "bmm", "train_images_per_s": 30_000, "profile": {"error": "RuntimeError: no", "steps": 10}},
             {**common, "mode": "bf16-compile", "seeds": 1, "train_images_per_s": 31_000}]
     folder = tmp_path / "nvidia-h200"
     folder.mkdir()
@@ -150,4 +163,5 @@ def test_the_bench_table_shows_where_a_profiled_steps_time_goes(tmp_path):
     assert ("| bf16-compile-capture: bf16, compile default, the whole step as one CUDA graph | 3 | fused | 5.00 | none recorded | – "
             "| – | – | – | – | – | – | – |") in out
     assert "3 seeds: none (cuda kernels: none recorded)" in out
-    assert out.count("\n| bf16") == 2  # the profiled rows alone (the one-seed table's rows read "| capsnet-repro …")
+    assert "| 3 | bmm | – | failed: RuntimeError: no | – | – | – | – | – | – | – | – |" in out
+    assert out.count("\n| bf16") == 3  # the profiled rows alone (the one-seed table's rows read "| capsnet-repro …")

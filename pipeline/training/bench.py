@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.transforms import v2
 
+from pipeline.core.errors import first_line
 from pipeline.core.params import BENCH_MODES
 from pipeline.core.provenance import git_commit, repo_root
 from pipeline.data.idx import MNIST_SIZE
@@ -100,7 +101,12 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     _sync(device)
     train_seconds = time.perf_counter() - t0
     captured = step.graph is not None
-    where = profile_steps(step, profile, device) if profile else None
+    where = None
+    if profile:  # a profiler that fails (CUPTI on a machine that refuses it, say) costs the row its profile only
+        try:
+            where = profile_steps(step, profile, device)
+        except Exception as err:  # noqa: BLE001  (the message goes into the row)
+            where = {"error": f"{type(err).__name__}: {first_line(err)}", "steps": profile}
     # whole eval batches only: a last partial batch is a new shape, and cuDNN autotuning (deterministic:
     # false) would time its algorithm search
     images = exp.test_images  # (n, S, S); MultiMNIST's are the 28×28 digits its recipes index
