@@ -485,7 +485,7 @@ MUTATIONS = [
     Mutation("a stacked job is priced as one seed", "scripts/gpu_queue.py",
              "images = seeds * train[\"epochs\"]", "images = train[\"epochs\"]", (WINDOW,)),
     Mutation("a job is priced at MNIST's image size whatever its experiment's", "scripts/gpu_queue.py",
-             "* (registry.entry(experiment).image_size / MNIST_SIDE) ** 2", "",
+             "area = (registry.entry(experiment).image_size / MNIST_SIDE) ** 2", "area = 1.0",
              ("tests/test_gpu_window.py::test_the_estimate_is_the_bench_row_of_the_settings_the_job_trains_with",)),
     Mutation("a job's estimate ignores the processes sharing the GPU", "scripts/gpu_queue.py",
              "(row[\"train_images_per_s\"] / parallel)", "row[\"train_images_per_s\"]", (WINDOW,)),
