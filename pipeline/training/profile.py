@@ -46,18 +46,20 @@ def category(name: str) -> str:
 
 def summarize(durations: dict[str, tuple[int, float]], steps: int, wall_s: float, activity: str) -> dict:
     """The profile of ``steps`` steps from each kernel's (calls, total µs) and the steps' wall seconds:
-    per step, the wall and busy milliseconds, the kernels launched (on a CPU: operators called), the milliseconds of each category
-    (every category, so the rows of several configurations line up) and the TOP longest kernels."""
+    per step, the wall and busy milliseconds, the kernels launched (on a CPU: operators called), the
+    milliseconds of each category (every category, so the rows of several configurations line up) and
+    the TOP longest kernels."""
     per_step = 1000 * steps  # µs in all -> ms per step
+    wall_ms = round(1000 * wall_s / steps, 4)
     if not durations:  # CUPTI recorded nothing (a container without its rights, say): no zeros that read as idle
-        return {"activity": f"{activity}: none recorded", "steps": steps, "wall_ms_per_step": round(1000 * wall_s / steps, 4),
+        return {"activity": f"{activity}: none recorded", "steps": steps, "wall_ms_per_step": wall_ms,
                 "busy_ms_per_step": None, "calls_per_step": None, "categories_ms_per_step": None, "top": []}
     busy = sum(us for _, us in durations.values())
     by_category = dict.fromkeys(SHOWN, 0.0)
     for name, (_, us) in durations.items():
         by_category[category(name)] += us / per_step
     top = sorted(durations.items(), key=lambda kv: -kv[1][1])[:TOP]
-    return {"activity": activity, "steps": steps, "wall_ms_per_step": round(1000 * wall_s / steps, 4),
+    return {"activity": activity, "steps": steps, "wall_ms_per_step": wall_ms,
             "busy_ms_per_step": round(busy / per_step, 4),
             "calls_per_step": round(sum(calls for calls, _ in durations.values()) / steps, 1),
             "categories_ms_per_step": {cat: round(ms, 4) for cat, ms in by_category.items()},
