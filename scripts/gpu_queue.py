@@ -56,6 +56,7 @@ them in reports/bench/<model>/jobs/, and the next window on that model reads the
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -158,13 +159,19 @@ MARGIN = 1.1  # an estimate's head room
 FLOPS = Path(__file__).resolve().parents[1] / "reports" / "bench" / "flop_per_image.json"  # scripts/flop_table.py
 
 
+@functools.cache
+def flop_table() -> dict[str, float]:
+    """FLOPS's {variant: training FLOP per image}, read once a process ({} where the file is missing)."""
+    return json.loads(FLOPS.read_text()) if FLOPS.is_file() else {}
+
+
 def image_cost(variant: str, benched: str, experiment: str, flops: dict | None = None) -> tuple[float, str]:
     """How many of ``benched``'s training images one of ``variant``'s costs, and why: its image area
     over MNIST's, or its training FLOP over ``benched``'s (reports/bench/flop_per_image.json, counted)
     where that is more. A CapsNet on a larger canvas routes more primary capsules (§5.2's 40×40: 4,608
     against 1,152, 3.9× the FLOP for 2.0× the area), and an estimate short of the truth loses the job at
     the window's end; a CNN whose pooling cuts its FLOP keeps the area, which it may not beat."""
-    flops = json.loads(FLOPS.read_text()) if flops is None and FLOPS.is_file() else flops or {}
+    flops = flop_table() if flops is None else flops
     area = (registry.entry(experiment).image_size / MNIST_SIDE) ** 2
     ratio = flops[variant] / flops[benched] if variant in flops and benched in flops else 0.0
     if ratio > area:

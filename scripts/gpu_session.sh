@@ -273,11 +273,12 @@ if [ ${#runs[@]} -gt 0 ]; then
 fi
 tar czf "$OUT/inductor-cache.tar.gz" -C .gpu inductor 2>/dev/null
 [ "$(stat -c %s "$OUT/inductor-cache.tar.gz" 2>/dev/null || echo 0)" -gt 15000000 ] && rm -f "$OUT/inductor-cache.tar.gz"
-# the checks' files as one: the device tool brings back at most 8 files a call, and one call's checks are
-# six beside session.log, the inductor cache and the runs' parts (2026-11-27's first call: 7 of 8 without a bench)
+# every other file in $OUT as one, the checks' (bench.jsonl, the CUDA tests' log and diffs, the fingerprint
+# pins and probe, and any a later check adds): the device tool brings back at most 8 files a call, and they
+# were six beside session.log, the inductor cache and the runs' parts (2026-11-27's first call: 7 of 8 without a bench)
 checks=()
-for f in bench.jsonl gpu_tests.txt gpu_diffs.jsonl fingerprint_pins.txt fingerprint_probe.jsonl fingerprint_probe.txt; do
-  [ -f "$OUT/$f" ] && checks+=("$f")
+for f in "$OUT"/*; do
+  case ${f##*/} in session.log|inductor-cache.tar.gz|runs-*|checks.tar.gz) ;; *) checks+=("${f##*/}") ;; esac
 done
 if [ ${#checks[@]} -gt 0 ] && tar czf "$OUT/checks.tar.gz" -C "$OUT" "${checks[@]}"; then (cd "$OUT" && rm -f "${checks[@]}"); fi
 [ "$(ls "$OUT" | wc -l)" -le 8 ] || say "over 8 files in \$OUT: the device tool leaves the rest behind"

@@ -274,8 +274,8 @@ exec "{sys.executable}" "$@"
                           cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     back = sorted(p.name for p in out.iterdir())
-    assert back[0] == "checks.tar.gz" and back[1:3] == ["inductor-cache.tar.gz", back[2]] and back[-1] == "session.log"
-    assert back[2].startswith("runs-") and len(back) == 4, back
+    assert len(back) == 4 and back[2].startswith("runs-"), back
+    assert [back[0], back[1], back[3]] == ["checks.tar.gz", "inductor-cache.tar.gz", "session.log"], back
     with tarfile.open(out / "checks.tar.gz") as tar:
         assert sorted(tar.getnames()) == sorted(["bench.jsonl", *checks])
         assert tar.extractfile("bench.jsonl").read().decode().startswith('{"variant": "capsnet_r1"')
