@@ -58,6 +58,8 @@ for folder in "${folders[@]}"; do  # the capped fingerprint on another processor
   if [ -s "$folder/checks.tar.gz" ]; then checks=.gpu-import/checks-$n && mkdir -p "$checks" && tar xzf "$folder/checks.tar.gz" -C "$checks"; fi
   [ -s "$checks/fingerprint_pins.txt" ] && echo "fingerprint pins on the GPU host's CPU ($folder): $(tail -1 "$checks/fingerprint_pins.txt")"
   [ -s "$checks/fingerprint_probe.jsonl" ] && $BIN/python scripts/fingerprint_probe.py --keep "$checks/fingerprint_probe.jsonl" reports/fingerprint-probe
+  # and where its every operation parts from this AMD EPYC's (the first that computes otherwise: the kernel)
+  [ -s "$checks/fingerprint_trace.jsonl.gz" ] && $BIN/python scripts/fingerprint_trace.py --keep "$checks/fingerprint_trace.jsonl.gz" reports/fingerprint-probe
 done
 travel=0; python3 scripts/gpu_travel.py || travel=$?
 [ "$travel" != 1 ] || echo "the next window cannot start until this is mended"

@@ -103,6 +103,8 @@ published=$(ls -d "$SCRATCH"/home/reports/runs/models/*/seed* | wc -l)
 [ "$SCRATCH/home/reports/ablation.md" -nt "$SCRATCH/import.started" ] || fail "no report written (reports/ablation.md)"
 grep -q "fingerprint pins on the GPU host's CPU ($SCRATCH/out-1): .*passed" "$SCRATCH/import.log" \
   || fail "the import did not read call 1's fingerprint pins (checks.tar.gz)"
+grep -q "fingerprint trace of .* kept in" "$SCRATCH/import.log" || fail "the import filed no fingerprint trace (checks.tar.gz)"
+say "the trace against the committed ones: $(grep -A3 "fingerprint trace of" "$SCRATCH/import.log" | grep against | tr -s ' ' | paste -sd';')"
 ls "$SCRATCH"/home/reports/runs/fingerprints/"$COMMIT".json >/dev/null 2>&1 || fail "no fingerprint table of $COMMIT imported"
 slug=$(cat "$SCRATCH/device/logs/bench/.device")  # this CPU's folder: the committed GPU models' folders are there too
 kept=$(ls "$SCRATCH/home/reports/bench/$slug"/*.jsonl 2>/dev/null | wc -l)

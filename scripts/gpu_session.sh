@@ -30,7 +30,8 @@
 # Tracking is journalled (no MLflow there); everything comes back in $OUT, at most 8 files (the device
 # tool's limit): runs-*.tar.gz split under 16 MiB, with the commit's fingerprint table that gpu_plan.sh
 # wrote in fingerprints/; session.log; inductor-cache.tar.gz; checks.tar.gz, the checks' own files
-# (bench.jsonl, gpu_tests.txt, gpu_diffs.jsonl, fingerprint_pins.txt, fingerprint_probe.jsonl and .txt).
+# (bench.jsonl, gpu_tests.txt, gpu_diffs.jsonl, fingerprint_pins.txt, fingerprint_probe.jsonl and .txt,
+# fingerprint_trace.jsonl.gz and .txt).
 # Here: `bash scripts/gpu_fetch_mnist.sh` once, then the device tool runs, with carry [".gpu"]:
 #   bash scripts/gpu_session.sh --tests --bench "capsnet_r3_recon" --train "capsnet_r3_recon:0"
 # Back here: `bash scripts/gpu_import.sh FOLDER` unpacks the runs, syncs MLflow and writes the report.
@@ -99,6 +100,11 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   { timeout 180 python3 scripts/fingerprint_probe.py "$OUT/fingerprint_probe.jsonl" >"$OUT/fingerprint_probe.txt" 2>&1
     say "fingerprint probe exit $?: $(paste -sd' ' "$OUT/fingerprint_probe.txt" | cut -c1-300)"; } &
   local probe=$!
+  # and that variant's every ATen operation under the fingerprint's own cap, in order, with its outputs' hash
+  # (scripts/fingerprint_trace.py): gpu_import.sh names the first that computes otherwise than on the AMD EPYC
+  { timeout 180 python3 scripts/fingerprint_trace.py "$OUT/fingerprint_trace.jsonl.gz" >"$OUT/fingerprint_trace.txt" 2>&1
+    say "fingerprint trace exit $?: $(tail -1 "$OUT/fingerprint_trace.txt" | cut -c1-300)"; } &
+  local trace=$!
   workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")  # pytest-xdist is on the GPU image; else one by one
   # shellcheck disable=SC2086
   CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pytest -m cuda \
@@ -107,7 +113,7 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   cp "$OUT/gpu_tests.txt" logs/gpu_tests.txt  # the jobs' proofs and the warm machine's later calls read it
   pick_levers
   rm -f logs/gpu_tests.pending logs/running/cuda-tests
-  wait "$pins" "$probe"  # the jobs go on meanwhile; the session waits for this function before packing
+  wait "$pins" "$probe" "$trace"  # the jobs go on meanwhile; the session waits for this function before packing
 }
 mkdir -p logs/bench
 if [ -n "$BENCH" ]; then

@@ -54,6 +54,7 @@ PROBE = f"{FINGERPRINT}::test_the_probe_computes_each_cap_in_its_own_process_and
 WARM = "tests/test_warm.py"
 TALLY = "tests/test_steps.py::test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_step"
 PROFILE = "tests/test_profile.py"
+TRACE = "tests/test_fingerprint_trace.py"
 CAPTURED = "tests/test_steps.py::test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains[baseline_cnn-3seeds]"
 
 MUTATIONS = [
@@ -524,7 +525,7 @@ MUTATIONS = [
              'return MKL_BRANCHES.get(branch, f"branch {branch}")', 'return "COMPATIBLE"',
              (f"{FINGERPRINT}::test_its_environment_names_the_branch_mkl_itself_reports",)),
     Mutation("the fingerprint's environment leaves out the host's processor and C library", "pipeline/training/fingerprint.py",
-             'MKL {mkl_branch()}, "\n                   f"{host_numerics()}")', 'MKL {mkl_branch()}")',
+             'MKL {mkl_branch()}, "\n            f"{host_numerics()}")', 'MKL {mkl_branch()}")',
              (f"{FINGERPRINT}::test_every_family_computes_what_it_was_pinned_to",)),
     Mutation("the fingerprint's environment names the processor's model, not its vendor", "pipeline/training/fingerprint.py",
              '    vendor = cpuinfo("vendor_id")\n', '    vendor = cpuinfo("model name")\n',
@@ -766,6 +767,19 @@ MUTATIONS = [
              "    if ratio > area:\n", "    if ratio > 0:\n", (WINDOW,)),
     Mutation("the FLOP table is not what the code counts", "reports/bench/flop_per_image.json",
              '"capsnet_affnist": 4', '"capsnet_affnist": 3', (WINDOW,)),
+    Mutation("the trace hashes an operation's inputs, not its outputs", "scripts/fingerprint_trace.py",
+             '"out": outputs_hash(out)})', '"out": outputs_hash(args)})', (TRACE,)),
+    Mutation("the trace's hash reads the bytes alone, not their dtype and shape", "scripts/fingerprint_trace.py",
+             '        digest.update(f"{t.dtype}{tuple(t.shape)}".encode())\n', "", (TRACE,)),
+    Mutation("the trace's process runs uncapped", "scripts/fingerprint_trace.py",
+             "env = os.environ | fp.CAPPED | {", "env = os.environ | {", (TRACE,)),
+    Mutation("the trace's process leaves oneDNN on", "scripts/fingerprint_trace.py",
+             "torch.backends.mkldnn.enabled = False  # as", "torch.backends.mkldnn.enabled = True  # as", (TRACE,)),
+    Mutation("two traces' comparison names the last difference, not the first", "scripts/fingerprint_trace.py",
+             "for i, (x, y) in enumerate(zip(ops_a, ops_b)):",
+             "for i, (x, y) in reversed(list(enumerate(zip(ops_a, ops_b)))):", (TRACE,)),
+    Mutation("the import leaves a window's trace unread", "scripts/gpu_import.sh",
+             '[ -s "$checks/fingerprint_trace.jsonl.gz" ] &&', '[ -s "$checks/fingerprint_trace.jsonl" ] &&', (TRACE,)),
     Mutation("the README's mutation count is not the list's", "README.md", "applies 2", "applies 9",
              (DOCS,)),  # the count's first digit: stays valid as mutations are added (200-299)
 ]

@@ -260,7 +260,8 @@ def test_a_call_brings_back_its_checks_as_one_file_within_the_device_tools_eight
     work = device_tree(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    checks = ["gpu_tests.txt", "gpu_diffs.jsonl", "fingerprint_pins.txt", "fingerprint_probe.jsonl", "fingerprint_probe.txt"]
+    checks = ["gpu_tests.txt", "gpu_diffs.jsonl", "fingerprint_pins.txt", "fingerprint_probe.jsonl", "fingerprint_probe.txt",
+              "fingerprint_trace.jsonl.gz", "fingerprint_trace.txt"]
     for name in checks:  # what the CUDA tests beside the jobs leave there
         (out / name).write_text(f"{name}\n")
     (work / ".gpu" / "inductor").mkdir(parents=True)

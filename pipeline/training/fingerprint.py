@@ -228,11 +228,15 @@ def main(folder: str) -> None:
         except ImportError as err:
             raise UserError(f"experiment {name!r} was registered from module {module!r}, which a process of its own "
                             f"cannot import ({err}): register an experiment from a module on the import path") from None
-    smalls = asked["configs"]
-    environment = (f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} capped, MKL {mkl_branch()}, "
-                   f"{host_numerics()}")
-    fingerprints = [_compute(s) for s in smalls]
-    (Path(folder) / "fingerprints.json").write_text(json.dumps({"fingerprints": fingerprints, "environment": environment}))
+    fingerprints = [_compute(s) for s in asked["configs"]]
+    (Path(folder) / "fingerprints.json").write_text(json.dumps({"fingerprints": fingerprints,
+                                                                "environment": capped_environment()}))
+
+
+def capped_environment() -> str:
+    """`fingerprint_environment` as the capped process itself reads it (also scripts/fingerprint_trace.py's)."""
+    return (f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} capped, MKL {mkl_branch()}, "
+            f"{host_numerics()}")
 
 
 if __name__ == "__main__":

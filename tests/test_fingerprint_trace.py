@@ -1,0 +1,138 @@
+"""scripts/fingerprint_trace.py: every ATen operation of the capped fingerprint's computation, in order,
+with its outputs' hash, and the first one where two hosts' traces part (issue #36: which kernel makes
+the H200 host's Intel Xeon compute other fingerprints than this AMD EPYC)."""
+
+import gzip
+import json
+import subprocess
+import sys
+import tarfile
+
+import pytest
+import torch
+
+from pipeline.core.params import load_params
+from pipeline.training import fingerprint as fp
+from pipeline.training.train import run_config
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import fingerprint_trace as ft  # noqa: E402
+
+sys.path.pop(0)
+
+
+def test_the_trace_records_each_operations_inputs_and_a_hash_of_its_outputs():
+    a = torch.tensor([1.0, 2.0, 3.0])
+    recorder = ft.Trace()
+    with recorder:
+        b = a * 2  # (3,)
+        c = torch.cat([b, b.sum().reshape(1)])  # (4,)
+    assert [op["op"] for op in recorder.ops] == ["aten.mul.Tensor", "aten.sum.default", "aten.view.default", "aten.cat.default"]
+    assert recorder.ops[0]["in"] == ["float32[3]"] and recorder.ops[3]["in"] == ["float32[3]", "float32[1]"]
+    assert recorder.ops[0]["out"] == ft.outputs_hash(torch.tensor([2.0, 4.0, 6.0]))
+    assert recorder.ops[3]["out"] == ft.outputs_hash(c) == ft.outputs_hash(torch.tensor([2.0, 4.0, 6.0, 12.0]))
+    # one unit in the last place of one element is another hash; so is another dtype or shape of the same bytes
+    nudged = torch.tensor([2.0, torch.nextafter(torch.tensor(4.0), torch.tensor(5.0)).item(), 6.0])
+    assert ft.outputs_hash(nudged) != recorder.ops[0]["out"]
+    assert ft.outputs_hash(torch.zeros(2)) != ft.outputs_hash(torch.zeros(2, dtype=torch.int32))
+    assert ft.outputs_hash(torch.zeros(2, 2)) != ft.outputs_hash(torch.zeros(4))
+    assert len(recorder.ops[0]["out"]) == ft.HASH_DIGITS
+
+
+def test_the_traced_capped_process_computes_the_capped_fingerprint_through_every_training_operation():
+    """The trace changes no kernel: its process computes what the fingerprint's own capped process does,
+    in the environment runs record, and it saw the model's training (convolutions, routing's batched
+    matmuls, their gradients, Adam's updates) one operation at a time."""
+    lines = ft.trace("capsnet_r1", REPO / "params.yaml")
+    header, ops = lines[0], lines[1:]
+    small = fp.fingerprint_config(run_config(load_params(REPO / "params.yaml"), "capsnet_r1", seed=0))
+    assert header["fingerprint"] == fp.in_capped_process([small])["fingerprints"][0]
+    assert header["environment"] == fp.fingerprint_environment()
+    assert header["variant"] == "capsnet_r1" and header["ops"] == len(ops) > 1000
+    assert header["host"] == fp.host_numerics()
+    names = {op["op"] for op in ops}
+    assert {"aten.convolution.default", "aten.convolution_backward.default"} <= names
+    assert any("bmm" in name for name in names) and any("sqrt" in name for name in names)  # routing; Adam's denominator
+    assert all(len(op["out"]) == ft.HASH_DIGITS for op in ops)
+
+
+def trace_of(outs: list[str], fingerprint="f1", torch_version="torch 2.11.0", host="AuthenticAMD, glibc 2.36",
+             ops=("aten.linspace.default", "aten.mul.Tensor", "aten.mm.default", "aten.exp.default")) -> list[dict]:
+    header = {"variant": "capsnet_r3_recon", "fingerprint": fingerprint, "host": host, "cpu": "a processor",
+              "environment": f"{torch_version}, CPU AVX2 capped, MKL COMPATIBLE, {host}", "ops": len(outs)}
+    return [header, *({"op": op, "in": [f"float32[{k}, 2]"], "out": out} for k, (op, out) in enumerate(zip(ops, outs)))]
+
+
+def test_the_first_operation_computed_otherwise_is_named_with_its_inputs_and_those_before_it():
+    here = trace_of(["a", "b", "c", "d"])
+    assert ft.first_difference(here, trace_of(["a", "b", "x", "y"], "f2")) == (
+        "first computes differently at #2 of 4: aten.mm.default (float32[2, 2]), all 2 before it the same "
+        "(the last: linspace.default, mul.Tensor)")
+    assert ft.first_difference(here, trace_of(["z", "b", "c", "d"], "f2")).startswith("first computes differently at #0 of 4: aten.linspace")
+    assert ft.first_difference(here, trace_of(["a", "b", "c", "d"])) == "every operation computes the same"
+    assert ft.first_difference(here, trace_of(["a", "b", "c", "d"], "f2")) == (
+        "every operation computes the same, yet the fingerprints differ (f1 against f2): outside the dispatched operations")
+    other_ops = trace_of(["a", "b", "c", "d"], ops=("aten.linspace.default", "aten.mul.Tensor", "aten.bmm.default", "aten.exp.default"))
+    assert ft.first_difference(here, other_ops).startswith("ran other operations from #2 of 4 (aten.mm.default float32[2, 2] "
+                                                          "against aten.bmm.default float32[2, 2])")
+    assert ft.first_difference(here, trace_of(["a", "b"])) == "the same for 2 operations, then one trace ends (4 against 2)"
+    assert ft.first_difference(here, trace_of(["a", "b", "c", "d"], torch_version="torch 2.15.0")) == \
+        "not comparable (torch 2.11.0 and torch 2.15.0)"
+
+
+def test_a_windows_trace_is_kept_under_its_hosts_name_and_compared_with_every_other_hosts(tmp_path):
+    folder = tmp_path / "reports" / "fingerprint-probe"
+    ft.write(tmp_path / "amd.jsonl.gz", trace_of(["a", "b", "c", "d"]))
+    assert ft.keep(tmp_path / "amd.jsonl.gz", folder) == [
+        f"fingerprint trace of a processor (AuthenticAMD, glibc 2.36, 4 operations) kept in "
+        f"{folder}/AuthenticAMD-glibc-2.36-torch-2.11.0.trace.jsonl.gz"]
+    intel = trace_of(["a", "q", "r", "s"], "f2", host="GenuineIntel, glibc 2.39")
+    ft.write(tmp_path / "window" / "fingerprint_trace.jsonl.gz", intel)
+    said = ft.keep(tmp_path / "window" / "fingerprint_trace.jsonl.gz", folder)
+    assert said == [f"fingerprint trace of a processor (GenuineIntel, glibc 2.39, 4 operations) kept in "
+                    f"{folder}/GenuineIntel-glibc-2.39-torch-2.11.0.trace.jsonl.gz",
+                    "  against AuthenticAMD-glibc-2.36-torch-2.11.0: first computes differently at #1 of 4: "
+                    "aten.mul.Tensor (float32[1, 2]), all 1 before it the same (the last: linspace.default)"]
+    assert ft.read(folder / "GenuineIntel-glibc-2.39-torch-2.11.0.trace.jsonl.gz") == intel
+    before = (folder / "GenuineIntel-glibc-2.39-torch-2.11.0.trace.jsonl.gz").read_bytes()
+    ft.keep(tmp_path / "window" / "fingerprint_trace.jsonl.gz", folder)  # filed again: the same bytes, nothing to commit
+    assert (folder / "GenuineIntel-glibc-2.39-torch-2.11.0.trace.jsonl.gz").read_bytes() == before
+    assert sorted(p.name for p in folder.iterdir()) == ["AuthenticAMD-glibc-2.36-torch-2.11.0.trace.jsonl.gz",
+                                                       "GenuineIntel-glibc-2.39-torch-2.11.0.trace.jsonl.gz"]
+
+
+def test_the_import_files_a_calls_trace_from_its_checks(tmp_path):
+    """gpu_import.sh: the trace in a call's checks.tar.gz is kept in reports/fingerprint-probe/ and compared."""
+    script = (REPO / "scripts" / "gpu_import.sh").read_text()
+    fragment = script[script.index("n=0\nfor folder in"):]
+    fragment = fragment[:fragment.index("\ndone\n") + 6]
+    call = tmp_path / "out-1"
+    call.mkdir()
+    ft.write(tmp_path / "fingerprint_trace.jsonl.gz", trace_of(["a", "b", "x", "d"], "f2", host="GenuineIntel, glibc 2.39"))
+    with tarfile.open(call / "checks.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "fingerprint_trace.jsonl.gz", arcname="fingerprint_trace.jsonl.gz")
+    home = tmp_path / "home"
+    (home / "reports" / "fingerprint-probe").mkdir(parents=True)
+    (home / "scripts").symlink_to(REPO / "scripts")
+    ft.write(home / "reports" / "fingerprint-probe" / "AuthenticAMD-glibc-2.36-torch-2.11.0.trace.jsonl.gz",
+             trace_of(["a", "b", "c", "d"]))
+    done = subprocess.run(["bash", "-c", f"folders=({call}); BIN={sys.executable.rsplit('/', 1)[0]}\n{fragment}"], cwd=home,
+                          capture_output=True, text=True)
+    assert done.stdout.splitlines()[-1] == ("  against AuthenticAMD-glibc-2.36-torch-2.11.0: first computes differently at "
+                                            "#2 of 4: aten.mm.default (float32[2, 2]), all 2 before it the same "
+                                            "(the last: linspace.default, mul.Tensor)"), done.stdout + done.stderr
+    assert (home / "reports" / "fingerprint-probe" / "GenuineIntel-glibc-2.39-torch-2.11.0.trace.jsonl.gz").exists()
+
+
+@pytest.mark.parametrize("name", ["AuthenticAMD-glibc-2.36-torch-2.11.0+cu130.trace.jsonl.gz"])
+def test_the_committed_reference_trace_is_of_the_pinned_fingerprint(name):
+    """This AMD EPYC's trace under torch 2.11 (the GPU machine's), which a window's is compared with, traced
+    the fingerprint pinned for that environment."""
+    from test_fingerprint import PINNED
+
+    header = json.loads(gzip.decompress((REPO / "reports" / "fingerprint-probe" / name).read_bytes()).decode().splitlines()[0])
+    torch_version = header["environment"].split(",")[0].split("+")[0]
+    pinned = next(pins for env, pins in PINNED.items() if env.startswith(torch_version + ",") and env.endswith(header["host"]))
+    assert header["fingerprint"] == pinned[header["variant"]]
