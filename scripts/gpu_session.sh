@@ -92,19 +92,20 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   # the fingerprint pins on this host's CPU, beside the CUDA tests (about a minute of one core): torch 2.11's
   # were computed on the project's AMD EPYC, so a pass is the measurement that the capped fingerprint is
   # the same on another processor
+  # Then that variant's every ATen operation under the fingerprint's own cap, in order, with its outputs' hash
+  # (scripts/fingerprint_trace.py, about 25 s of one core): gpu_import.sh names the first that computes otherwise
+  # than on the AMD EPYC. After the pins, not beside them: on a 2-core rehearsal a third CPU process pushed
+  # the pins past their 180 s
   { timeout 180 python3 -m pytest tests/test_fingerprint.py -k pinned -p no:cacheprovider -q >"$OUT/fingerprint_pins.txt" 2>&1
-    say "fingerprint pins on this host's CPU, exit $?: $(tail -1 "$OUT/fingerprint_pins.txt")"; } &
+    say "fingerprint pins on this host's CPU, exit $?: $(tail -1 "$OUT/fingerprint_pins.txt")"
+    timeout 180 python3 scripts/fingerprint_trace.py "$OUT/fingerprint_trace.jsonl.gz" >"$OUT/fingerprint_trace.txt" 2>&1
+    say "fingerprint trace exit $?: $(tail -1 "$OUT/fingerprint_trace.txt" | cut -c1-300)"; } &
   local pins=$!
   # and one variant's fingerprint under other caps (scripts/fingerprint_probe.py): which one, if any, this
   # host computes as the project's AMD EPYC does (reports/fingerprint-probe/, gpu_import.sh compares)
   { timeout 180 python3 scripts/fingerprint_probe.py "$OUT/fingerprint_probe.jsonl" >"$OUT/fingerprint_probe.txt" 2>&1
     say "fingerprint probe exit $?: $(paste -sd' ' "$OUT/fingerprint_probe.txt" | cut -c1-300)"; } &
   local probe=$!
-  # and that variant's every ATen operation under the fingerprint's own cap, in order, with its outputs' hash
-  # (scripts/fingerprint_trace.py): gpu_import.sh names the first that computes otherwise than on the AMD EPYC
-  { timeout 180 python3 scripts/fingerprint_trace.py "$OUT/fingerprint_trace.jsonl.gz" >"$OUT/fingerprint_trace.txt" 2>&1
-    say "fingerprint trace exit $?: $(tail -1 "$OUT/fingerprint_trace.txt" | cut -c1-300)"; } &
-  local trace=$!
   workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")  # pytest-xdist is on the GPU image; else one by one
   # shellcheck disable=SC2086
   CAPSNET_GPU_REPORT="$OUT/gpu_diffs.jsonl" timeout $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )) python3 -m pytest -m cuda \
@@ -113,7 +114,7 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   cp "$OUT/gpu_tests.txt" logs/gpu_tests.txt  # the jobs' proofs and the warm machine's later calls read it
   pick_levers
   rm -f logs/gpu_tests.pending logs/running/cuda-tests
-  wait "$pins" "$probe" "$trace"  # the jobs go on meanwhile; the session waits for this function before packing
+  wait "$pins" "$probe"  # the jobs go on meanwhile; the session waits for this function before packing
 }
 mkdir -p logs/bench
 if [ -n "$BENCH" ]; then
