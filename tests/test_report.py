@@ -956,3 +956,31 @@ def test_the_effects_figure_plots_the_headline_protocols_effects_with_what_would
     assert notes == ["84 seeds/arm to detect the paper's", "no seed count detects the paper's", "confounded: no interval"]
     assert t1_figures.effects_figure(table, "other", tmp_path) == {}
     assert (tmp_path / "table1_effects.png").read_bytes()[:4] == b"\x89PNG"  # the placeholder
+
+
+def test_each_protocol_has_its_own_learning_curve_panel(tmp_path, monkeypatch):
+    """A cut and a compressed schedule never share a panel, as they never share a table (headline protocol
+    first); a variant trained by two codes under one protocol is two lines there, told apart by their
+    fingerprints; one trained by one code is its bare name; each schedule's learning rate is drawn."""
+    from pipeline.stages import report as report_stage
+
+    for seed in (0, 1):
+        for variant in ("capsnet_r1", "capsnet_r3"):
+            fabricate(tmp_path / "cut", variant, seed, 1.0, recon=False, history=[3.0, 1.0])
+        fabricate(tmp_path / "compressed", "capsnet_r1", seed, 1.0, recon=False, history=[3.0, 1.5],
+                  lr_schedule_epochs=640, fingerprint="ab" * 8 if seed else "cd" * 8)
+    cut = load(tmp_path / "cut", ["capsnet_r1", "capsnet_r3"], [0, 1])
+    compressed = load(tmp_path / "compressed", ["capsnet_r1"], [0, 1])
+    drawn = {}
+    monkeypatch.setattr(report_stage.figures, "learning_curve_panels",
+                        lambda panels, lr, path: drawn.update(panels=panels, lr=lr))
+    report_stage.learning_curves([("MNIST", compressed + cut), ("canvas", [])], tmp_path / "curves.png")
+    assert list(drawn["panels"]) == [f"MNIST\n{cut[0].protocol}", f"MNIST\n{compressed[0].protocol}"]
+    first, second = drawn["panels"].values()
+    assert first == {"capsnet_r1": [([1, 2], [3.0, 1.0])] * 2, "capsnet_r3": [([1, 2], [3.0, 1.0])] * 2}
+    assert second == {"capsnet_r1 (2 ep, fp cdcdcdcd)": [([1, 2], [3.0, 1.5])],
+                      "capsnet_r1 (2 ep, fp abababab)": [([1, 2], [3.0, 1.5])]}
+    assert list(drawn["lr"]) == [cut[0].schedule, compressed[0].schedule]
+    monkeypatch.undo()
+    report_stage.learning_curves([("MNIST", compressed + cut)], tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -154,39 +155,58 @@ def line_colours(n: int) -> list:
     return [plt.get_cmap("hsv")(k / n) for k in range(n)]
 
 
+LINE_STYLES = ("-", "--", ":", "-.")  # a variant's several lines in one panel: its colour, another dash
+
+
 def learning_curve_panels(panels: dict[str, dict[str, list[tuple[list[int], list[float]]]]],
                           lr: dict[str, tuple[list[int], list[float]]], path: str | Path) -> None:
-    """One panel per test set (its own y axis), one colour per variant, then the learning rate.
+    """One panel per test set and protocol (its own y axis; a title's second line, the protocol, wrapped),
+    one colour per variant in every panel, then the learning rate; one row of up to four panels, else
+    rows of three.
 
-    panels: panel title -> variant -> per seed (epochs, test error %): the mean over seeds is the
-    line, the band spans the seeds. lr: schedule label -> (epochs, lr at the end of each epoch).
+    panels: panel title -> line label (the variant, then " (…)" where it has several lines) -> per seed
+    (epochs, test error %): the mean over seeds is the line, the band spans the seeds. lr: schedule
+    label -> (epochs, lr at the end of each epoch).
     """
     from matplotlib.ticker import FormatStrFormatter
 
+    variants = list(dict.fromkeys(label.split(" (")[0] for curves in panels.values() for label in curves))
+    colour_of = dict(zip(variants, line_colours(len(variants))))
     n = len(panels) + 1
-    fig, axes = plt.subplots(1, n, figsize=(5.4 * n, 4.0), squeeze=False, layout="constrained")
-    for ax, (title, curves) in zip(axes[0], panels.items()):
-        for colour, (variant, seeds) in zip(line_colours(len(curves)), curves.items()):
+    cols = n if n <= 4 else 3
+    fig, axes = plt.subplots(-(-n // cols), cols, figsize=(5.4 * cols, 4.0 * -(-n // cols)), squeeze=False,
+                             layout="constrained")
+    flat = list(axes.flat)
+    for ax, (title, curves) in zip(flat, panels.items()):
+        lines_of: dict[str, int] = {}
+        for label, seeds in curves.items():
+            variant = label.split(" (")[0]
+            style = LINE_STYLES[lines_of.setdefault(variant, 0) % len(LINE_STYLES)]
+            lines_of[variant] += 1
             by_epoch: dict[int, list[float]] = {}  # early-stopped seeds end sooner: each epoch over the seeds that ran it
             for epochs, errors in seeds:
                 for epoch, error in zip(epochs, errors):
                     by_epoch.setdefault(epoch, []).append(error)
             epochs = sorted(by_epoch)
-            ax.plot(epochs, [sum(by_epoch[e]) / len(by_epoch[e]) for e in epochs], color=colour,
-                    label=f"{variant} (n={len(seeds)})")
+            ax.plot(epochs, [sum(by_epoch[e]) / len(by_epoch[e]) for e in epochs], color=colour_of[variant],
+                    linestyle=style, label=f"{label} (n={len(seeds)})")
             if len(seeds) > 1:
                 ax.fill_between(epochs, [min(by_epoch[e]) for e in epochs], [max(by_epoch[e]) for e in epochs],
-                                color=colour, alpha=0.15, linewidth=0)
-        ax.set(xlabel="epoch", ylabel="test error (%)", yscale="log", title=title)
+                                color=colour_of[variant], alpha=0.15, linewidth=0)
+        head, _, protocol = title.partition("\n")
+        ax.set_title("\n".join([head, *textwrap.wrap(protocol, 64)]), fontsize=9 if protocol else 10)
+        ax.set(xlabel="epoch", ylabel="test error (%)", yscale="log")
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
         ax.tick_params(axis="y", which="minor", labelsize=6)
         ax.legend(fontsize=6, ncol=1 if len(curves) <= 6 else 2)
-    ax = axes[0, -1]
+    ax = flat[n - 1]
     for colour, (label, (epochs, rates)) in zip(line_colours(len(lr)), lr.items()):
-        ax.plot(epochs, rates, color=colour, label=label)
+        ax.plot(epochs, rates, color=colour, label="\n".join(textwrap.wrap(label, 60)))
     ax.set(xlabel="epoch", ylabel="learning rate (end of epoch)", yscale="log", title="learning-rate schedule")
     ax.legend(fontsize=6, loc="lower left")
+    for ax in flat[n:]:
+        ax.axis("off")
     fig.suptitle("Learning curves: mean over seeds (line) and the seeds' range (band)", fontsize=10)
     save_figure(fig, path)
 

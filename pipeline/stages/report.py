@@ -105,19 +105,24 @@ def claims_table(out: Path) -> pd.DataFrame | None:
 
 
 def learning_curves(panels_of: list[tuple[str, list[rr.Run]]], path: Path) -> None:
-    """One panel per experiment with runs (each variant's seeds; a variant trained under several
-    protocols or commits is one line each) and the learning-rate schedule of the longest run of
-    each schedule."""
+    """One panel per experiment with runs and per protocol they trained under (the headline protocol's
+    first, `rr.protocols`; the protocol under the experiment's title where it has several: a cut and a
+    compressed schedule never share a panel, as they never share a table), each variant's seeds a line (a
+    variant trained by several training codes under one protocol, a line each), and the learning-rate
+    schedule of the longest run of each schedule."""
     panels: dict[str, dict] = {}
     lr: dict[str, tuple] = {}
     for title, runs in panels_of:
-        ambiguous = rr.with_several_rows(runs)
-        for r in runs:
-            curves = panels.setdefault(title, {})
-            curves.setdefault(rr.run_label(r, ambiguous), []).append((list(r.history.epoch),
-                                                                      list(r.history.test_error_pct)))
-            if "lr" in r.history and (r.schedule not in lr or len(r.history) > len(lr[r.schedule][0])):
-                lr[r.schedule] = (list(r.history.epoch), list(r.history.lr))  # the longest run of each schedule
+        keys = rr.protocols(runs)
+        for key in keys:
+            mine = [r for r in runs if r.protocol_key == key]
+            ambiguous = rr.with_several_rows(mine)
+            curves = panels.setdefault(title if len(keys) == 1 else f"{title}\n{mine[0].protocol}", {})
+            for r in mine:
+                curves.setdefault(rr.run_label(r, ambiguous), []).append((list(r.history.epoch),
+                                                                          list(r.history.test_error_pct)))
+                if "lr" in r.history and (r.schedule not in lr or len(r.history) > len(lr[r.schedule][0])):
+                    lr[r.schedule] = (list(r.history.epoch), list(r.history.lr))  # the longest run of each schedule
     figures.learning_curve_panels(panels, lr, path)
 
 
