@@ -80,7 +80,9 @@ done
 rows=$(for f in "$SCRATCH"/out-*/checks.tar.gz; do tar xzf "$f" -O bench.jsonl 2>/dev/null || true; done)
 grep -q . <<<"$rows" || fail "no bench rows came back (checks.tar.gz's bench.jsonl)"
 grep -q '"profile": {' <<<"$rows" || fail "no profiled bench row came back (the +profile entry)"
-grep -q "s estimated of" "$SCRATCH/out-1/session.log" || fail "call 1 started no job by its estimate"
+# by its estimate in either call: on 2 cores, call 1's 240 s go to the fingerprint table (110 s with an empty
+# cache), the data and the first two jobs, which a busy machine may stop at the deadline (2026-11-27, 96 s)
+grep -q "s estimated of" "$SCRATCH"/out-*/session.log || fail "no call started a job by its estimate"
 say "call 1 left $(grep -c "not started" "$SCRATCH/out-1/session.log" || true) items unstarted and stopped $(grep -c " exit 124 " "$SCRATCH/out-1/session.log" || true) at its deadline"
 wanted=$(cd "$SCRATCH/device" && python3 scripts/gpu_queue.py --params params.gpu.yaml --runs "$REPO/reports/runs")
 missing=""

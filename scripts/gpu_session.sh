@@ -94,11 +94,13 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   # the same on another processor
   # Then that variant's every ATen operation under the fingerprint's own cap, in order, with its outputs' hash
   # (scripts/fingerprint_trace.py, about 25 s of one core): gpu_import.sh names the first that computes otherwise
-  # than on the AMD EPYC. After the pins, not beside them: on a 2-core rehearsal a third CPU process pushed
+  # than on the AMD EPYC, and the trace keeps that operation's inputs and outputs (fingerprint_trace-first-difference.pt)
+  # to compute again here. After the pins, not beside them: on a 2-core rehearsal a third CPU process pushed
   # the pins past their 180 s
   { timeout 180 python3 -m pytest tests/test_fingerprint.py -k pinned -p no:cacheprovider -q >"$OUT/fingerprint_pins.txt" 2>&1
     say "fingerprint pins on this host's CPU, exit $?: $(tail -1 "$OUT/fingerprint_pins.txt")"
-    timeout 180 python3 scripts/fingerprint_trace.py "$OUT/fingerprint_trace.jsonl.gz" >"$OUT/fingerprint_trace.txt" 2>&1
+    timeout 180 python3 scripts/fingerprint_trace.py "$OUT/fingerprint_trace.jsonl.gz" --against reports/fingerprint-probe \
+      >"$OUT/fingerprint_trace.txt" 2>&1
     say "fingerprint trace exit $?: $(tail -1 "$OUT/fingerprint_trace.txt" | cut -c1-300)"; } &
   local pins=$!
   # and one variant's fingerprint under other caps (scripts/fingerprint_probe.py): which one, if any, this

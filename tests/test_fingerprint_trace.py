@@ -41,23 +41,6 @@ def test_the_trace_records_each_operations_inputs_and_a_hash_of_its_outputs():
     assert len(recorder.ops[0]["out"]) == ft.HASH_DIGITS
 
 
-def test_the_traced_capped_process_computes_the_capped_fingerprint_through_every_training_operation():
-    """The trace changes no kernel: its process computes what the fingerprint's own capped process does,
-    in the environment runs record, and it saw the model's training (convolutions, routing's batched
-    matmuls, their gradients, Adam's updates) one operation at a time."""
-    lines = ft.trace("capsnet_r1", REPO / "params.yaml")
-    header, ops = lines[0], lines[1:]
-    small = fp.fingerprint_config(run_config(load_params(REPO / "params.yaml"), "capsnet_r1", seed=0))
-    assert header["fingerprint"] == fp.in_capped_process([small])["fingerprints"][0]
-    assert header["environment"] == fp.fingerprint_environment()
-    assert header["variant"] == "capsnet_r1" and header["ops"] == len(ops) > 1000
-    assert header["host"] == fp.host_numerics()
-    names = {op["op"] for op in ops}
-    assert {"aten.convolution.default", "aten.convolution_backward.default"} <= names
-    assert any("bmm" in name for name in names) and any("sqrt" in name for name in names)  # routing; Adam's denominator
-    assert all(len(op["out"]) == ft.HASH_DIGITS for op in ops)
-
-
 def trace_of(outs: list[str], fingerprint="f1", torch_version="torch 2.11.0", host="AuthenticAMD, glibc 2.36",
              ops=("aten.linspace.default", "aten.mul.Tensor", "aten.mm.default", "aten.exp.default")) -> list[dict]:
     header = {"variant": "capsnet_r3_recon", "fingerprint": fingerprint, "host": host, "cpu": "a processor",
@@ -136,3 +119,70 @@ def test_the_committed_reference_trace_is_of_the_pinned_fingerprint(name):
     torch_version = header["environment"].split(",")[0].split("+")[0]
     pinned = next(pins for env, pins in PINNED.items() if env.startswith(torch_version + ",") and env.endswith(header["host"]))
     assert header["fingerprint"] == pinned[header["variant"]]
+
+
+def test_traced_against_another_hosts_trace_the_first_operation_that_parts_is_kept_and_replays(tmp_path):
+    """Trace(expected=…) keeps the first operation whose line differs from the other host's, with its inputs
+    and outputs as this host had them; replayed here from those inputs, it says which elements differ from
+    what the recording host computed and by how many units in the last place."""
+    a = torch.tensor([1.0, 2.0, 3.0])
+    reference = ft.Trace()
+    with reference:
+        torch.exp(a * 3).sum()
+    there = [dict(line) for line in reference.ops]
+    there[0]["out"] = there[1]["out"] = "0" * ft.HASH_DIGITS  # the other host's product computed otherwise, so its exp
+    recorder = ft.Trace(there)
+    with recorder:
+        torch.exp(a * 3).sum()
+    record = recorder.first_difference
+    assert (record["index"], record["op"], record["expected"], record["whole"]) == (0, "aten.mul.Tensor", there[0], True)
+    assert torch.equal(record["args"][0], a) and record["args"][1] == 3 and torch.equal(record["out"], a * 3)
+    assert ft.Trace(reference.ops).first_difference is None  # nothing parts from an identical trace
+    # as a window would bring it back: its product with the last element one unit in the last place off
+    nudged = record["out"].clone()
+    nudged[2] = torch.nextafter(nudged[2], torch.tensor(float("inf")))
+    torch.save(record | {"out": nudged, "expected": reference.ops[0]}, tmp_path / "first-difference.pt")
+    said = ft.replay(tmp_path / "first-difference.pt")  # in a capped process of its own
+    assert said == ("aten.mul.Tensor (#0 of the trace): output 0 float32[3]: 1 of 3 elements differ, by at most "
+                    "9.54e-07 (1 ulp); here it computes what this host's trace holds there")
+    big = ft.operation_record(0, torch.ops.aten.exp.default, (torch.zeros(ft.DUMP_BYTES // 4 + 1),), {}, torch.ones(1), None)
+    assert not big["whole"] and big["args"][0] == {"signature": f"float32[{ft.DUMP_BYTES // 4 + 1}]",
+                                                   "hash": ft.outputs_hash(torch.zeros(ft.DUMP_BYTES // 4 + 1))}
+
+
+def test_a_window_traces_unchanged_kernels_against_another_hosts_trace_and_keeps_where_it_parts(tmp_path):
+    """The traced capped process computes the capped fingerprint. `--against FOLDER` picks another host's trace of this torch and variant there (never this host's own);
+    the capped worker keeps the first operation parting from it, and `keep` files it beside the trace."""
+    folder = tmp_path / "probe"
+    here = ft.trace("capsnet_r1", REPO / "params.yaml")
+    header, ops = here[0], here[1:]
+    # the trace changes no kernel: its process computes what the fingerprint's own capped process does, in the
+    # environment runs record, and it saw the model's training (convolutions, routing's batched matmuls,
+    # their gradients, Adam's updates) one operation at a time
+    small = fp.fingerprint_config(run_config(load_params(REPO / "params.yaml"), "capsnet_r1", seed=0))
+    assert header["fingerprint"] == fp.in_capped_process([small])["fingerprints"][0]
+    assert header["environment"] == fp.fingerprint_environment() and header["host"] == fp.host_numerics()
+    assert header["variant"] == "capsnet_r1" and header["ops"] == len(ops) > 1000
+    names = {op["op"] for op in ops}
+    assert {"aten.convolution.default", "aten.convolution_backward.default"} <= names
+    assert any("bmm" in name for name in names) and any("sqrt" in name for name in names)  # routing; Adam's denominator
+    assert all(len(op["out"]) == ft.HASH_DIGITS for op in ops)
+    doctored = [dict(op) for op in ops]
+    doctored[5]["out"] = "f" * ft.HASH_DIGITS
+    other = {**here[0], "host": "GenuineIntel, glibc 2.39", "cpu": "another"}
+    ft.write(folder / f"{ft.host_name(other)}.jsonl.gz", [other, *doctored])
+    ft.write(folder / f"{ft.host_name(here[0])}.jsonl.gz", here)  # this host's own: never its reference
+    assert ft.reference(folder, "capsnet_r1") == folder / f"{ft.host_name(other)}.jsonl.gz"
+    assert ft.reference(folder, "capsnet_r3_recon") is None
+    window = tmp_path / "window"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "fingerprint_trace.py"), str(window / "fingerprint_trace.jsonl.gz"),
+                           "--variant", "capsnet_r1", "--against", str(folder)], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    dump = window / "fingerprint_trace-first-difference.pt"
+    assert done.stdout.strip().endswith(f"the first operation parting from {ft.host_name(other)}.jsonl.gz kept in {dump}")
+    record = torch.load(dump, weights_only=False)
+    assert (record["index"], record["op"], record["expected"]) == (5, ops[5]["op"], doctored[5])
+    said = ft.keep(window / "fingerprint_trace.jsonl.gz", tmp_path / "kept")
+    assert said[-1].startswith(f"  its first operation parting from the trace it ran against, inputs and outputs, kept in "
+                               f"{tmp_path / 'kept' / ft.host_name(here[0])}-first-difference.pt")
+    assert (tmp_path / "kept" / f"{ft.host_name(here[0])}-first-difference.pt").read_bytes() == dump.read_bytes()
