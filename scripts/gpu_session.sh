@@ -96,8 +96,9 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   # (scripts/fingerprint_trace.py, about 25 s of one core): gpu_import.sh names the first that computes otherwise
   # than on the AMD EPYC, and the trace keeps that operation's inputs and outputs (fingerprint_trace-first-difference.pt)
   # to compute again here. After the pins, not beside them: on a 2-core rehearsal a third CPU process pushed
-  # the pins past their 180 s
-  { timeout 180 python3 -m pytest tests/test_fingerprint.py -k pinned -p no:cacheprovider -q >"$OUT/fingerprint_pins.txt" 2>&1
+  # the pins past their 180 s. 300 s since: on the rehearsal's 2 loaded cores they took 166 s of tests alone
+  # (2026-11-27, exit 124 beside the probe, the CUDA tests and two jobs); 91 s on the H200 host's 16
+  { timeout 300 python3 -m pytest tests/test_fingerprint.py -k pinned -p no:cacheprovider -q >"$OUT/fingerprint_pins.txt" 2>&1
     say "fingerprint pins on this host's CPU, exit $?: $(tail -1 "$OUT/fingerprint_pins.txt")"
     timeout 180 python3 scripts/fingerprint_trace.py "$OUT/fingerprint_trace.jsonl.gz" --against reports/fingerprint-probe \
       >"$OUT/fingerprint_trace.txt" 2>&1
