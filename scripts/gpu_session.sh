@@ -31,7 +31,7 @@
 # tool's limit): runs-*.tar.gz split under 16 MiB, with the commit's fingerprint table that gpu_plan.sh
 # wrote in fingerprints/; session.log; inductor-cache.tar.gz; checks.tar.gz, the checks' own files
 # (bench.jsonl, gpu_tests.txt, gpu_diffs.jsonl, fingerprint_pins.txt, fingerprint_probe.jsonl and .txt,
-# fingerprint_trace.jsonl.gz and .txt).
+# fingerprint_trace.jsonl.gz and .txt, and fingerprint_trace-first-difference.pt where it parted from this AMD EPYC's).
 # Here: `bash scripts/gpu_fetch_mnist.sh` once, then the device tool runs, with carry [".gpu"]:
 #   bash scripts/gpu_session.sh --tests --bench "capsnet_r3_recon" --train "capsnet_r3_recon:0"
 # Back here: `bash scripts/gpu_import.sh FOLDER` unpacks the runs, syncs MLflow and writes the report.
@@ -95,9 +95,9 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   # Then that variant's every ATen operation under the fingerprint's own cap, in order, with its outputs' hash
   # (scripts/fingerprint_trace.py, about 25 s of one core): gpu_import.sh names the first that computes otherwise
   # than on the AMD EPYC, and the trace keeps that operation's inputs and outputs (fingerprint_trace-first-difference.pt)
-  # to compute again here. After the pins, not beside them: on a 2-core rehearsal a third CPU process pushed
-  # the pins past their 180 s. 300 s since: on the rehearsal's 2 loaded cores they took 166 s of tests alone
-  # (2026-11-27, exit 124 beside the probe, the CUDA tests and two jobs); 91 s on the H200 host's 16
+  # to compute again here. After the pins, not beside them, so as not to add to their load; their bound is 300 s:
+  # on the rehearsal's 2 loaded cores their tests took 143-167 s (2026-11-27; 180 s cut them twice), on the
+  # H200 host's 16 cores 91 s
   { timeout 300 python3 -m pytest tests/test_fingerprint.py -k pinned -p no:cacheprovider -q >"$OUT/fingerprint_pins.txt" 2>&1
     say "fingerprint pins on this host's CPU, exit $?: $(tail -1 "$OUT/fingerprint_pins.txt")"
     timeout 180 python3 scripts/fingerprint_trace.py "$OUT/fingerprint_trace.jsonl.gz" --against reports/fingerprint-probe \

@@ -174,8 +174,8 @@ def learning_curve_panels(panels: dict[str, dict[str, list[tuple[list[int], list
     colour_of = dict(zip(variants, line_colours(len(variants))))
     n = len(panels) + 1
     cols = n if n <= 4 else 3
-    fig, axes = plt.subplots(-(-n // cols), cols, figsize=(5.4 * cols, 4.0 * -(-n // cols)), squeeze=False,
-                             layout="constrained")
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.4 * cols, 4.0 * rows), squeeze=False, layout="constrained")
     flat = list(axes.flat)
     for ax, (title, curves) in zip(flat, panels.items()):
         lines_of: dict[str, int] = {}
