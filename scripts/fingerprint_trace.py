@@ -29,7 +29,6 @@ import argparse
 import gzip
 import hashlib
 import json
-import os
 import pickle
 import shutil
 import subprocess
@@ -110,12 +109,6 @@ def operation_record(index: int, func, args, kwargs: dict, out, expected: dict |
             "args": tree_map(kept, args), "kwargs": tree_map(kept, kwargs), "out": tree_map(kept, out)}
 
 
-def capped_env() -> dict[str, str]:
-    """This process's environment under the fingerprint's cap, with this checkout's code on the path."""
-    root = str(Path(__file__).resolve().parents[1])
-    return os.environ | fp.CAPPED | {"PYTHONPATH": os.pathsep.join(dict.fromkeys([root, *filter(None, sys.path)]))}
-
-
 def trace(variant: str, params_path: Path, against: Path | None = None, dump: Path | None = None) -> list[dict]:
     """A header line ({"variant", "fingerprint", "environment", "host", "cpu", "ops"}), then one line per
     operation, from ``variant``'s fingerprint computation in a capped process of its own; with another
@@ -126,7 +119,7 @@ def trace(variant: str, params_path: Path, against: Path | None = None, dump: Pa
         (Path(tmp) / "config.pkl").write_bytes(pickle.dumps(small))
         if against is not None:
             (Path(tmp) / "expected.json").write_text(json.dumps(read(against)[1:]))
-        done = subprocess.run([sys.executable, __file__, "--worker", tmp], env=capped_env(), capture_output=True, text=True)
+        done = subprocess.run([sys.executable, __file__, "--worker", tmp], env=fp.capped_env(), capture_output=True, text=True)
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
             raise fp.FingerprintError(f"the traced fingerprint failed in its CPU process: {why}")
@@ -167,7 +160,7 @@ def replay(record_path: Path) -> str:
     """The recorded operation computed again here, in the capped process, from its recorded inputs: how
     many of its output elements differ from those the recording host computed, and by how many units in
     the last place."""
-    done = subprocess.run([sys.executable, __file__, "--replay-worker", str(record_path)], env=capped_env(),
+    done = subprocess.run([sys.executable, __file__, "--replay-worker", str(record_path)], env=fp.capped_env(),
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise fp.FingerprintError(f"the replay failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")

@@ -152,14 +152,20 @@ def _compute(small: RunConfig) -> str:
 _ENVIRONMENT: list[str] = []  # what the capped processes reported, once one ran
 
 
+def capped_env(caps: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment under `CAPPED` (or ``caps``), with this checkout's code first on
+    the import path: what every capped process runs in (also scripts/fingerprint_trace.py's)."""
+    root = str(Path(__file__).resolve().parents[2])
+    return os.environ | (CAPPED if caps is None else caps) | {
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys([root, *filter(None, sys.path)]))}
+
+
 def in_capped_process(smalls: list[RunConfig], caps: dict[str, str] | None = None) -> dict:
     """{"fingerprints": each of ``smalls``' fingerprints, "environment": `fingerprint_environment`},
     computed by `python -m pipeline.training.fingerprint` under `CAPPED` (or ``caps``: other settings,
     scripts/fingerprint_probe.py) with this checkout's code and this process's import path (an experiment
     `registry.register` added is imported there by name)."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = os.environ | (CAPPED if caps is None else caps) | {
-        "PYTHONPATH": os.pathsep.join(dict.fromkeys([root, *filter(None, sys.path)]))}
+    env = capped_env(caps)
 
     def compute() -> dict:
         with tempfile.TemporaryDirectory() as tmp:
