@@ -89,8 +89,13 @@ missing=""
 for item in $wanted; do
   [ -f "$SCRATCH/device/gpu_results/${item%%:*}/seed${item##*:}/metrics.json" ] || missing="$missing $item"
 done
-[ -z "$missing" ] || fail "no metrics after call 2 for:$missing (logs: $SCRATCH/device/logs)"
-say "every queued run trained and evaluated: $(echo "$wanted" | wc -w) runs"
+# a queue the two calls left unfinished is a failure too, but only after the import has run on what they
+# trained, as it would after a real window: one rehearsal then says both whether the scripts work and whether
+# this machine's two calls hold the smoke queue (a machine twice as slow as usual did not, 2026-11-27)
+trained=$(for item in $wanted; do
+  [ -f "$SCRATCH/device/gpu_results/${item%%:*}/seed${item##*:}/metrics.json" ] && echo "$item"; done | wc -l)
+[ "$trained" -gt 0 ] || fail "no queued run has metrics after call 2 (logs: $SCRATCH/device/logs)"
+say "$trained of $(echo "$wanted" | wc -w) queued runs trained and evaluated${missing:+; no metrics for:$missing}"
 
 mkdir -p "$SCRATCH/home" && send_tree "$SCRATCH/home"
 touch "$SCRATCH/import.started"
@@ -101,7 +106,7 @@ say "import: gpu_import.sh in a copy of the tree with its own MLflow store"
    CAPSNET_GPU_PROFILE=smoke bash scripts/gpu_import.sh "$SCRATCH/out-1" "$SCRATCH/out-2" >"$SCRATCH/import.log" 2>&1) \
   || fail "gpu_import.sh exited $? (its log: $SCRATCH/import.log)"
 published=$(ls -d "$SCRATCH"/home/reports/runs/models/*/seed* | wc -l)
-[ "$published" = "$(echo "$wanted" | wc -w)" ] || fail "$published runs published, $(echo "$wanted" | wc -w) trained"
+[ "$published" = "$trained" ] || fail "$published runs published, $trained trained"
 [ "$SCRATCH/home/reports/ablation.md" -nt "$SCRATCH/import.started" ] || fail "no report written (reports/ablation.md)"
 grep -q "fingerprint pins on the GPU host's CPU ($SCRATCH/out-1): .*passed" "$SCRATCH/import.log" \
   || fail "the import did not read call 1's fingerprint pins (checks.tar.gz)"
@@ -113,4 +118,6 @@ kept=$(ls "$SCRATCH/home/reports/bench/$slug"/*.jsonl 2>/dev/null | wc -l)
 [ "$kept" = "$(wc -w <<<"$BENCH")" ] || fail "$kept bench entries kept in reports/bench/$slug/, $(wc -w <<<"$BENCH") benched"
 measured=$(cat "$SCRATCH/home/reports/bench/$slug/jobs/seconds.jsonl" 2>/dev/null | wc -l)
 [ "$measured" -gt 0 ] || fail "no measured job kept in reports/bench/$slug/jobs/ (gpu_queue.py --record)"
+[ -z "$missing" ] || fail "the import passed on the $published runs trained, but no metrics after call 2 for:$missing: this \
+machine's two calls did not hold the smoke queue (logs: $SCRATCH/device/logs; a slow or busy machine, or a scheduling bug)"
 say "rehearsal passed: $published runs published, the report in $SCRATCH/home/reports"
