@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A GPU window rehearsed here, on the CPU, before a real one spends its minutes on a broken script:
-#   bash scripts/gpu_rehearse.sh [SCRATCH]     (default /tmp/gpu-rehearsal; about 10 min on 2 cores)
+#   bash scripts/gpu_rehearse.sh [SCRATCH]     (default /tmp/gpu-rehearsal; 7-14 min on 2 cores)
 # It runs what a lent window runs, as the device tool runs it, on the smoke profile's tiny data:
 #  1. "device" calls: the working tree as the device tool sends it (tracked and untracked files that
 #     git does not ignore, plus .gpu with the MNIST files) is copied into SCRATCH/device, which keeps
