@@ -134,7 +134,7 @@ def trace(variant: str, params_path: Path, against: Path | None = None, dump: Pa
 def worker(folder: Path) -> None:
     """The capped process: FOLDER/config.pkl's fingerprint computed under `Trace`, to FOLDER/trace.json
     (and the first operation parting from FOLDER/expected.json, where there is one, to FIRST_DIFFERENCE)."""
-    torch.backends.mkldnn.enabled = False  # as the fingerprint's own capped process (fingerprint.main)
+    fp.cap_kernels()  # as the fingerprint's own capped process
     small = pickle.loads((folder / "config.pkl").read_bytes())
     expected = folder / "expected.json"
     recorder = Trace(json.loads(expected.read_text()) if expected.exists() else None)
@@ -144,6 +144,12 @@ def worker(folder: Path) -> None:
     (folder / "trace.json").write_text(json.dumps([header, *recorder.ops]))
     if recorder.first_difference is not None:
         torch.save(recorder.first_difference, folder / FIRST_DIFFERENCE)
+
+
+def first_difference_path(trace_path: Path) -> Path:
+    """Where the first operation parting from another host's trace goes beside ``trace_path``:
+    OUT.jsonl.gz's is OUT-first-difference.pt."""
+    return trace_path.with_name(trace_path.name.removesuffix(".jsonl.gz") + "-" + FIRST_DIFFERENCE)
 
 
 def reference(folder: Path, variant: str) -> Path | None:
@@ -169,7 +175,7 @@ def replay(record_path: Path) -> str:
 
 def replay_worker(record_path: Path) -> str:
     """`replay` in the capped process."""
-    torch.backends.mkldnn.enabled = False
+    fp.cap_kernels()
     record = torch.load(record_path, weights_only=False)
     where = f"{record['op']} (#{record['index']} of the trace)"
     if not record["whole"]:
@@ -252,7 +258,7 @@ def keep(source: Path, folder: Path) -> list[str]:
     for other in sorted(folder.glob("*.trace.jsonl.gz")):
         if other != dest:
             out += [f"  against {other.name.removesuffix('.trace.jsonl.gz')}: {first_difference(read(other), lines)}"]
-    dumped = source.with_name(source.name.removesuffix(".jsonl.gz") + "-" + FIRST_DIFFERENCE)
+    dumped = first_difference_path(source)
     if dumped.exists():
         kept = folder / f"{host_name(lines[0])}-{FIRST_DIFFERENCE}"
         shutil.copyfile(dumped, kept)
@@ -290,7 +296,7 @@ def main() -> None:
         if args.against and against is None:
             print(f"no other host's trace of {args.variant} under torch {torch.__version__} in {args.against}: "
                   "traced without comparing")
-        dump = args.out.with_name(args.out.name.removesuffix(".jsonl.gz") + "-" + FIRST_DIFFERENCE)
+        dump = first_difference_path(args.out)
         dump.unlink(missing_ok=True)
         lines = trace(args.variant, args.params, against, dump)
         write(args.out, lines)

@@ -92,9 +92,10 @@ done
 # a queue the two calls left unfinished is a failure too, but only after the import has run on what they
 # trained, as it would after a real window: one rehearsal then says both whether the scripts work and whether
 # this machine's two calls hold the smoke queue (a machine twice as slow as usual did not, 2026-11-27)
-trained=$(( $(echo "$wanted" | wc -w) - $(echo "$missing" | wc -w) ))
+queued=$(wc -w <<<"$wanted")
+trained=$(( queued - $(wc -w <<<"$missing") ))
 [ "$trained" -gt 0 ] || fail "no queued run has metrics after call 2 (logs: $SCRATCH/device/logs)"
-say "$trained of $(echo "$wanted" | wc -w) queued runs trained and evaluated${missing:+; no metrics for:$missing}"
+say "$trained of $queued queued runs trained and evaluated${missing:+; no metrics for:$missing}"
 
 mkdir -p "$SCRATCH/home" && send_tree "$SCRATCH/home"
 touch "$SCRATCH/import.started"

@@ -780,7 +780,7 @@ MUTATIONS = [
     Mutation("the trace's process runs uncapped", "scripts/fingerprint_trace.py",
              '"--worker", tmp], env=fp.capped_env(),', '"--worker", tmp], env=None,', (TRACE,)),
     Mutation("the trace's process leaves oneDNN on", "scripts/fingerprint_trace.py",
-             "torch.backends.mkldnn.enabled = False  # as", "torch.backends.mkldnn.enabled = True  # as", (TRACE,)),
+             "    fp.cap_kernels()  # as", "    pass  # as", (TRACE,)),
     Mutation("two traces' comparison names the last difference, not the first", "scripts/fingerprint_trace.py",
              "for i, (x, y) in enumerate(zip(ops_a, ops_b)):",
              "for i, (x, y) in reversed(list(enumerate(zip(ops_a, ops_b)))):", (TRACE,)),

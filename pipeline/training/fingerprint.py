@@ -223,10 +223,16 @@ def fingerprint_table(params: Params, variants: list[str], progress=lambda done,
     return {v: future.result() for future, v in running.items()}
 
 
+def cap_kernels() -> None:
+    """The cap's half that a capped process sets itself, first (`capped_env` sets the other before it
+    starts): oneDNN off. Every capped process calls it (also scripts/fingerprint_trace.py's)."""
+    torch.backends.mkldnn.enabled = False  # oneDNN's blocking follows the processor's caches
+
+
 def main(folder: str) -> None:
     """The capped process: the fingerprints of the configurations pickled in FOLDER/configs.pkl, and
     the environment they ran in, to FOLDER/fingerprints.json."""
-    torch.backends.mkldnn.enabled = False  # oneDNN's blocking follows the processor's caches
+    cap_kernels()
     asked = pickle.loads((Path(folder) / "configs.pkl").read_bytes())
     for name, module in asked["experiments"].items():
         try:
