@@ -16,7 +16,7 @@ import click
 
 from pipeline.core.errors import Terminated, UserError
 from pipeline.core.params import BENCH_MODES as SPEED_MODES
-from pipeline.core.params import Params, load_params
+from pipeline.core.params import STACK_LAYOUTS, Params, load_params
 
 BENCH_MODES = list(SPEED_MODES)  # `capsnet bench --mode`: pipeline.training.bench.MODES, read without torch
 
@@ -290,10 +290,11 @@ def stages(index: int | None, count: bool, kind: str, params_path: str) -> None:
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
 @click.option("--seeds", "seeds", type=click.IntRange(1, 64), multiple=True, default=(1,), show_default=True,
               help="seeds stacked in one step (repeatable: --seeds 1 --seeds 3 compares stacked with separate)")
-@click.option("--stack", "layouts", type=click.Choice(["fused", "bmm", "loop"]), multiple=True, default=["fused"],
+@click.option("--stack", "layouts", type=click.Choice(STACK_LAYOUTS), multiple=True, default=["fused"],
               show_default=True, help="how stacked seeds run (train.stack_layout): fused, one grouped kernel per "
                                       "layer (vmap); bmm, the convolutions as batched matrix products; loop, each "
-                                      "seed's kernels in turn (repeatable)")
+                                      "seed's kernels in turn; streams, the loop with each seed on a CUDA stream of "
+                                      "its own (repeatable)")
 @click.option("--profile-steps", "profile", type=click.IntRange(min=0), default=0, show_default=True,
               help="after the timed steps, this many more under torch.profiler: each row's \"profile\" says where "
                    "a step's time went (the device's busy time against the wall, by category, the longest kernels)")

@@ -62,6 +62,11 @@ PROOFS = {
     "compile-capture": ["test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
                         "[{v}-fp32-compiled", "test_gpu.py::test_compiled_fp32_step_matches_eager_fp32[{v}]"],
 }
+# a stack layout whose seeds run side by side needs a proof of its own where seeds stack: the captured step
+# in that layout against the eager loop layout (tests/test_capture_gpu.py), at the mode's precision, compiled
+# or eager as the mode is ("{p}" and "{c}" below); the other layouts run one stream and their modes' proofs hold
+LAYOUT_PROOFS = {"streams": "test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+                            "[{v}-{p}-{c}-streams"}
 STACKED = 3  # the seeds a window trains in one process (scripts/gpu_queue.py --stack)
 
 
@@ -84,11 +89,17 @@ def test_outcomes(log: str) -> dict[str, str]:
     return outcomes
 
 
-def proven(mode: str | None, variant: str, outcomes: dict[str, str]) -> tuple[bool, str]:
-    """Whether every CUDA test proving ``mode`` on ``variant`` ran and passed; why not, if not."""
+def proven(mode: str | None, variant: str, outcomes: dict[str, str], layout: str = "fused") -> tuple[bool, str]:
+    """Whether every CUDA test proving ``mode`` on ``variant``, with seeds stacked in ``layout`` (give
+    "fused" for one seed: a stack of one runs no layout), ran and passed; why not, if not."""
     if mode not in PROOFS:
         return False, f"no CUDA test proves {mode or 'these settings'}"
-    for prefix in PROOFS[mode]:
+    proofs = PROOFS[mode]
+    if layout in LAYOUT_PROOFS:
+        speed = BENCH_MODES[mode]
+        proofs = [*proofs, LAYOUT_PROOFS[layout].replace("{p}", "bf16" if speed.amp else "fp32")
+                  .replace("{c}", "eager" if speed.compile_mode is None else "compiled")]
+    for prefix in proofs:
         prefix = prefix.format(v=variant)
         ran = {t: o for t, o in outcomes.items() if t.startswith(prefix)}
         if not ran:
@@ -138,7 +149,8 @@ def run_unproven(config: dict, outcomes: dict[str, str]) -> str:
     cfg = config["config"]  # its "compile" is what the run did (compile_cnns resolved)
     if cfg["model"] not in BENCHED:
         return ""
-    return proven(trained_mode(cfg, cfg["model"]), BENCHED[cfg["model"]], outcomes)[1]
+    layout = cfg.get("stack_layout", "fused") if len(config.get("stacked_seeds", [0])) > 1 else "fused"
+    return proven(trained_mode(cfg, cfg["model"]), BENCHED[cfg["model"]], outcomes, layout)[1]
 
 
 def bench_rows(path: Path) -> list[dict]:
@@ -159,7 +171,7 @@ def fallback(outcomes: dict[str, str], train: dict, model: str, why: str) -> tup
     """No bench row to choose from: the profile's settings where its mode is proven, else eager at its
     precision (issue #36: a variant whose compiled or captured path fails trains uncompiled at once)."""
     mode = trained_mode(train, model)
-    ok, not_proven = proven(mode, BENCHED[model], outcomes)
+    ok, not_proven = proven(mode, BENCHED[model], outcomes, train.get("stack_layout", "fused"))
     if ok:
         return None, f"{model}: {why}; the profile's {mode} stays"
     eager = "bf16" if train["amp"] else "fp32"
@@ -179,7 +191,7 @@ def choose(rows: list[dict], outcomes: dict[str, str], train: dict, model: str) 
     def why_not(row: dict) -> str:  # "" where the row's mode passed its CUDA tests and ran as it says
         if row["mode"].endswith("-capture") and not row.get("captured"):
             return "the bench ran it uncaptured"
-        return proven(row["mode"], variant, outcomes)[1]
+        return proven(row["mode"], variant, outcomes, row.get("stack", "fused") if row.get("seeds", 1) > 1 else "fused")[1]
     eligible = [r for r in mine if not why_not(r)]
     if not eligible:
         return fallback(outcomes, train, model, f"no bench mode of {variant} passed its CUDA tests "

@@ -29,7 +29,9 @@
 #     baseline_cnn, in the fused, bmm and (the CNN) loop layouts, pytorch#73764) and the levers never
 #     measured: the captured step (-capture, #37), compile's CUDA graphs, NHWC (-cl), and where the captured
 #     step's time goes, one seed and three stacked (+profile: torch.profiler's kernels by category, what the
-#     next speed lever should aim at: the paper protocol needs a step about 1.5x faster); max-autotune is
+#     next speed lever should aim at: the paper protocol needs a step about 1.5x faster), three seeds stacked
+#     each on a CUDA stream of its own (+streams: the captured step as parallel branches, in bf16 and in the
+#     fp32 twin's mode, beside the fused stack timed again on the same machine); max-autotune is
 #     left out since the H200 window of 2026-11-26 (no gain, 200 s to compile); a GPU model's rows in
 #     reports/bench/<model>/ are not benched again; then --levers: each benched model trains with its fastest mode that passed its CUDA tests
 #     (scripts/gpu_levers.py; params.gpu.<model>.yaml, recorded in every run's config.json);
@@ -60,7 +62,7 @@ if head=$(git rev-parse HEAD 2>/dev/null) && [ "${CAPSNET_GIT_COMMIT:-$head}" !=
 fi
 # CAPSNET_GPU_PROFILE and CAPSNET_GPU_BENCH are for scripts/gpu_rehearse.sh (this window rehearsed on a CPU)
 python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml
-BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm capsnet_r3_recon@bf16-compile-capture#1,3+profile baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture#1,3"}
+BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm capsnet_r3_recon@bf16-compile-capture#1,3+profile baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture#1,3 capsnet_r3_recon@bf16-compile-capture,compile-capture#3+streams"}
 mkdir -p logs fingerprints
 # the fingerprint table of the code that trains, before the queue, which lists again what other training
 # code trained (a commit since changed training; an older, uncapped fingerprint): every variant in its own

@@ -56,7 +56,7 @@ send_tree() {  # what the device tool sends (tracked and not-ignored untracked f
 }
 COMMIT=$(git rev-parse HEAD)
 # the models gpu_levers picks for, and the smoke profile's own fp32 that the jobs' estimates read
-BENCH="capsnet_r3_recon@fp32,bf16-capture#1,3+bmm baseline_cnn@fp32,bf16-capture#1 capsnet_r1@fp32#1+profile"  # the last: CPU-sized
+BENCH="capsnet_r3_recon@fp32,bf16-capture#1,3+bmm+streams baseline_cnn@fp32,bf16-capture#1 capsnet_r1@fp32#1+profile"  # the last: CPU-sized
 left=900  # the device tool's budget_left_s before the call
 for call in 1 2; do
   deadline=$([ $call = 1 ] && echo 240 || echo 560)

@@ -55,6 +55,8 @@ WARM = "tests/test_warm.py"
 TALLY = "tests/test_steps.py::test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_step"
 PROFILE = "tests/test_profile.py"
 TRACE = "tests/test_fingerprint_trace.py"
+STREAMS = "tests/test_stack.py::test_the_streams_layout_forks_every_seed_before_any_works_and_joins_them_after"
+STREAMS_PROOF = "tests/test_gpu_window.py::test_seeds_side_by_side_on_streams_need_their_own_cuda_test"
 CAPTURED = "tests/test_steps.py::test_the_capturable_step_trains_bit_for_bit_what_the_eager_step_trains[baseline_cnn-3seeds]"
 
 MUTATIONS = [
@@ -112,8 +114,8 @@ MUTATIONS = [
              'for seed in ablation.seeds)]\n    if item', 'for seed in ablation.seeds[:1])]\n    if item',
              ("tests/test_scale.py::test_stage_list_is_dvc_matrix_names_in_params_order",)),
     Mutation("compiled step differs from eager (loss scaled)", "pipeline/training/train.py",
-             "    loss_fn = torch.compile(stack, mode=cfg.compile_mode) if cfg.compile else stack",
-             "    loss_fn = torch.compile(lambda *a: stack(*a) * 1.01, mode=cfg.compile_mode) if cfg.compile else stack",
+             "    loss_fn = compiled(stack, cfg.compile_mode) if cfg.compile else stack",
+             "    loss_fn = (lambda f: lambda *a: f(*a) * 1.01)(compiled(stack, cfg.compile_mode)) if cfg.compile else stack",
              (COMPILED,)),
     Mutation("the optimizer ignores a compressed schedule", "pipeline/training/train.py",
              "pace = cfg.lr_schedule_epochs / cfg.epochs if cfg.lr_schedule_epochs else 1.0", "pace = 1.0",
@@ -420,13 +422,30 @@ MUTATIONS = [
     Mutation("a fingerprint row's figure misses the runs of its other commits", "pipeline/experiments/table1_figures.py",
              "r.commit_key == rr.row_key(best.commit)", "r.commit == best.commit", (REPORT,)),
     Mutation("train.compile_mode never reaches torch.compile", "pipeline/training/train.py",
-             "torch.compile(stack, mode=cfg.compile_mode)", "torch.compile(stack)",
+             "compiled(stack, cfg.compile_mode)", "compiled(stack)",
              ("tests/test_train.py::test_the_compile_mode_reaches_torch_compile_and_is_not_part_of_the_checkpoint_key",)),
     Mutation("bmm with a transposed kernel", "pipeline/training/stack.py",
              "out = conv.weight.flatten(1) @ cols", "out = conv.weight.transpose(2, 3).flatten(1) @ cols", (STACK,)),
     Mutation("the bmm layout runs the grouped convolutions", "pipeline/training/stack.py",
              'convs_as_matmul(copy.deepcopy(models[0])) if layout == "bmm" else models[0]',
              'models[0] if layout == "bmm" else models[0]', (STACK,)),
+    Mutation("the streams layout gives every seed the first seed's weights", "pipeline/training/stack.py",
+             "parts.append(one(per_seed[k], batch.x[k],", "parts.append(one(per_seed[0], batch.x[k],", (STACK,)),
+    Mutation("the streams layout runs every seed on the first seed's stream", "pipeline/training/stack.py",
+             "            with streams.on(k):", "            with streams.on(0):", (STREAMS,)),
+    Mutation("the streams layout never joins the seeds' streams back", "pipeline/training/stack.py",
+             "        streams.join(current)\n", "", (STREAMS,)),
+    Mutation("the streams layout waits for each seed before the next starts", "pipeline/training/stack.py",
+             "                                 None if keep is None else keep[k]))  # (3,)\n",
+             "                                 None if keep is None else keep[k]))  # (3,)\n"
+             "            streams.join(current)\n            current = streams.fork()\n", (STREAMS,)),
+    Mutation("the streams layout compiles the whole stack (one stream's kernels)", "pipeline/training/stack.py",
+             'if stack.layout == "streams" and stack.seeds > 1:', "if False:", (STREAMS,)),
+    Mutation("the streams layout is picked without its own CUDA test", "scripts/gpu_levers.py",
+             "    if layout in LAYOUT_PROOFS:", "    if False:", (STREAMS_PROOF,)),
+    Mutation("a run trained stacked in streams is checked as if fused", "scripts/gpu_levers.py",
+             'layout = cfg.get("stack_layout", "fused") if len(config.get("stacked_seeds", [0])) > 1 else "fused"',
+             'layout = "fused"', (STREAMS_PROOF,)),
     Mutation("train.stack_layout never reaches the stack", "pipeline/training/train.py",
              "SeedStack(models, loss_recipe(cfg), cfg.stack_layout)", "SeedStack(models, loss_recipe(cfg))",
              ("tests/test_stack.py::test_the_bmm_layout_trains_as_separate_runs",)),
@@ -487,7 +506,7 @@ MUTATIONS = [
              'return "the bench ran it uncaptured"', "pass",
              ("tests/test_profiles.py::test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove",)),
     Mutation("the gpu levers pick a mode no CUDA test proves", "scripts/gpu_levers.py",
-             "    for prefix in PROOFS[mode]:", "    for prefix in []:",
+             "    for prefix in proofs:", "    for prefix in []:",
              ("tests/test_profiles.py::test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove",)),
     Mutation("a stacked job is priced as one seed", "scripts/gpu_queue.py",
              "images = seeds * train[\"epochs\"]", "images = train[\"epochs\"]", (WINDOW,)),

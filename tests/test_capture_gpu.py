@@ -12,7 +12,10 @@ parameter's gradient is compared, and at the end the weights:
   learning rate, a float32 device tensor under capture (fused Adam reads it so) and a double
   otherwise, and cuDNN's autotuned kernels need not be deterministic; the bounds are provisional
   until a GPU session measures them (CAPSNET_GPU_REPORT=FILE appends the measured differences).
-scripts/gpu_session.sh --tests runs this module.
+In the streams layout (each seed on a CUDA stream of its own, run side by side) the eager side runs
+the loop layout, the same seeds one after another on one stream: a missing wait between the streams,
+a seed reading another's half-written buffers, shows as a difference there.
+scripts/gpu_session.sh --tests runs this module; scripts/gpu_levers.py reads its ids (PROOFS, LAYOUT_PROOFS).
 """
 
 import dataclasses
@@ -27,7 +30,7 @@ from test_gpu import BF16_LAYER_BOUNDS, FP32_LAYER_BOUND, config, family, tf32_o
 
 from pipeline.experiments import multimnist as mm
 from pipeline.training import steps
-from pipeline.training.train import build_group, configure_backends, schedule
+from pipeline.training.train import build_group, compiled, configure_backends, schedule
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -40,7 +43,7 @@ def side(cfg, seeds: tuple[int, ...], device: torch.device):
     """One side's stack, its loss (compiled when cfg.compile), optimiser, scheduler and generators, as
     `train_group` builds them."""
     stack, optimizer, scheduler, generators = build_group([dataclasses.replace(cfg, seed=s) for s in seeds], device)
-    return stack, (torch.compile(stack) if cfg.compile else stack), optimizer, scheduler, generators
+    return stack, (compiled(stack) if cfg.compile else stack), optimizer, scheduler, generators
 
 
 def training_data(cfg) -> dict[str, torch.Tensor]:
@@ -70,6 +73,9 @@ def case(variant: str, precision: str, compiled: bool, layout: str, seeds: tuple
     case("capsnet_r3_recon", "bf16", True, "fused", (0, 1, 2)),  # the gpu profile's CapsNet step, captured
     case("capsnet_r3_recon", "bf16", True, "fused", (0,)),
     case("capsnet_r3_recon", "bf16", False, "bmm", (0, 1, 2)),
+    case("capsnet_r3_recon", "bf16", True, "streams", (0, 1, 2)),  # seeds side by side, against the loop on one stream
+    case("capsnet_r3_recon", "bf16", False, "streams", (0, 1, 2)),
+    case("capsnet_r3_recon", "fp32", True, "streams", (0, 1, 2)),  # the precision check's fp32 twin, streams
     case("baseline_cnn", "bf16", False, "fused", (0, 1, 2)),  # dropout masks from each seed's generator
     case("cnn_affnist", "bf16", False, "fused", (0, 1, 2)),  # §5.2's 40×40 canvas
     case("multimnist_r1_recon", "bf16", False, "fused", (0, 1, 2)),  # pairs drawn on the device
@@ -83,7 +89,8 @@ def test_the_captured_step_replays_what_the_eager_step_computes(variant, precisi
     data = training_data(cfg)
     exp = cfg.experiment_module().Training(cfg, data, device)
     assert exp.steps_per_epoch == STEPS_PER_EPOCH
-    stack_e, loss_e, opt_e, sched_e, gens_e = side(cfg, seeds, device)
+    reference = dataclasses.replace(cfg, stack_layout="loop") if layout == "streams" else cfg
+    stack_e, loss_e, opt_e, sched_e, gens_e = side(reference, seeds, device)
     stack_c, loss_c, opt_c, sched_c, gens_c = side(cfg, seeds, device)
     eager = steps.EagerStep(exp, stack_e, loss_e, opt_e, sched_e, gens_e, amp, STEPS_PER_EPOCH, device)
     captured = steps.CapturedStep(exp, stack_c, loss_c, opt_c, sched_c, gens_c, amp, STEPS_PER_EPOCH, device,

@@ -620,6 +620,39 @@ def test_a_run_is_checked_against_the_cuda_tests_of_the_speed_settings_it_record
         {"config": {**run("capsnet", True, True, False)["config"], "compile_mode": "reduce-overhead"}}, passed)
 
 
+def test_seeds_side_by_side_on_streams_need_their_own_cuda_test(gpu_params):
+    """The streams layout (stacked seeds each on a CUDA stream of its own) is picked only where its own
+    capture test passed beside its mode's (gpu_levers.LAYOUT_PROOFS: the captured step in streams against
+    the eager loop, at the mode's precision, compiled or eager); a run trained in it, seeds stacked, is
+    checked against that test; one seed alone in it, or the other layouts, need no more than the mode's."""
+    capture = "test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+    mode_proofs = {f"{capture}[capsnet_r3_recon-bf16-compiled-fused-1seed]": "PASSED",
+                   "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon]": "PASSED"}
+    streams_proof = {f"{capture}[capsnet_r3_recon-bf16-compiled-streams-3seed]": "PASSED"}
+    eager_streams = {f"{capture}[capsnet_r3_recon-bf16-eager-streams-3seed]": "PASSED"}  # another mode's
+    stacked = [{"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 3, "stack": stack, "captured": True,
+                "train_images_per_s": rate} for stack, rate in (("streams", 140_000.0), ("fused", 31_000.0))]
+    one = {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 1, "captured": True, "train_images_per_s": 66_000.0}
+    train = gpu_levers.variant_train(gpu_params, "capsnet_r3_recon")
+    picked, line = gpu_levers.choose([*stacked, one], {**mode_proofs, **streams_proof}, train, "capsnet")
+    assert picked["stack_layout"] == "streams" and "140,000 images/s" in line, line
+    picked, line = gpu_levers.choose([*stacked, one], {**mode_proofs, **eager_streams}, train, "capsnet")
+    assert picked["stack_layout"] == "fused" and "1 seed" in line, line  # streams unproven: one seed at 66k beats 31k
+    assert gpu_levers.proven(CAPS, "capsnet_r3_recon", mode_proofs, "loop") == (True, "")
+    assert gpu_levers.proven(CAPS, "capsnet_r3_recon", mode_proofs, "streams")[1] == \
+        f"{capture}[capsnet_r3_recon-bf16-compiled-streams… did not run"
+
+    def run(stack_layout, seeds):
+        return {"config": {"model": "capsnet", "amp": True, "compile": True, "compile_mode": "default",
+                           "channels_last": False, "cuda_graph": True, "stack_layout": stack_layout},
+                "stacked_seeds": list(range(seeds))}
+
+    assert "streams" in gpu_levers.run_unproven(run("streams", 3), mode_proofs)
+    assert gpu_levers.run_unproven(run("streams", 3), {**mode_proofs, **streams_proof}) == ""
+    assert gpu_levers.run_unproven(run("streams", 1), mode_proofs) == ""  # one seed: the loop of one
+    assert gpu_levers.run_unproven(run("fused", 3), mode_proofs) == ""
+
+
 def test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit(tmp_path):
     """scripts/gpu_travel.py (gpu_fetch_mnist.sh before a window, gpu_import.sh after one) sums what
     the device tool sends: tracked and untracked-not-ignored files and the carried .gpu, not what git

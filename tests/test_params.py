@@ -67,7 +67,7 @@ def test_a_record_from_before_stacking_reads_as_separate_variants():
     ("train.device", "tpu", "train.device must be"),
     ("variants.capsnet_r3_recon_fp32.precision", "fp16", "variants.capsnet_r3_recon_fp32.precision must be fp32, bf16 "
                                                          "or left out (the profile's train.amp decides), got 'fp16'"),
-    ("train.stack_layout", "grouped", "train.stack_layout must be one of fused, bmm, loop, got 'grouped'"),
+    ("train.stack_layout", "grouped", "train.stack_layout must be one of fused, bmm, loop, streams, got 'grouped'"),
     ("train.compile_mode", "fast", "train.compile_mode must be one of default, reduce-overhead, max-autotune, "
                                    "max-autotune-no-cudagraphs, got 'fast'"),
     ("variants.capsnet_affnist.image_size", 32, "variants.capsnet_affnist.image_size is 32 but experiment affnist takes "

@@ -134,6 +134,88 @@ def test_the_bmm_layout_trains_as_separate_runs(variant, tmp_path, small_cnns, m
                         f"{variant} seed {c.seed}", BMM_WEIGHT_RTOL)
 
 
+@pytest.mark.parametrize("variant", ["capsnet_r3_recon", "baseline_cnn"])
+def test_the_streams_layout_trains_each_seed_bit_for_bit_as_its_separate_run(variant, tmp_path, small_cnns):
+    """train.stack_layout: streams runs each seed's own kernels (on a CUDA stream of its own, none
+    on a CPU), so a seed's weights, history and predictions are its separate run's exactly."""
+    small = variant.startswith("capsnet")
+    cfg = config(variant, batch_size=12, stack_layout="streams") if small else config(variant, stack_layout="streams")
+    data = data_for(cfg, n_train=24 if small else 48)
+    cfgs = [dataclasses.replace(cfg, seed=s) for s in SEEDS[:2]]
+    stacked = train_group(cfgs, data, tmp_path / "stack.pt")
+    for k, c in enumerate(cfgs):
+        separate = train(dataclasses.replace(c, stack_layout="fused"), data, tmp_path / f"{k}.pt")
+        for name, value in separate.model.state_dict().items():
+            assert torch.equal(stacked[k].model.state_dict()[name], value), (variant, c.seed, name)
+        for key in ("train_loss", "margin_loss", "reconstruction_loss", "test_error_pct"):
+            assert [h[key] for h in stacked[k].history] == [h[key] for h in separate.history], (variant, c.seed, key)
+
+
+class RecordedStreams:
+    """A stand-in for `stack.SeedStreams` on the CPU: what a CUDA run would queue on which stream, in order."""
+
+    events: list = []
+
+    def __init__(self, device, n):
+        self.device, self.n, self.inside = device, n, None
+
+    def fork(self):
+        self.events.append("fork")
+        return "current"
+
+    def on(self, k):
+        import contextlib
+
+        @contextlib.contextmanager
+        def on_k():
+            self.inside = k
+            yield
+            self.inside = None
+        return on_k()
+
+    def join(self, current):
+        self.events.append(f"join {current}")
+
+
+def test_the_streams_layout_forks_every_seed_before_any_works_and_joins_them_after(monkeypatch):
+    """Each seed's loss is computed inside its own stream's context (compiled too: `compiled` compiles
+    the one-seed loss the streams forward calls, not the stack); the seeds' streams are forked from
+    the current stream before any seed's work and joined back after all of it, so no seed waits for
+    another and the step's result is on the current stream."""
+    from pipeline.models.capsnet import CapsNet
+    from pipeline.training import stack as stack_mod
+    from pipeline.training.experiment import Batch
+
+    monkeypatch.setattr(stack_mod, "SeedStreams", RecordedStreams)
+    RecordedStreams.events = []
+    models = []
+    for s in SEEDS:
+        torch.manual_seed(s)
+        models.append(CapsNet(1, False, 28, 10))
+    stack = stack_mod.SeedStack(models, "paper", "streams")
+    compiled_fns = []
+    monkeypatch.setattr(stack_mod.torch, "compile", lambda fn, mode="default": compiled_fns.append((fn, mode)) or fn)
+    assert stack_mod.compiled(stack, "max-autotune") is stack  # the stack itself: each seed's loss is what compiles
+    assert [(getattr(fn, "__func__", None), mode) for fn, mode in compiled_fns] == [(stack_mod.SeedStack._one, "max-autotune")]
+    one = stack.compiled_one
+
+    def seed_loss(weights, x, *rest):
+        k = next(k for k in range(len(SEEDS)) if weights["conv1.weight"].data_ptr() == stack.weights[0][k].data_ptr())
+        RecordedStreams.events.append(f"seed {k} on {stack.seed_streams.inside}")
+        return one(weights, x, *rest)
+
+    stack.__dict__["compiled_one"] = seed_loss
+    images, labels = synthetic_digits(4 * len(SEEDS))
+    x, y = images.unsqueeze(1).float() / 255, labels.long()
+    batches = [Batch(x[4 * k:4 * k + 4], y[4 * k:4 * k + 4], None) for k in range(len(SEEDS))]
+    stack(stack_mod.stack_batches(batches), None)
+    assert RecordedStreams.events == ["fork", "seed 0 on 0", "seed 1 on 1", "seed 2 on 2", "join current"]
+    # other layouts compile the stack as one graph
+    compiled_fns.clear()
+    fused = stack_mod.SeedStack(models, "paper", "fused")
+    assert stack_mod.compiled(fused) is fused and compiled_fns == [(fused, "default")]
+
+
 def test_a_seed_that_stops_early_freezes_while_the_others_train_on(tmp_path, monkeypatch):
     """§5.2's early stopping per seed: a constructed error sequence stops seed 1 after epoch 1; it
     ends with its separate run's epoch-1 weights, the others train every epoch."""
@@ -200,7 +282,7 @@ def test_a_group_must_share_everything_but_the_seed():
         checkpoint.group_config([cfg, cfg])
 
 
-@pytest.mark.parametrize("layout", ["fused", "bmm", "loop"])
+@pytest.mark.parametrize("layout", ["fused", "bmm", "loop", "streams"])
 def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient(layout, monkeypatch):
     """Adam sees each seed's own gradient only if the loop backpropagates the sum: the stack's
     per-seed losses, differentiated, give each slice its separate model's gradient on that seed's

@@ -35,7 +35,7 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
 
 PROFILES = ("paper", "paper-gpu", "gpu", "smoke")
 MODELS = ("baseline_cnn", "capsnet", "pooling_cnn", "multimnist_cnn")
-STACK_LAYOUTS = ("fused", "bmm", "loop")  # how stacked seeds run: pipeline.training.stack.SeedStack
+STACK_LAYOUTS = ("fused", "bmm", "loop", "streams")  # how stacked seeds run: pipeline.training.stack.SeedStack
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 GRAPHED_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # the modes that capture CUDA graphs of their own
 RECIPES = ("paper", "official")  # pipeline.models.capsnet.RECIPES (kept here so params.py does not import torch)

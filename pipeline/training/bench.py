@@ -24,8 +24,8 @@ from pipeline.core.provenance import git_commit, repo_root
 from pipeline.data.idx import MNIST_SIZE
 from pipeline.training.profile import profile_steps
 from pipeline.training.train import (
-    RunConfig, build_group, build_model, compute_loss, configure_backends, loss_recipe, make_optimizer, make_step,
-    predict, resolve_device,
+    RunConfig, build_group, build_model, compiled, compute_loss, configure_backends, loss_recipe, make_optimizer,
+    make_step, predict, resolve_device,
 )
 
 EPOCH_IMAGES = 60_000
@@ -80,7 +80,7 @@ def bench_step(cfg: RunConfig, steps: int, warmup: int, generator_seed: int = 0,
     configure_backends(cfg, device)
     cfgs = [dataclasses.replace(cfg, seed=generator_seed + k, stack_layout=layout) for k in range(seeds)]
     stack, optimizer, scheduler, generators = build_group(cfgs, device)
-    loss_fn = torch.compile(stack, mode=compile_mode) if cfg.compile else stack
+    loss_fn = compiled(stack, compile_mode) if cfg.compile else stack
     n = cfg.batch_size * (steps + warmup + profile)
     exp = cfg.experiment_module().Training(cfg, random_data(cfg, n, device), device)
     step = make_step(cfg, exp, stack, loss_fn, optimizer, scheduler, generators, amp, device)

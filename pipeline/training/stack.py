@@ -18,12 +18,20 @@ Grouped convolutions have been reported slower than separate ones on some GPUs (
 (256→256, 9×9) does most of a CapsNet's arithmetic, so the layout is a choice (train.stack_layout;
 `capsnet bench --stack` times each): ``fused`` (vmap, as above), ``bmm`` (vmap, but every convolution as im2col and one matrix
 product, `conv2d_as_matmul`, which under vmap is a batched matmul over the seeds, no grouped
-kernel), or ``loop`` (each seed's model in turn, its own kernels, still one process, one backward
-and one Adam step).
+kernel), ``loop`` (each seed's model in turn, its own kernels, still one process, one backward
+and one Adam step), or ``streams`` (the loop with each seed's forward, and so its backward, on a
+CUDA stream of its own, `SeedStreams`: the seeds' kernels may run side by side, and a captured
+step holds them as parallel branches of one graph).
+
+Why streams: on an H200 one seed's captured batch-128 step ran at 79.5 TFLOP/s, 8 % of the card's
+bf16 rate, and three seeds stacked (fused) at 0.48x one seed's images/s (reports/benchmarks.md): the
+step's kernels leave most of the card idle, and no layout above lets another seed's kernels fill it.
+On a CPU there are no streams and ``streams`` is ``loop``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -114,6 +122,40 @@ def convs_as_matmul(model: nn.Module) -> nn.Module:
     return model
 
 
+class SeedStreams:
+    """One CUDA stream per seed (the ``streams`` layout): `fork` makes every seed's stream wait for
+    what the current stream has queued (the batches), `on(k)` runs seed k's work on its own stream,
+    `join` makes the current stream wait for every seed's. Forked all before any seed's work and
+    joined all after it, so no seed waits for another. Autograd runs each backward kernel on its
+    forward's stream and waits where a gradient crosses streams (PyTorch's "stream semantics of
+    backward passes"), so the seeds' backward runs side by side too, and their gradients meet on
+    the current stream in the stack's unbind (`SeedStack.forward`). Under capture the forked streams
+    join the capture through `fork`'s wait and leave it through `join`'s. Off CUDA: no streams, the
+    seeds' work in turn on the one device."""
+
+    def __init__(self, device: torch.device, n: int):
+        self.device, self.cuda = device, device.type == "cuda"
+        self.streams = [torch.cuda.Stream(device) for _ in range(n)] if self.cuda else [None] * n
+
+    def fork(self):
+        """The current stream, after every seed's stream was made to wait for it (None off CUDA)."""
+        if not self.cuda:
+            return None
+        current = torch.cuda.current_stream(self.device)
+        for stream in self.streams:
+            stream.wait_stream(current)
+        return current
+
+    def on(self, k: int):
+        """A context in which seed k's kernels launch on its own stream."""
+        return torch.cuda.stream(self.streams[k]) if self.cuda else contextlib.nullcontext()
+
+    def join(self, current) -> None:
+        """The current stream waits for every seed's stream."""
+        for stream in self.streams if self.cuda else ():
+            current.wait_stream(stream)
+
+
 class SeedStack(nn.Module):
     """S models of one architecture as one module whose parameters are (S, …) tensors.
 
@@ -121,7 +163,8 @@ class SeedStack(nn.Module):
     after its own `torch.manual_seed`, as a separate run builds it). The first is kept, unregistered,
     as the architecture `functional_call` runs; `seed_weights(k)` gives seed k's state dict back.
     ``layout``: "fused" evaluates the seeds at once (vmap), "bmm" too with the convolutions as
-    matrix products, "loop" one after another.
+    matrix products, "loop" one after another, "streams" one after another each on its own CUDA
+    stream (`SeedStreams`).
     """
 
     def __init__(self, models: list[nn.Module], recipe: str | None, layout: str = "fused"):
@@ -146,6 +189,8 @@ class SeedStack(nn.Module):
             nn.Parameter(per_model[0][n].detach().unsqueeze(0) if len(models) == 1
                          else torch.stack([p[n].detach() for p in per_model]))  # (S, …)
             for n in self.names)
+        self.__dict__["compiled_one"] = None  # `_one` compiled (`compiled`, the streams layout), else None
+        self.__dict__["seed_streams"] = None  # SeedStreams, made on the first streams forward's device
 
     def seed_weights(self, k: int) -> dict[str, torch.Tensor]:
         """Seed k's parameters under the model's own names (views of the stack)."""
@@ -169,6 +214,8 @@ class SeedStack(nn.Module):
     def forward(self, batch: Batch, keep: torch.Tensor | None) -> torch.Tensor:
         """batch: x (S, B, 1, H, W), labels (S, B[, T]), targets (S, B, T, 1, H, W) or None; keep
         (S, B, F) or None -> per-seed (total, margin or cross-entropy, reconstruction) (S, 3)."""
+        if self.seeds > 1 and self.layout == "streams":
+            return self._on_streams(batch, keep)
         if self.seeds == 1 or self.layout == "loop":  # one seed is the loop of one: no vmap
             return torch.stack([self._one(self.seed_weights(k), batch.x[k], batch.labels[k],
                                           None if batch.targets is None else batch.targets[k],
@@ -177,3 +224,32 @@ class SeedStack(nn.Module):
         in_dims = (0, 0, 0, None if batch.targets is None else 0, None if keep is None else 0)
         one = lambda *args: self._one(*args, template=self.stacked)  # noqa: E731
         return vmap(one, in_dims=in_dims)(weights, batch.x, batch.labels, batch.targets, keep)  # (S, 3)
+
+    def _on_streams(self, batch: Batch, keep: torch.Tensor | None) -> torch.Tensor:
+        """The streams layout's forward: each seed's loss (`_one`, compiled by `compiled`) on its own
+        stream. The seeds' weights are one unbind of each stacked parameter, on the current stream, so
+        that backward stacks the S seeds' gradients into the (S, …) gradient there once (S select views
+        would each write a whole (S, …) gradient to be summed)."""
+        if self.seed_streams is None or self.seed_streams.device != batch.x.device:
+            self.__dict__["seed_streams"] = SeedStreams(batch.x.device, self.seeds)
+        streams, one = self.seed_streams, self.compiled_one or self._one
+        per_seed = [dict(zip(self.names, ws)) for ws in zip(*(w.unbind(0) for w in self.weights))]
+        current = streams.fork()
+        parts = []
+        for k in range(self.seeds):
+            with streams.on(k):
+                parts.append(one(per_seed[k], batch.x[k], batch.labels[k],
+                                 None if batch.targets is None else batch.targets[k],
+                                 None if keep is None else keep[k]))  # (3,)
+        streams.join(current)
+        return torch.stack(parts)  # (S, 3)
+
+
+def compiled(stack: SeedStack, mode: str = "default") -> nn.Module:
+    """What the loop calls for train.compile (``mode``: torch.compile's): the whole stack compiled as
+    one graph, or, in the streams layout, the stack itself with each seed's loss compiled, since a
+    compiled graph launches its kernels on one stream (the seeds' would queue one behind another)."""
+    if stack.layout == "streams" and stack.seeds > 1:
+        stack.__dict__["compiled_one"] = torch.compile(stack._one, mode=mode)
+        return stack
+    return torch.compile(stack, mode=mode)

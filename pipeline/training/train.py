@@ -41,7 +41,7 @@ from pipeline.models.baseline import BaselineCNN, MultiMNISTCNN, PoolingCNN
 from pipeline.models.capsnet import CapsNet
 from pipeline.training.checkpoint import NonFiniteLossError, group_config, group_digest, load_checkpoint, save_checkpoint
 from pipeline.training.experiment import Experiment, predict, to_float  # noqa: F401 (to_float, predict: re-exported)
-from pipeline.training.stack import LossOf, SeedStack, compute_loss, loss_function, loss_recipe  # noqa: F401 (re-exported)
+from pipeline.training.stack import LossOf, SeedStack, compiled, compute_loss, loss_function, loss_recipe  # noqa: F401 (re-exported)
 from pipeline.training.steps import CapturedStep, EagerStep, draw_step, training_step  # noqa: F401 (re-exported)
 
 ADAM_EPS = 1e-8  # TF1's tf.train.AdamOptimizer default, which the official code uses (1e-7 is Keras')
@@ -310,7 +310,7 @@ def train_group(cfgs: list[RunConfig], data: dict[str, torch.Tensor], checkpoint
         seeds = [_Seed(s["history"], s["stop_reason"], [*s["resumed_at"], start_epoch], s["extra"], s["weights"])
                  for s in state["seeds"]]
 
-    loss_fn = torch.compile(stack, mode=cfg.compile_mode) if cfg.compile else stack
+    loss_fn = compiled(stack, cfg.compile_mode) if cfg.compile else stack
     step_fn = make_step(cfg, exp, stack, loss_fn, optimizer, scheduler, generators, amp, device)
     name = f"{cfg.variant} seed{'s ' + ','.join(str(c.seed) for c in cfgs) if n_seeds > 1 else cfg.seed}"
     stack.train()
