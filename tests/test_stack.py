@@ -134,12 +134,14 @@ def test_the_bmm_layout_trains_as_separate_runs(variant, tmp_path, small_cnns, m
                         f"{variant} seed {c.seed}", BMM_WEIGHT_RTOL)
 
 
-@pytest.mark.parametrize("variant", ["capsnet_r3_recon", "baseline_cnn"])
+@pytest.mark.parametrize("variant", ["capsnet_r3_recon", "baseline_cnn", "multimnist_r1_recon"])
 def test_the_streams_layout_trains_each_seed_bit_for_bit_as_its_separate_run(variant, tmp_path, small_cnns):
     """train.stack_layout: streams runs each seed's own kernels (on a CUDA stream of its own, none
-    on a CPU), so a seed's weights, history and predictions are its separate run's exactly."""
-    small = variant.startswith("capsnet")
-    cfg = config(variant, batch_size=12, stack_layout="streams") if small else config(variant, stack_layout="streams")
+    on a CPU), so a seed's weights and history are its separate run's exactly: a CapsNet, a CNN's
+    per-seed dropout masks, MultiMNIST's two-digit targets."""
+    small = variant.startswith(("capsnet", "multimnist_r"))
+    cfg = config(variant, batch_size=12, multimnist_epoch_size=24, stack_layout="streams") if small \
+        else config(variant, stack_layout="streams")
     data = data_for(cfg, n_train=24 if small else 48)
     cfgs = [dataclasses.replace(cfg, seed=s) for s in SEEDS[:2]]
     stacked = train_group(cfgs, data, tmp_path / "stack.pt")
