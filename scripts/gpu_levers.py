@@ -64,7 +64,7 @@ PROOFS = {
 }
 # a stack layout whose seeds run side by side needs a proof of its own where seeds stack: the captured step
 # in that layout against the eager loop layout (tests/test_capture_gpu.py), at the mode's precision, compiled
-# or eager as the mode is ("{p}" and "{c}" below); the other layouts run one stream and their modes' proofs hold
+# or eager as the mode is ("{p}", "{c}"); the other layouts run one stream and their modes' proofs hold
 LAYOUT_PROOFS = {"streams": "test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
                             "[{v}-{p}-{c}-streams"}
 STACKED = 3  # the seeds a window trains in one process (scripts/gpu_queue.py --stack)
@@ -94,13 +94,12 @@ def proven(mode: str | None, variant: str, outcomes: dict[str, str], layout: str
     "fused" for one seed: a stack of one runs no layout), ran and passed; why not, if not."""
     if mode not in PROOFS:
         return False, f"no CUDA test proves {mode or 'these settings'}"
-    proofs = PROOFS[mode]
-    if layout in LAYOUT_PROOFS:
-        speed = BENCH_MODES[mode]
-        proofs = [*proofs, LAYOUT_PROOFS[layout].replace("{p}", "bf16" if speed.amp else "fp32")
-                  .replace("{c}", "eager" if speed.compile_mode is None else "compiled")]
+    speed = BENCH_MODES[mode]
+    names = {"v": variant, "p": "bf16" if speed.amp else "fp32",
+             "c": "eager" if speed.compile_mode is None else "compiled"}
+    proofs = [*PROOFS[mode], *([LAYOUT_PROOFS[layout]] if layout in LAYOUT_PROOFS else [])]
     for prefix in proofs:
-        prefix = prefix.format(v=variant)
+        prefix = prefix.format(**names)
         ran = {t: o for t, o in outcomes.items() if t.startswith(prefix)}
         if not ran:
             return False, f"{prefix}… did not run"

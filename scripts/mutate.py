@@ -442,7 +442,7 @@ MUTATIONS = [
     Mutation("the streams layout compiles the whole stack (one stream's kernels)", "pipeline/training/stack.py",
              'if stack.layout == "streams" and stack.seeds > 1:', "if False:", (STREAMS,)),
     Mutation("the streams layout is picked without its own CUDA test", "scripts/gpu_levers.py",
-             "    if layout in LAYOUT_PROOFS:", "    if False:", (STREAMS_PROOF,)),
+             "*([LAYOUT_PROOFS[layout]] if layout in LAYOUT_PROOFS else [])", "*[]", (STREAMS_PROOF,)),
     Mutation("a run trained stacked in streams is checked as if fused", "scripts/gpu_levers.py",
              'layout = cfg.get("stack_layout", "fused") if len(config.get("stacked_seeds", [0])) > 1 else "fused"',
              'layout = "fused"', (STREAMS_PROOF,)),

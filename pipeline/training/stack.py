@@ -163,8 +163,8 @@ class SeedStack(nn.Module):
     after its own `torch.manual_seed`, as a separate run builds it). The first is kept, unregistered,
     as the architecture `functional_call` runs; `seed_weights(k)` gives seed k's state dict back.
     ``layout``: "fused" evaluates the seeds at once (vmap), "bmm" too with the convolutions as
-    matrix products, "loop" one after another, "streams" one after another each on its own CUDA
-    stream (`SeedStreams`).
+    matrix products, "loop" one after another, "streams" each on its own CUDA stream, side by side
+    (`SeedStreams`; one after another on a CPU).
     """
 
     def __init__(self, models: list[nn.Module], recipe: str | None, layout: str = "fused"):
