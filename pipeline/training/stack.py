@@ -23,9 +23,10 @@ and one Adam step), or ``streams`` (the loop with each seed's forward, and so it
 CUDA stream of its own, `SeedStreams`: the seeds' kernels may run side by side, and a captured
 step holds them as parallel branches of one graph).
 
-Why streams: on an H200 one seed's captured batch-128 step ran at 79.5 TFLOP/s, 8 % of the card's
-bf16 rate, and three seeds stacked (fused) at 0.48x one seed's images/s (reports/benchmarks.md): the
-step's kernels leave most of the card idle, and no layout above lets another seed's kernels fill it.
+Why streams: on an H200 one seed's captured batch-128 step ran at 79.5 TFLOP/s, about a tenth of the
+card's bf16 matrix rate (about 790 TFLOP/s, the device tool's figure), and three seeds stacked
+(fused) at 0.48x one seed's images/s (reports/benchmarks.md): the step's kernels leave most of the
+card idle, and no layout above lets another seed's kernels fill it.
 On a CPU there are no streams and ``streams`` is ``loop``.
 """
 
