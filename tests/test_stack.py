@@ -1,6 +1,7 @@
 """Stacked seeds (pipeline.training.stack, train.train_group): S seeds trained as one computation give each
 seed what a separate run of it gives, for every experiment family and a CNN with dropout."""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -159,21 +160,17 @@ class RecordedStreams:
     events: list = []
 
     def __init__(self, device, n):
-        self.device, self.n, self.inside = device, n, None
+        self.device, self.inside = device, None
 
     def fork(self):
         self.events.append("fork")
         return "current"
 
+    @contextlib.contextmanager
     def on(self, k):
-        import contextlib
-
-        @contextlib.contextmanager
-        def on_k():
-            self.inside = k
-            yield
-            self.inside = None
-        return on_k()
+        self.inside = k
+        yield
+        self.inside = None
 
     def join(self, current):
         self.events.append(f"join {current}")

@@ -218,13 +218,18 @@ class SeedStack(nn.Module):
         if self.seeds > 1 and self.layout == "streams":
             return self._on_streams(batch, keep)
         if self.seeds == 1 or self.layout == "loop":  # one seed is the loop of one: no vmap
-            return torch.stack([self._one(self.seed_weights(k), batch.x[k], batch.labels[k],
-                                          None if batch.targets is None else batch.targets[k],
-                                          None if keep is None else keep[k]) for k in range(self.seeds)])  # (S, 3)
+            return torch.stack([self._one(self.seed_weights(k), *self._seed_inputs(batch, keep, k))
+                                for k in range(self.seeds)])  # (S, 3)
         weights = {n: w for n, w in zip(self.names, self.weights)}
         in_dims = (0, 0, 0, None if batch.targets is None else 0, None if keep is None else 0)
         one = lambda *args: self._one(*args, template=self.stacked)  # noqa: E731
         return vmap(one, in_dims=in_dims)(weights, batch.x, batch.labels, batch.targets, keep)  # (S, 3)
+
+    @staticmethod
+    def _seed_inputs(batch: Batch, keep: torch.Tensor | None, k: int) -> tuple:
+        """Seed k's (x, labels, targets or None, dropout mask or None) from the stacked batch and masks."""
+        return (batch.x[k], batch.labels[k], None if batch.targets is None else batch.targets[k],
+                None if keep is None else keep[k])
 
     def _on_streams(self, batch: Batch, keep: torch.Tensor | None) -> torch.Tensor:
         """The streams layout's forward: each seed's loss (`_one`, compiled by `compiled`) on its own
@@ -239,9 +244,7 @@ class SeedStack(nn.Module):
         parts = []
         for k in range(self.seeds):
             with streams.on(k):
-                parts.append(one(per_seed[k], batch.x[k], batch.labels[k],
-                                 None if batch.targets is None else batch.targets[k],
-                                 None if keep is None else keep[k]))  # (3,)
+                parts.append(one(per_seed[k], *self._seed_inputs(batch, keep, k)))  # (3,)
         streams.join(current)
         return torch.stack(parts)  # (S, 3)
 
