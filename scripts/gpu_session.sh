@@ -5,7 +5,9 @@
 #                    CUDA-only test (marked cuda: tests/test_gpu.py's fast path vs eager fp32 per
 #                    variant and layer, the CUDA generator on resume, MultiMNIST composed on the device),
 #                    after the bench, beside the --train jobs (those wait for them before evaluating: a
-#                    seed whose speed settings they do not prove trains again with the levers they do)
+#                    seed whose speed settings they do not prove trains again with the levers they do);
+#                    not at all where an earlier window ran them under this code, torch, CUDA and GPU
+#                    (reports/bench/<model>/cuda-tests/, kept by gpu_import.sh: scripts/gpu_proof.py)
 #   --bench "V ..."  `capsnet bench` rows for these variants: the reference loop, then fp32, bf16 and
 #                    bf16-compile, or the modes named as V@mode,mode (e.g. capsnet_r3_recon@bf16-graphs),
 #                    with seeds stacked as V@mode#1,3 (one seed, then three stacked: bench --seeds;
@@ -30,7 +32,7 @@
 # Tracking is journalled (no MLflow there); everything comes back in $OUT, at most 8 files (the device
 # tool's limit): runs-*.tar.gz split under 16 MiB, with the commit's fingerprint table that gpu_plan.sh
 # wrote in fingerprints/; session.log; inductor-cache.tar.gz; checks.tar.gz, the checks' own files
-# (bench.jsonl, gpu_tests.txt, gpu_diffs.jsonl, fingerprint_pins.txt, fingerprint_probe.jsonl and .txt,
+# (bench.jsonl, gpu_tests.txt and the key it is kept under, gpu_tests.key, gpu_diffs.jsonl, fingerprint_pins.txt, fingerprint_probe.jsonl and .txt,
 # fingerprint_trace.jsonl.gz and .txt, and fingerprint_trace-first-difference.pt where it parted from this AMD EPYC's).
 # Here: `bash scripts/gpu_fetch_mnist.sh` once, then the device tool runs, with carry [".gpu"]:
 #   bash scripts/gpu_session.sh --tests --bench "capsnet_r3_recon" --train "capsnet_r3_recon:0"
@@ -87,8 +89,19 @@ pick_levers() {
   python3 scripts/gpu_levers.py --bench logs/bench --tests logs/gpu_tests.txt --params params.gpu.yaml 2>&1 \
     | while read -r line; do say "levers: $line"; done
 }
+kept_tests() {  # 0 where an earlier window ran the CUDA tests under this code, torch, CUDA and GPU (the import
+  # keeps every finished log in reports/bench/<model>/cuda-tests/: scripts/gpu_proof.py): their log stands for
+  # this window's, and the jobs have the GPU to themselves
+  local kept
+  # shellcheck disable=SC2086
+  kept=$(python3 scripts/gpu_proof.py find "reports/bench/${slug:-none}/cuda-tests" $CUDA_TEST_FILES 2>>"$LOG") || return 1
+  tail -n +2 "$kept" >logs/gpu_tests.txt
+  say "CUDA tests not run: an earlier window ran them under this code, torch and GPU ($kept: $(tail -1 logs/gpu_tests.txt))"
+}
 cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone when both are done
   rm -f "$OUT/gpu_diffs.jsonl"
+  # shellcheck disable=SC2086
+  python3 scripts/gpu_proof.py key $CUDA_TEST_FILES >"$OUT/gpu_tests.key" 2>>"$LOG"  # what the import keeps the log under
   # the fingerprint pins on this host's CPU, beside the CUDA tests (about a minute of one core): torch 2.11's
   # were computed on the project's AMD EPYC, so a pass is the measurement that the capped fingerprint is
   # the same on another processor
@@ -120,11 +133,14 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   wait "$pins" "$probe"  # the jobs go on meanwhile; the session waits for this function before packing
 }
 mkdir -p logs/bench
+slug=""  # the GPU model's folder in reports/bench/, where earlier windows on it left their bench rows and test logs
+if [ -n "$BENCH" ] || [ "$TESTS" = 1 ]; then
+  slug=$(cat logs/bench/.device 2>/dev/null) || { slug=$(python3 -c 'from pipeline.training.bench import device_name, device_slug, resolve_device
+print(device_slug(device_name(resolve_device("auto"))))' 2>>"$LOG") && echo "$slug" >logs/bench/.device; }  # once a machine
+fi
 if [ -n "$BENCH" ]; then
   # this GPU model's rows from earlier windows (reports/bench/<model>/, committed by gpu_import.sh) count as
   # run on this machine: the levers read them, and a window's minutes go to training, not the same bench again
-  slug=$(cat logs/bench/.device 2>/dev/null) || { slug=$(python3 -c 'from pipeline.training.bench import device_name, device_slug, resolve_device
-print(device_slug(device_name(resolve_device("auto"))))' 2>>"$LOG") && echo "$slug" >logs/bench/.device; }  # once a machine
   for kept in reports/bench/"${slug:-none}"/*.jsonl; do
     [ -f "$kept" ] && [ ! -s "logs/bench/${kept##*/}" ] && cp "$kept" logs/bench/ && say "bench ${kept##*/}: rows of an earlier window on this GPU model ($kept)"
   done
@@ -167,7 +183,9 @@ done
 rm -f params.gpu.*.yaml
 rm -rf logs/running && mkdir -p logs/running
 TESTS_PID=""
-if [ "$TESTS" = 1 ] && [ -n "$TRAIN" ]; then
+if [ "$TESTS" = 1 ] && kept_tests; then
+  pick_levers
+elif [ "$TESTS" = 1 ] && [ -n "$TRAIN" ]; then
   # beside the first jobs, not before them (about 130 s of a 15-minute window on the H200): those train
   # with the profile's settings, and a seed whose settings the tests then do not prove is trained again
   # with the levers they do prove (run_job's proofs); the tests count as a process sharing the GPU

@@ -20,6 +20,7 @@ from conftest import REPO
 sys.path.insert(0, str(REPO / "scripts"))
 try:
     import gpu_levers
+    import gpu_proof
     import gpu_queue
 finally:
     sys.path.pop(0)
@@ -298,6 +299,34 @@ def test_the_import_reads_a_calls_checks_from_their_archive_and_from_an_older_ca
     assert done.stdout.splitlines() == [f"fingerprint pins on the GPU host's CPU ({new}): 5 passed in 90s",
                                         f"fingerprint pins on the GPU host's CPU ({old}): 1 failed in 80s"], done.stdout + done.stderr
     assert [p.name for p in new.iterdir()] == ["checks.tar.gz"]  # the device tool's folders are read-only: unpacked elsewhere
+
+
+def test_the_import_keeps_a_calls_finished_cuda_test_log_under_its_key(tmp_path):
+    """gpu_import.sh: the CUDA tests' log and key in a call's checks.tar.gz go to reports/bench/<model>/cuda-tests/,
+    where the next window at that code finds them (scripts/gpu_proof.py); a log the deadline cut is not kept."""
+    script = (REPO / "scripts" / "gpu_import.sh").read_text()
+    fragment = script[script.index("n=0\nfor folder in"):]
+    fragment = fragment[:fragment.index("\ndone\n") + 6]
+    (tmp_path / "scripts").symlink_to(REPO / "scripts")
+    (tmp_path / ".gpu-import" / "logs" / "bench").mkdir(parents=True)
+    (tmp_path / ".gpu-import" / "logs" / "bench" / ".device").write_text("nvidia-h200\n")
+    key = {"code": "c" * 64, "torch": "2.11.0+cu130", "cuda": "13.0", "gpu": "NVIDIA H200", "driver": "580.1"}
+    calls = []
+    for n, log in enumerate((FINISHED_LOG, "tests/test_gpu.py::test_x PASSED [ 50%]\n")):
+        call = tmp_path / f"call{n}"
+        call.mkdir()
+        (call / "gpu_tests.txt").write_text(log)
+        (call / "gpu_tests.key").write_text(json.dumps(key | {"driver": str(n)}))
+        with tarfile.open(call / "checks.tar.gz", "w:gz") as tar:
+            for name in ("gpu_tests.txt", "gpu_tests.key"):
+                tar.add(call / name, arcname=name)
+                (call / name).unlink()
+        calls.append(str(call))
+    done = subprocess.run(["bash", "-c", f"folders=({' '.join(calls)}); BIN={Path(sys.executable).parent}\n{fragment}"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    kept = tmp_path / "reports" / "bench" / "nvidia-h200" / "cuda-tests"
+    assert "kept as the proof" in done.stdout and "not kept as a proof" in done.stderr, done.stdout + done.stderr
+    assert gpu_proof.find(kept, key | {"driver": "0"}) is not None and len(list(kept.iterdir())) == 1
 
 
 def test_the_import_keeps_each_measured_job_once_per_gpu_model(tmp_path):
@@ -594,6 +623,97 @@ def test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_t
                      "evaluate models/capsnet_r3/seed0 data/prepared"], calls
     retrained = json.loads((work / "models" / "capsnet_r3" / "seed0" / "config.json").read_text())["config"]
     assert (retrained["compile"], retrained["cuda_graph"], retrained["amp"]) == (False, False, True)
+
+
+CUDA_FILES = ["tests/test_gpu.py", "tests/test_capture_gpu.py"]
+FINISHED_LOG = "tests/test_gpu.py::test_x[capsnet_r3_recon] PASSED [100%]\n======= 1 passed in 3.21s =======\n"
+
+
+def test_the_cuda_tests_proof_is_kept_under_the_code_and_gpu_it_ran_on(tmp_path):
+    """scripts/gpu_proof.py: the key changes with any file of the package, params.yaml, the tests' helpers or
+    a named test file, and with the GPU or torch; a log pytest did not finish is never kept; a kept log is
+    found only under its own key."""
+    root = tmp_path / "tree"
+    shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "tests").mkdir()
+    for part in ("params.yaml", "tests/conftest.py", "tests/tracking_stack.py", *CUDA_FILES):
+        shutil.copy(REPO / part, root / part)
+    base = gpu_proof.code_digest(root, CUDA_FILES)
+    for edited in ("pipeline/training/steps.py", "params.yaml", "tests/tracking_stack.py", "tests/test_capture_gpu.py"):
+        before = (root / edited).read_bytes()
+        (root / edited).write_bytes(before + b"\n")
+        assert gpu_proof.code_digest(root, CUDA_FILES) != base, edited
+        (root / edited).write_bytes(before)
+    (root / "pipeline" / "__pycache__").mkdir(exist_ok=True)
+    (root / "pipeline" / "__pycache__" / "x.cpython-312.pyc").write_bytes(b"bytecode")
+    (root / "README.md").write_text("not code")
+    assert gpu_proof.code_digest(root, CUDA_FILES) == base
+    with pytest.raises(FileNotFoundError, match="test_missing.py"):
+        gpu_proof.code_digest(root, ["tests/test_missing.py"])
+
+    key = {"code": base, "torch": "2.11.0+cu130", "cuda": "13.0", "gpu": "NVIDIA H200", "driver": "580.1"}
+    kept = tmp_path / "kept"
+    assert gpu_proof.keep(key, "tests/test_gpu.py::test_x PASSED [ 50%]\n", kept) is None  # cut off by the deadline
+    assert gpu_proof.find(kept, key) is None
+    path = gpu_proof.keep(key, FINISHED_LOG, kept)
+    assert gpu_proof.find(kept, key) == path and path.read_text().split("\n", 1)[1] == FINISHED_LOG
+    for part, other in (("code", "0" * 64), ("gpu", "NVIDIA H100 80GB HBM3"), ("torch", "2.12.0"), ("driver", "590.2")):
+        assert gpu_proof.find(kept, key | {part: other}) is None, part
+
+
+def test_a_window_at_code_whose_cuda_tests_ran_before_does_not_run_them_again(tmp_path):
+    """gpu_session.sh --tests where reports/bench/<this device>/cuda-tests/ holds a finished log under this
+    tree's key: no pytest runs, the jobs train alone (no tests beside them) with the levers that log
+    proves; the import keeps a call's log under the key the call wrote (scripts/gpu_proof.py)."""
+    from pipeline.training.bench import device_name, device_slug, resolve_device
+
+    work = device_tree(tmp_path)
+    (work / "tests").mkdir()
+    for f in ("tests/conftest.py", *gpu_session_cuda_files(), *(p.relative_to(REPO).as_posix() for p in
+              (REPO / "tests").glob("*.py") if not p.name.startswith("test_"))):
+        shutil.copy(REPO / f, work / f)
+    (work / "logs" / "bench").mkdir(parents=True)
+    (work / "logs" / "bench" / "caps.jsonl").write_text(json.dumps(
+        {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 1, "captured": True, "train_images_per_s": 1e9}) + "\n")
+    capture = "tests/test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+    log = (f"{capture}[capsnet_r3_recon-bf16-compiled-fused-1seed] PASSED [ 50%]\n"
+           "tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon] PASSED [100%]\n"
+           "======= 2 passed in 120.50s =======\n")
+    env = python3_on_path(tmp_path, STUB_GPU % sys.executable, CAPSNET_GPU_PROFILE="gpu", CAPSNET_GIT_COMMIT="",
+                          STUB_TESTS="tests/test_gpu.py::whatever FAILED\n======= 1 failed in 1.00s =======")
+    key = json.loads(subprocess.run([sys.executable, "scripts/gpu_proof.py", "key", *gpu_session_cuda_files()], cwd=work,
+                                    env={**env, "PATH": os.environ["PATH"]}, capture_output=True, text=True, check=True).stdout)
+    slug = device_slug(device_name(resolve_device("auto")))
+    gpu_proof.keep(key, log, work / "reports" / "bench" / slug / "cuda-tests")
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--levers", "--train", "capsnet_r3:0",
+                           "--deadline", "300"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    session = (tmp_path / "out" / "session.log").read_text()
+    assert done.returncode == 0, done.stderr + session
+    assert "CUDA tests not run: an earlier window ran them" in session and "beside the first jobs" not in session
+    assert not (tmp_path / "out" / "gpu_tests.key").exists()
+    assert (work / "logs" / "gpu_tests.txt").read_text() == log  # what the levers and the runs' proofs read
+    # the levers come first, from that log: the job trains with them (compiled and captured, as it proves)
+    assert (work / "calls.log").read_text().splitlines() == ["train capsnet_r3 0 params.gpu.capsnet.yaml",
+                                                             "evaluate models/capsnet_r3/seed0 data/prepared"]
+    assert json.loads((work / "models/capsnet_r3/seed0/config.json").read_text())["config"]["cuda_graph"] is True
+    # an edit to the package: the tests run again (the stub's log fails them), and their key comes back
+    (work / "pipeline" / "training" / "steps.py").write_text((work / "pipeline" / "training" / "steps.py").read_text() + "\n")
+    shutil.rmtree(tmp_path / "out")
+    for stale in ("logs/gpu_tests.txt", "models", "gpu_results", "calls.log"):
+        shutil.rmtree(work / stale) if (work / stale).is_dir() else (work / stale).unlink()
+    again = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--train", "capsnet_r3:0", "--deadline", "300"],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    session = (tmp_path / "out" / "session.log").read_text()
+    assert again.returncode == 0, again.stderr + session
+    assert "CUDA tests beside the first jobs" in session
+    with tarfile.open(tmp_path / "out" / "checks.tar.gz") as checks:
+        assert json.loads(checks.extractfile("gpu_tests.key").read())["code"] != key["code"]
+
+
+def gpu_session_cuda_files() -> list[str]:
+    """The CUDA test files gpu_session.sh names (CUDA_TEST_FILES), which the proof's key hashes."""
+    line = next(x for x in (REPO / "scripts" / "gpu_session.sh").read_text().splitlines() if x.startswith("CUDA_TEST_FILES="))
+    return line.split("=", 1)[1].strip('"').split()
 
 
 def test_a_run_is_checked_against_the_cuda_tests_of_the_speed_settings_it_recorded():
