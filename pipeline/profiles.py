@@ -6,6 +6,8 @@ GPU box of scripts/gpu_session.sh) writes the same values into a params file of 
     python -m pipeline.profiles gpu --write params.gpu.yaml
     python -m pipeline.profiles smoke --exec dvc exp run      # runs: dvc exp run -S ... -S ...
     python -m pipeline.profiles paper --check                 # what `make repro` asks first
+    python -m pipeline.profiles paper-gpu --set train.amp=true --write params.paper-gpu.yaml
+                                           # a setting over the profile's (a GPU window's paper protocol in bf16)
 
 Profiles never mix. `--check` refuses, naming the keys, when the workspace's params.yaml differs
 from the committed one anywhere the profile does not set itself (a leftover smoke value under a
@@ -82,18 +84,19 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-def apply(raw: dict, name: str) -> dict:
-    """params.yaml's mapping with profile ``name``'s overrides applied (every key must exist)."""
+def apply(raw: dict, name: str, settings: dict[str, Any] | None = None) -> dict:
+    """params.yaml's mapping with profile ``name``'s overrides applied, then ``settings`` ({dotted key: value},
+    `--set`: a GPU window's paper protocol in bf16 once the precision check allows it); every key must exist."""
     if name not in PROFILES:
         raise KeyError(f"unknown profile {name!r}; profiles: {', '.join(PROFILES)}")
     out = copy.deepcopy(raw)
-    for dotted, value in PROFILES[name].items():
+    for dotted, value in {**PROFILES[name], **(settings or {})}.items():
         *path, key = dotted.split(".")
         section = out
         for part in path:
             section = section[part]
-        if key not in section:
-            raise KeyError(f"profile {name}: {dotted} is not a key of params.yaml")
+        if key not in section or isinstance(section[key], dict):
+            raise KeyError(f"profile {name}: {dotted} is not a setting of params.yaml")
         section[key] = with_twins(section[key], precision_twins(out), ablation_variants(out)) \
             if isinstance(value, Twins) else value
     return out
@@ -283,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
                        help="refuse a workspace params.yaml that would mix profiles; warn before long CPU runs")
     group.add_argument("--exec", nargs=argparse.REMAINDER, metavar="CMD",
                        help="check, then run CMD followed by -S key=value ... (smoke: restoring params.yaml, dvc.lock)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="with --write: a setting over the profile's (train.amp=true), its value read as YAML")
     parser.add_argument("--prefill", type=int, metavar="SLOTS",
                         help="smoke only: first run every item's stages SLOTS at a time (scripts/fanout.sh), so CMD "
                              "(dvc exp run) finds them up to date in dvc.lock")
@@ -299,10 +304,20 @@ def main(argv: list[str] | None = None) -> None:
             print(line, file=sys.stderr)
         if args.check:
             return
+    if args.settings and not args.write:
+        parser.error("--set goes with --write")
+    if bad := [s for s in args.settings if "=" not in s]:
+        parser.error(f"--set {bad[0]}: write it as KEY=VALUE, e.g. --set train.amp=true")
     raw = yaml.safe_load(Path(args.params).read_text())
     if args.write:
-        Path(args.write).write_text(f"# {args.params} with profile {args.profile} (pipeline/profiles.py)\n"
-                                    + yaml.safe_dump(apply(raw, args.profile), sort_keys=False))
+        settings = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.settings)}
+        try:
+            written = apply(raw, args.profile, settings)
+        except KeyError as e:
+            parser.error(f"--set: {e.args[0]}")
+        extra = f", then {', '.join(args.settings)}" if args.settings else ""
+        Path(args.write).write_text(f"# {args.params} with profile {args.profile}{extra} (pipeline/profiles.py)\n"
+                                    + yaml.safe_dump(written, sort_keys=False))
         return
     if not args.exec:
         parser.error("--exec needs a command")

@@ -57,9 +57,8 @@ for folder in "${folders[@]}"; do  # the capped fingerprint on another processor
   checks=$folder n=$((n + 1))  # a call's checks come in checks.tar.gz (gpu_session.sh), before 2026-11-28 loose
   if [ -s "$folder/checks.tar.gz" ]; then checks=.gpu-import/checks-$n && mkdir -p "$checks" && tar xzf "$folder/checks.tar.gz" -C "$checks"; fi
   # the CUDA tests' log, kept under its code, torch and GPU: a later window at the same code does not run them again
-  if [ -s "$checks/gpu_tests.key" ] && [ -s "$checks/gpu_tests.txt" ] && [ -s .gpu-import/logs/bench/.device ]; then
-    $BIN/python scripts/gpu_proof.py keep "$checks/gpu_tests.key" "$checks/gpu_tests.txt" \
-      "reports/bench/$(cat .gpu-import/logs/bench/.device)/cuda-tests" || true
+  if [ -s "$checks/gpu_tests.key" ] && [ -s "$checks/gpu_tests.txt" ]; then
+    $BIN/python scripts/gpu_proof.py keep "$checks/gpu_tests.key" "$checks/gpu_tests.txt" reports/bench || true
   fi
   [ -s "$checks/fingerprint_pins.txt" ] && echo "fingerprint pins on the GPU host's CPU ($folder): $(tail -1 "$checks/fingerprint_pins.txt")"
   [ -s "$checks/fingerprint_probe.jsonl" ] && $BIN/python scripts/fingerprint_probe.py --keep "$checks/fingerprint_probe.jsonl" reports/fingerprint-probe

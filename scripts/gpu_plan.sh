@@ -16,7 +16,8 @@
 # not measured there; its seconds come out of the call's), then the tables of the published runs' commits
 # that no table carries into this host's environment (fingerprints depend on the host's processor and C
 # library: docs/gpu-sessions.md), the CUDA tests run once (beside the first
-# jobs, which train with the profile's settings and train again where the tests fail them), a bench this
+# jobs, which train with the profile's settings and train again where the tests fail them; not at all where
+# an earlier window ran them at this code on this GPU: their log is kept, scripts/gpu_proof.py), a bench this
 # machine or an earlier window on this GPU model already ran is skipped, a run already evaluated is
 # skipped, a run the deadline stopped resumes from its checkpoint. A run the window's end cuts off is
 # lost (the machine goes back with it), so none is started that the estimate says cannot finish.
@@ -46,9 +47,12 @@
 #     table written first, fingerprints/<commit>.json), in that order, a variant's seeds stacked in
 #     one process (`capsnet train V 0,1,2`), or one seed per process, one after another, where the
 #     bench rows say stacking is slower (the H200: 0.48x; gpu_queue.stacking_pays);
-#  3. not queued yet: the paper protocol (`make paper-gpu`, 640 epochs: at the H200's 66k images/s one
-#     seed trains in about 10 min, all of a window's training time, and a seed the window's end cuts
-#     off is lost); it trains in bf16 only if the precision check shows bf16 within the seed noise.
+#  3. the paper protocol (`make paper-gpu`, 640 epochs: at the H200's captured bf16 66k images/s one seed
+#     trains in about 10 min, all of a window's training time, and a seed the window's end cuts off is
+#     lost): one seed a window, alone (gpu_queue.py --window: params.paper-gpu.yaml, --parallel 1), once
+#     the queue above is done but §5.2 (capsnet_r3_recon_official's seeds, then capsnet_r3_recon's; the
+#     other variants after §5.2), where the published precision check allows bf16 (in fp32 a seed is about
+#     four windows) and the window runs no CUDA tests beside it (their log kept at this code on this GPU).
 # A lever the bench shows faster trains this window only after the CUDA tests pass with it; it goes
 # into the gpu profile itself by a commit, once reports/benchmarks.md holds its rows.
 set -euo pipefail
@@ -62,8 +66,12 @@ if head=$(git rev-parse HEAD 2>/dev/null) && [ "${CAPSNET_GIT_COMMIT:-$head}" !=
 fi
 # CAPSNET_GPU_PROFILE and CAPSNET_GPU_BENCH are for scripts/gpu_rehearse.sh (this window rehearsed on a CPU)
 python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml
-BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm capsnet_r3_recon@bf16-compile-capture#1,3+profile baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture#1,3 capsnet_r3_recon@bf16-compile-capture,compile-capture#3+streams"}
 mkdir -p logs fingerprints
+# the paper protocol as a window would train it (#36 item 5): in bf16 autocast where the published report's
+# precision check allows it (reports/effects.csv: scripts/gpu_queue.py --paper-amp says why), its step captured
+PAPER_AMP=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --paper-amp 2>>logs/queue.log)
+python3 -m pipeline.profiles paper-gpu --set "train.amp=$PAPER_AMP" --set train.cuda_graph=true --write params.paper-gpu.yaml
+BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm capsnet_r3_recon@bf16-compile-capture#1,3+profile baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture#1,3 capsnet_r3_recon@bf16-compile-capture,compile-capture#3+streams"}
 # the fingerprint table of the code that trains, before the queue, which lists again what other training
 # code trained (a commit since changed training; an older, uncapped fingerprint): every variant in its own
 # capped CPU process, as many at a time as there are cores, once per warm machine; gpu_session.sh packs it,
@@ -90,7 +98,17 @@ print(environment_tag(json.load(open(sys.argv[1]))["environment"]))' "$FP_TABLE"
   done
   wait
 fi
-TRAIN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))
+# whether the CUDA tests run this window: not where an earlier window ran them at this code on this GPU (their
+# kept log, scripts/gpu_proof.py), asked once per warm machine (each call must plan the same window)
+[ -f logs/tests.kept ] || { python3 scripts/gpu_proof.py find reports/bench 2>>logs/queue.log || true; } >logs/tests.kept
+[ -s logs/tests.kept ] || QUEUE_ARGS+=(--tests-run)
+# what this window trains: the gpu profile's queue, or the paper protocol's next seed alone (its own params), which
+# needs the GPU to itself: never beside the CUDA tests
+PLAN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --paper params.paper-gpu.yaml --window \
+  ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))
+read -r KIND TRAIN <<<"$PLAN"
+ALONGSIDE=(--parallel 2)
+[ "$KIND" = paper ] && ALONGSIDE=(--params params.paper-gpu.yaml --parallel 1)
 TESTS=() WINDOW=()
 SPENT=$(( $(date +%s) - PLAN_START ))  # the table and the queue, out of this call's time
 [ -f logs/gpu_tests.done ] || TESTS=(--tests)
@@ -112,6 +130,6 @@ if [ -n "${CAPSNET_GPU_LEFT:-}" ]; then
   WINDOW=(--window $(( CAPSNET_GPU_LEFT - overhead - SPENT )))
   [ "${WINDOW[1]}" -ge 60 ] || { echo "the window has ${WINDOW[1]} s left: give the machine back (device tool give_back)"; exit 0; }
 fi
-bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --levers --train "$TRAIN" --parallel 2 --deadline "$(( ${1:-560} - SPENT ))" \
+bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --levers --train "$TRAIN" "${ALONGSIDE[@]}" --deadline "$(( ${1:-560} - SPENT ))" \
   ${WINDOW[@]+"${WINDOW[@]}"}
 touch logs/gpu_tests.done

@@ -3,19 +3,21 @@ model the CUDA tests already ran under in an earlier window takes that run's log
 again, and so has its GPU to itself from its first second (the tests shared it with the first jobs for
 about 130 s of every H200 window; the paper protocol's seed needs the whole window: docs/gpu-sessions.md).
 
-    python3 scripts/gpu_proof.py key FILE...                 # this tree's and this machine's key (JSON)
-    python3 scripts/gpu_proof.py find DIR FILE...            # the kept log of that key in DIR, or exit 1
-    python3 scripts/gpu_proof.py keep KEY LOG DIR            # keep a finished log under its key (the import)
+    python3 scripts/gpu_proof.py files                       # the files holding CUDA-only tests (gpu_session.sh runs them)
+    python3 scripts/gpu_proof.py key                         # this tree's and this machine's key (JSON)
+    python3 scripts/gpu_proof.py find reports/bench          # the kept log of that key, or exit 1
+    python3 scripts/gpu_proof.py keep KEY LOG reports/bench  # keep a finished log under its key (the import)
 
-The key is what the tests' outcome depends on: the SHA-256 of the code they run (every file of
-pipeline/, params.yaml, tests/conftest.py and the tests' helper modules, and the test FILEs: the CUDA
-test files gpu_session.sh names), torch's and CUDA's versions, the GPU's name and its driver. A commit
+Logs are kept in reports/bench/<GPU model>/cuda-tests/ (the model's folder of bench rows). The key is what
+the tests' outcome depends on: the SHA-256 of the code they run (every file of pipeline/, params.yaml,
+tests/conftest.py and the tests' helper modules, and CUDA_TEST_FILES), torch's and CUDA's versions, the
+GPU's name and its driver. A commit
 that changes none of these (a README, a script, the report) keeps the proof; one that changes any file
 of the package runs the tests again, whatever it changed. Only a log pytest finished (its summary
 line) is kept: a run the deadline cut off proves nothing. A kept log with failures is reused as it is
 (the same code fails the same tests; their levers stay unproven until the code changes).
 
-Torch is imported by `key` and `find` only (the GPU's name and versions); `keep` runs here, without it.
+Torch is imported by `key`, `find` and `keep` (the GPU's name and versions, its folder's name), not by `files`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CODE = ("pipeline", "params.yaml", "tests/conftest.py")  # and tests/*.py that are not test files: the helpers
+# the test files holding CUDA-only tests (tests/test_wiring.py checks that this list names every one)
+CUDA_TEST_FILES = ("tests/test_gpu.py", "tests/test_capture_gpu.py", "tests/test_wiring.py", "tests/test_multimnist.py")
 FINISHED = re.compile(r"^=+ .*\b(passed|failed|error|errors|skipped|deselected)\b.* in [0-9.]+s.*=+$", re.M)
 
 
@@ -53,10 +57,13 @@ def code_digest(root: Path, tests: list[str]) -> str:
 
 
 def machine() -> dict[str, str]:
-    """torch's and CUDA's versions, the GPU's name (or the CPU's, where there is no CUDA) and its driver."""
-    import torch  # here, not above: the import side keeps logs without torch
+    """torch's and CUDA's versions, the device's name as bench rows give it (the GPU's model; on a CPU its
+    threads) and the driver."""
+    import torch  # here, not above: `files` needs none
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA"
+    from pipeline.training.bench import device_name, resolve_device
+
+    gpu = device_name(resolve_device("auto"))
     try:
         driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                 capture_output=True, text=True, timeout=30).stdout.split("\n")[0].strip()
@@ -65,8 +72,15 @@ def machine() -> dict[str, str]:
     return {"torch": torch.__version__, "cuda": str(torch.version.cuda), "gpu": gpu, "driver": driver}
 
 
-def key(root: Path, tests: list[str]) -> dict[str, str]:
-    return {"code": code_digest(root, tests), **machine()}
+def key(root: Path, tests: list[str] | tuple[str, ...] = CUDA_TEST_FILES) -> dict[str, str]:
+    return {"code": code_digest(root, list(tests)), **machine()}
+
+
+def folder_of(bench: Path, k: dict) -> Path:
+    """Where the logs of key ``k``'s GPU are kept: its bench rows' folder (reports/bench/<model>/), cuda-tests/."""
+    from pipeline.training.bench import device_slug
+
+    return bench / device_slug(k["gpu"]) / "cuda-tests"
 
 
 def name_of(k: dict) -> str:
@@ -101,25 +115,30 @@ def keep(k: dict, log: str, folder: Path) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
-    verbs.add_parser("key", help="print this tree's and machine's key").add_argument("tests", nargs="+")
-    found = verbs.add_parser("find", help="print the kept log of this key in DIR, exit 1 where none")
-    found.add_argument("folder", type=Path)
-    found.add_argument("tests", nargs="+")
+    verbs.add_parser("files", help="print the files holding CUDA-only tests")
+    verbs.add_parser("key", help="print this tree's and machine's key")
+    found = verbs.add_parser("find", help="print the kept log of this key under BENCH, exit 1 where none")
+    found.add_argument("bench", type=Path)
     kept = verbs.add_parser("keep", help="keep a finished pytest log under the key in KEY")
     kept.add_argument("key", type=Path)
     kept.add_argument("log", type=Path)
-    kept.add_argument("folder", type=Path)
+    kept.add_argument("bench", type=Path)
     args = parser.parse_args(argv)
+    if args.verb == "files":
+        print(" ".join(CUDA_TEST_FILES))
+        return 0
     if args.verb == "key":
-        print(json.dumps(key(REPO, args.tests), sort_keys=True))
+        print(json.dumps(key(REPO), sort_keys=True))
         return 0
     if args.verb == "find":
-        path = find(args.folder, key(REPO, args.tests))
+        k = key(REPO)
+        path = find(folder_of(args.bench, k), k)
         if path is None:
             return 1
         print(path)
         return 0
-    path = keep(json.loads(args.key.read_text()), args.log.read_text(), args.folder)
+    k = json.loads(args.key.read_text())
+    path = keep(k, args.log.read_text(), folder_of(args.bench, k))
     if path is None:
         print(f"{args.log}: pytest did not finish it (no summary line): not kept as a proof", file=sys.stderr)
         return 1

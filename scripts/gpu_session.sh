@@ -26,6 +26,8 @@
 #                    starts only when its estimate (scripts/gpu_queue.py --fit: its variant's jobs measured
 #                    before on this GPU model, logs/jobs/ and reports/bench/<model>/jobs/, else the bench
 #                    rows) fits the --window's seconds left, or with its first seeds only, the others next window
+#   --params FILE    the params every job, bench and lever trains with (default: the gpu profile's, written
+#                    as params.gpu.yaml; gpu_plan.sh gives the paper protocol's in a window that trains it)
 #   --window S       seconds the lent window has left at this call's start (scripts/gpu_plan.sh works it
 #                    out from the device tool's budget; default: --deadline); a job may outlast the call
 #                    to resume on the next, never the window, whose end loses it
@@ -40,9 +42,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
-TESTS=0 BENCH="" TRAIN="" PARALLEL=2 BUDGET=560 LEVERS=0 WINDOW="" BENCH_BUDGET=300
+TESTS=0 BENCH="" TRAIN="" PARALLEL=2 BUDGET=560 LEVERS=0 WINDOW="" BENCH_BUDGET=300 PARAMS=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --params) PARAMS="$2"; shift ;;
     --tests) TESTS=1 ;;
     --levers) LEVERS=1 ;;
     --bench) BENCH="$2"; shift ;;
@@ -74,7 +77,11 @@ CLI="python3 -m pipeline.cli"
 if [ -f .gpu/inductor-cache.tar.gz ] && [ ! -d .gpu/inductor ]; then
   tar xzf .gpu/inductor-cache.tar.gz -C .gpu && say "inductor cache unpacked"
 fi
-python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml || exit 1  # another: a rehearsal
+if [ -n "$PARAMS" ]; then  # the window's own (gpu_plan.sh: the paper protocol's), which every step below reads
+  [ "$PARAMS" -ef params.gpu.yaml ] || cp "$PARAMS" params.gpu.yaml || exit 1
+else
+  python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml || exit 1  # another: a rehearsal
+fi
 if [ ! -f data/prepared/train.safetensors ]; then
   CAPSNET_MNIST_MIRROR=$PWD/.gpu/mnist $CLI download data/raw/mnist >>"$LOG" 2>&1 || { say "download failed"; exit 1; }
   $CLI prepare data/raw/mnist data/prepared --figures reports/figures --params params.gpu.yaml >>"$LOG" 2>&1 \
@@ -82,8 +89,7 @@ if [ ! -f data/prepared/train.safetensors ]; then
 fi
 say "data ready"
 
-# the test files holding CUDA-only tests (tests/test_wiring.py checks that this list names every one)
-CUDA_TEST_FILES="tests/test_gpu.py tests/test_capture_gpu.py tests/test_wiring.py tests/test_multimnist.py"
+CUDA_TEST_FILES=$(python3 scripts/gpu_proof.py files)  # the test files holding CUDA-only tests
 pick_levers() {
   [ "$LEVERS" = 1 ] || return 0
   python3 scripts/gpu_levers.py --bench logs/bench --tests logs/gpu_tests.txt --params params.gpu.yaml 2>&1 \
@@ -93,15 +99,13 @@ kept_tests() {  # 0 where an earlier window ran the CUDA tests under this code, 
   # keeps every finished log in reports/bench/<model>/cuda-tests/: scripts/gpu_proof.py): their log stands for
   # this window's, and the jobs have the GPU to themselves
   local kept
-  # shellcheck disable=SC2086
-  kept=$(python3 scripts/gpu_proof.py find "reports/bench/${slug:-none}/cuda-tests" $CUDA_TEST_FILES 2>>"$LOG") || return 1
+  kept=$(python3 scripts/gpu_proof.py find reports/bench 2>>"$LOG") || return 1
   tail -n +2 "$kept" >logs/gpu_tests.txt
   say "CUDA tests not run: an earlier window ran them under this code, torch and GPU ($kept: $(tail -1 logs/gpu_tests.txt))"
 }
 cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone when both are done
   rm -f "$OUT/gpu_diffs.jsonl"
-  # shellcheck disable=SC2086
-  python3 scripts/gpu_proof.py key $CUDA_TEST_FILES >"$OUT/gpu_tests.key" 2>>"$LOG"  # what the import keeps the log under
+  python3 scripts/gpu_proof.py key >"$OUT/gpu_tests.key" 2>>"$LOG"  # what the import keeps the log under
   # the fingerprint pins on this host's CPU, beside the CUDA tests (about a minute of one core): torch 2.11's
   # were computed on the project's AMD EPYC, so a pass is the measurement that the capped fingerprint is
   # the same on another processor
@@ -257,6 +261,7 @@ run_job() {
   local shared
   shared=$(ls logs/running | wc -l)
   seeds=$(python3 scripts/gpu_queue.py --fit "$variant:$seeds" --left $((WINDOW_END - $(date +%s))) --params "$params" \
+            --call-left $((DEADLINE - $(date +%s))) \
             --bench logs/bench --parallel "$shared" --checkpoints "checkpoints/$variant" --jobs "$JOBS" \
             2>"logs/$variant.fit")
   cat "logs/$variant.fit"

@@ -87,7 +87,7 @@ def test_the_precision_twin_trains_in_fp32_beside_the_gpu_and_smoke_profiles_bf1
 
 
 def test_unknown_key_or_profile_is_named():
-    with pytest.raises(KeyError, match="train.nonsense is not a key"):
+    with pytest.raises(KeyError, match="train.nonsense is not a setting"):
         profiles.PROFILES["bad"] = {"train.nonsense": 1}
         try:
             profiles.apply({"train": {}}, "bad")
@@ -95,6 +95,21 @@ def test_unknown_key_or_profile_is_named():
             del profiles.PROFILES["bad"]
     with pytest.raises(KeyError, match="unknown profile 'fast'"):
         profiles.apply({}, "fast")
+
+
+def test_a_setting_over_a_profile_must_be_one_of_params_yaml(tmp_path):
+    """`--write … --set KEY=VALUE` (a GPU window's paper protocol in bf16): the value read as YAML over the
+    profile's; a key params.yaml does not have, a section, or a setting without a value is refused in one line."""
+    out = tmp_path / "p.yaml"
+    run = [sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--params", str(REPO / "params.yaml"), "--write", str(out)]
+    subprocess.run([*run, "--set", "train.amp=true", "--set", "train.checkpoint_every=7"], check=True, cwd=REPO)
+    written = parse_params(yaml.safe_load(out.read_text()))
+    assert (written.base.profile, written.train.amp, written.train.checkpoint_every, written.train.epochs) == ("paper-gpu", True, 7, 640)
+    assert "then train.amp=true, train.checkpoint_every=7" in out.read_text().splitlines()[0]
+    for bad, said in (("train.ampp=true", "train.ampp is not a setting of params.yaml"), ("train=1", "train is not a setting"),
+                      ("train.amp", "write it as KEY=VALUE")):
+        refused = subprocess.run([*run, "--set", bad], cwd=REPO, capture_output=True, text=True)
+        assert refused.returncode == 2 and said in refused.stderr.splitlines()[-1], refused.stderr
 
 
 def test_dvc_arguments_and_written_file(tmp_path):
@@ -194,12 +209,13 @@ def test_cpu_estimate_arithmetic():
 
 def test_gpu_session_writes_only_git_ignored_paths():
     """The device tool re-sends the working tree each call and deletes there what git does not
-    ignore: a run output of scripts/gpu_session.sh outside .gitignore (results/**/metrics.json was)
+    ignore: a run output of scripts/gpu_session.sh or gpu_plan.sh outside .gitignore (results/**/metrics.json was)
     vanishes between calls of one session."""
-    script = (REPO / "scripts" / "gpu_session.sh").read_text()
+    script = (REPO / "scripts" / "gpu_session.sh").read_text() + (REPO / "scripts" / "gpu_plan.sh").read_text()
     written = ["models/v/seed0/model.safetensors", "checkpoints/v/seed0.pt", "gpu_results/v/seed0/metrics.json",
                "logs/bench/v@bf16-graphs.jsonl", "journal/run.jsonl", "logs/v-0.log", "params.gpu.yaml",
-               "params.gpu.$key.yaml", "logs/gpu_tests.txt", "fingerprints/0953adc.json",
+               "params.gpu.$key.yaml", "logs/gpu_tests.txt", "fingerprints/0953adc.json", "params.paper-gpu.yaml",
+               "logs/tests.kept",
                "data/prepared/train.safetensors"]
     for path in written:
         assert path.split("/")[0] in script, path

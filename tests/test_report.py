@@ -153,6 +153,9 @@ def test_the_precision_check_compares_bf16_with_its_fp32_twin_across_the_precisi
     assert row.our_delta == pytest.approx(0.0) and row.ci_low < 0 < row.ci_high and math.isnan(row.paper_delta)
     assert row.per_seed == "-0.50 +0.50 +0.00" and not math.isnan(row.equivalence_margin)
     assert t1.precision_decision(row).endswith("within the seed noise, so the paper protocol may train in bf16 autocast")
+    two = row.copy()
+    two["n_seeds"] = 2  # too few to decide, whatever the interval
+    assert t1.precision_decision(two) == "undecided (2 seed(s) a side of the 3 it needs): the paper protocol trains in fp32"
     text = markdown(summary, table, profile="gpu", deviations=["d"], provenance={}, figures={}, reference=REFERENCE)
     assert "**Precision check** (bf16 autocast against the same protocol in fp32" in text
     assert "Precision check: bf16 − fp32 = +0.00 pp" in "\n".join(t1.readme_lines(summary, table))

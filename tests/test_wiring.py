@@ -184,12 +184,14 @@ def test_the_compiled_step_computes_what_eager_computes(tmp_path):
 
 
 def test_the_gpu_session_runs_every_cuda_only_test():
-    """Every test file with a CUDA-only test is in gpu_session.sh's list, and every such test is marked
-    cuda (the session selects by the mark): none is left that no script ever runs."""
-    import re
+    """Every test file with a CUDA-only test is in the list gpu_session.sh runs (scripts/gpu_proof.py files,
+    whose key hashes them), and every such test is marked cuda (the session selects by the mark): none is
+    left that no script ever runs."""
+    import subprocess
+    import sys
 
-    script = (REPO / "scripts" / "gpu_session.sh").read_text()
-    listed = set(re.search(r'CUDA_TEST_FILES="([^"]+)"', script).group(1).split())
+    listed = set(subprocess.run([sys.executable, "scripts/gpu_proof.py", "files"], cwd=REPO, capture_output=True,
+                                text=True, check=True).stdout.split())
     for path in sorted((REPO / "tests").glob("test_*.py")):
         text = path.read_text()
         if "needs CUDA" in text:

@@ -8,6 +8,7 @@ precision the arithmetic ran in. Torch-free: the GPU queue reads it with PyYAML 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 NOT_RECORDED = "not recorded"
@@ -68,3 +69,17 @@ def planned(raw: Mapping, variant: str) -> tuple:
            "tf32": train.get("tf32", False)}
     device = str(train.get("device", "auto"))
     return protocol_key(cfg, "cuda" if device == "auto" else device)
+
+
+PRECISION_SEEDS = 3  # the precision check's seeds a side before it decides (#36 item 6)
+
+
+def bf16_allowed(ci_low: float, ci_high: float, n_seeds: int) -> bool | None:
+    """The precision check's rule (#36 item 6) on its effect bf16 − fp32 (capsnet_r3_recon against its fp32
+    twin, the same short protocol): True, the paper protocol may train in bf16 autocast, where the 95 %
+    seed-aware interval holds 0; False where it does not; None (undecided: the paper protocol trains in
+    fp32) without an interval or with fewer than PRECISION_SEEDS seeds a side. One rule for the report,
+    which says it, and the GPU queue, which acts on it (scripts/gpu_queue.py reads reports/effects.csv)."""
+    if math.isnan(ci_low) or math.isnan(ci_high) or n_seeds < PRECISION_SEEDS:
+        return None
+    return ci_low <= 0 <= ci_high

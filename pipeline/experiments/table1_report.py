@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core.params import Params
+from pipeline.core.protocol import PRECISION_SEEDS, bf16_allowed
 from pipeline.models import baseline, capsnet
 from pipeline.report import claims as rc
 from pipeline.report import costs, stats
@@ -169,9 +170,11 @@ def _effect_row(label: str, what: str, a: str, b: str, rows_a: dict[str, list[Ru
 def precision_decision(effect) -> str:
     """What the precision check's effect row (bf16 − fp32) decides for the paper protocol (#36 item 6):
     bf16 autocast where its interval holds 0 (the difference within the seed noise), else fp32."""
-    if math.isnan(effect.ci_low):
-        return f"undecided ({effect.status}): the paper protocol trains in fp32"
-    within = effect.ci_low <= 0 <= effect.ci_high
+    within = bf16_allowed(effect.ci_low, effect.ci_high, int(effect.n_seeds))
+    if within is None:
+        why = effect.status if math.isnan(effect.ci_low) else \
+            f"{int(effect.n_seeds)} seed(s) a side of the {PRECISION_SEEDS} it needs"
+        return f"undecided ({why}): the paper protocol trains in fp32"
     bound = "" if math.isnan(effect.equivalence_margin) else \
         f" (two one-sided tests at 5 % bound it within ±{effect.equivalence_margin:.2f} pp)"
     return (f"bf16 − fp32 = {effect.our_delta:+.2f} pp {fmt_ci(effect.ci_low, effect.ci_high)} over {int(effect.n_seeds)} "
