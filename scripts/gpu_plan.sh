@@ -49,7 +49,7 @@
 #     bench rows say stacking is slower (the H200: 0.48x; gpu_queue.stacking_pays);
 #  3. the paper protocol (`make paper-gpu`, 640 epochs: at the H200's captured bf16 66k images/s one seed
 #     trains in about 10 min, all of a window's training time, and a seed the window's end cuts off is
-#     lost): one seed a window, alone (gpu_queue.py --window: params.paper-gpu.yaml, --parallel 1), once
+#     lost): one seed a window, alone (scripts/gpu_window.py: params.paper-gpu.yaml, --parallel 1), once
 #     the queue above is done but §5.2 (capsnet_r3_recon_official's seeds, then capsnet_r3_recon's; the
 #     other variants after §5.2), where the published precision check allows bf16 (in fp32 a seed is about
 #     four windows) and the window runs no CUDA tests beside it (their log kept at this code on this GPU).
@@ -68,8 +68,8 @@ fi
 python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml
 mkdir -p logs fingerprints
 # the paper protocol as a window would train it (#36 item 5): in bf16 autocast where the published report's
-# precision check allows it (reports/effects.csv: scripts/gpu_queue.py --paper-amp says why), its step captured
-PAPER_AMP=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --paper-amp 2>>logs/queue.log)
+# precision check allows it (reports/effects.csv: scripts/gpu_window.py --paper-amp says why), its step captured
+PAPER_AMP=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper-amp 2>>logs/queue.log)
 python3 -m pipeline.profiles paper-gpu --set "train.amp=$PAPER_AMP" --set train.cuda_graph=true --write params.paper-gpu.yaml
 BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm capsnet_r3_recon@bf16-compile-capture#1,3+profile baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture#1,3 capsnet_r3_recon@bf16-compile-capture,compile-capture#3+streams"}
 # the fingerprint table of the code that trains, before the queue, which lists again what other training
@@ -104,7 +104,7 @@ fi
 [ -s logs/tests.kept ] || QUEUE_ARGS+=(--tests-run)
 # what this window trains: the gpu profile's queue, or the paper protocol's next seed alone (its own params), which
 # needs the GPU to itself: never beside the CUDA tests
-PLAN=$(python3 scripts/gpu_queue.py --params params.gpu.yaml --paper params.paper-gpu.yaml --window \
+PLAN=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper params.paper-gpu.yaml \
   ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))
 read -r KIND TRAIN <<<"$PLAN"
 ALONGSIDE=(--parallel 2)

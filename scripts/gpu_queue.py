@@ -18,19 +18,7 @@ GPU machine has no DVC or MLflow).
 Order (GROUPS): the five Table 1 rows and their four official twins (seed 0 of each first, then 1,
 then 2), then MultiMNIST's three variants, then capsnet_r3_recon_fp32 (the precision check, #36 item
 6), then §5.2's two; with --stack one item per variant, its missing seeds trained stacked in one
-process (`V:0,1,2`).
-
-    python3 scripts/gpu_queue.py --window --params params.gpu.yaml --paper params.paper-gpu.yaml
-                                 [--effects reports/effects.csv] [--tests-run] [--fingerprints F]
-
-prints what the window trains (`window`): `gpu ITEM...` (the list above, stacked) or `paper V:S`, the
-paper protocol's next seed (640 epochs, `make paper-gpu`, --paper's params), alone in the window. Its
-turn comes after GROUPS' first three (Table 1, MultiMNIST, the precision check) and before §5.2 for
-PAPER_FIRST (capsnet_r3_recon_official, capsnet_r3_recon), after §5.2 for PAPER_REST, each variant's
-three seeds in turn; only where the published precision check allows bf16 (`--paper-amp` prints the
-train.amp it decides, from --effects: one seed is about 10 min of training at the H200's captured bf16
-66k images/s, about four windows in fp32) and no CUDA tests share the window's GPU (--tests-run: none
-kept at this code on this GPU, scripts/gpu_proof.py).
+process (`V:0,1,2`). Whether a window trains this queue or the paper protocol: scripts/gpu_window.py.
 
     python3 scripts/gpu_queue.py --bridges --fingerprints fingerprints/COMMIT.json [--runs R] [--params P]
 
@@ -66,7 +54,6 @@ them in reports/bench/<model>/jobs/, and the next window on that model reads the
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import json
 import sys
@@ -77,7 +64,6 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine runs it from a bare copy
 from gpu_levers import BENCHED, bench_rows, trained_mode, variant_train  # noqa: E402  (beside this script; PyYAML's, no torch)
 from pipeline.core import lineage, protocol, registry  # noqa: E402  (names, image sizes, protocols: no torch)
-from pipeline.core.params import precision_twins  # noqa: E402  (PyYAML's, no torch)
 
 # the queue's groups, most needed first: Table 1's five rows and their four official twins (#36 item 3),
 # MultiMNIST (item 4), the precision check's fp32 twin of capsnet_r3_recon (item 6: the paper protocol
@@ -88,15 +74,6 @@ GROUPS = [["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", 
           ["capsnet_r3_recon_fp32"],
           ["capsnet_affnist", "cnn_affnist"]]
 SEEDS = (0, 1, 2)
-# the paper protocol (#36 item 5: 640 epochs, `make paper-gpu`), one seed a job and one job a window (a seed
-# is about a whole window's training: docs/gpu-sessions.md); its first two variants after the precision
-# check (which decides whether it trains in bf16, the only precision in which a seed fits a window) and
-# before §5.2, the others after it; a variant's three seeds before the next variant's (three give a row its
-# interval and verdict, one seed of each none)
-PAPER_FIRST = ["capsnet_r3_recon_official", "capsnet_r3_recon"]
-PAPER_REST = ["capsnet_r1_recon_official", "capsnet_r1_recon", "capsnet_r3_official", "capsnet_r3",
-              "capsnet_r1_official", "capsnet_r1", "baseline_cnn"]
-BEFORE_PAPER = 3  # GROUPS[:3] (Table 1, MultiMNIST, the precision check) come before the paper protocol, §5.2 after
 EARLIER = "earlier"  # pipeline.report.publish.EARLIER (that module needs torch; tests/test_profiles.py checks they agree)
 
 
@@ -165,57 +142,6 @@ def other_training(runs: Path, raw: dict, table: dict, verdicts=None) -> list[st
     """The (variant, seed)s published under the params' protocol by training code other than ``table``'s,
     which `queue` therefore lists again."""
     return [item for item, has_record, same in verdicts or judged(runs, raw, table) if has_record and not same]
-
-
-def paper_precision(effects: Path, raw: dict) -> tuple[bool, str]:
-    """Whether the paper protocol may train in bf16 autocast, and why: the precision check's rows of the
-    published report's effects (reports/effects.csv: a variant against its precision twin, the same
-    protocol in fp32) under `protocol.bf16_allowed`, the report's own rule; every row with an interval must
-    allow it. No row, or none decided: fp32 (undecided)."""
-    twins = precision_twins(raw)
-    rows = [r for r in csv.DictReader(effects.open())] if effects.is_file() else []
-    checks = [r for r in rows if twins.get(r["b"]) == r["a"]]
-    decided = [(protocol.bf16_allowed(float(r["ci_low"] or "nan"), float(r["ci_high"] or "nan"), int(float(r["n_seeds"] or 0))), r)
-               for r in checks]
-    decided = [(ok, r) for ok, r in decided if ok is not None]
-    if not decided:
-        return False, (f"the precision check has not decided ({len(checks)} row(s) in {effects}, none with an interval over "
-                       f"{protocol.PRECISION_SEEDS} seeds a side): the paper protocol would train in fp32")
-    ok = all(allowed for allowed, _ in decided)
-    r = next((r for allowed, r in decided if not allowed), decided[0][1])
-    return ok, (f"precision check, {r['a']} − {r['b']} = {float(r['our_delta']):+.2f} pp [{float(r['ci_low']):+.2f}, "
-                f"{float(r['ci_high']):+.2f}] over {int(float(r['n_seeds']))} seeds a side: "
-                + ("within the seed noise, the paper protocol trains in bf16 autocast" if ok else
-                   "beyond the seed noise, the paper protocol would train in fp32"))
-
-
-def window(runs: Path, gpu: dict, paper: dict, bf16: tuple[bool, str], table: dict | None = None,
-           tables: list[dict] = (), tests_run: bool = False) -> tuple[str, list[str], list[str]]:
-    """What a GPU window trains: ("gpu", its stacked items) or ("paper", one seed of the paper protocol), and
-    why, a line each. The gpu profile's Table 1, MultiMNIST and precision check first; then the paper
-    protocol's PAPER_FIRST, one seed a window, where the precision check allows bf16 (in fp32 a seed is
-    about four windows' training: the H200's 14.35k images/s against 66.1k) and the GPU is the seed's alone
-    (``tests_run``: the CUDA tests run beside the jobs this window, no earlier window having run them at
-    this code on this GPU: scripts/gpu_proof.py); then §5.2; then PAPER_REST. A window trains one protocol:
-    a paper seed has the window to itself, and its run's folders are its variant's (models/V/seedS), which
-    a gpu-profile run of the same variant would share."""
-    short = queue(runs, gpu, table, judged(runs, gpu, table, tables))
-    before = {v for group in GROUPS[:BEFORE_PAPER] for v in group}
-    if [i for i in short if i.split(":")[0] in before]:
-        return "gpu", stacked(short), []
-    allowed, why = bf16
-    if allowed and tests_run:
-        allowed, why = False, ("the CUDA tests run this window, beside its jobs (no earlier window ran them at this code "
-                               "on this GPU): the paper protocol's seed, which needs the GPU to itself, waits for a window "
-                               "at code they have run")
-    for groups, rest in (([PAPER_FIRST], short), ([PAPER_FIRST, PAPER_REST], [])):
-        items = queue(runs, paper, table, judged(runs, paper, table, tables, groups, by_variant=True)) if allowed else []
-        if items:
-            return "paper", items[:1], [why, f"the paper protocol's next seed, alone this window: {items[0]} "
-                                             f"({len(items) - 1} more after it)"]
-        if rest:
-            return "gpu", stacked(rest), [why] if not allowed else []
-    return "gpu", [], [why] if not allowed else ["nothing left to train: every queued seed is published"]
 
 
 def stacked(items: list[str]) -> list[str]:
@@ -391,15 +317,6 @@ def main() -> None:
                         "records of other training code are queued again (default: not checked)")
     parser.add_argument("--bridges", action="store_true", help="with --fingerprints: print `COMMIT VARIANT...` for each "
                         "commit whose table in its environment would carry published records there (`bridges`)")
-    parser.add_argument("--window", action="store_true", help="print `PROFILE ITEM...`: what this window trains, the gpu "
-                        "profile's items (stacked) or the paper protocol's next seed (--paper's params), `window`")
-    parser.add_argument("--paper", type=Path, help="with --window: the paper protocol's params as the window would train it")
-    parser.add_argument("--tests-run", action="store_true", help="with --window: the CUDA tests run this window beside its "
-                        "jobs (none kept at this code on this GPU: scripts/gpu_proof.py), so no paper seed trains")
-    parser.add_argument("--effects", type=Path, default=Path("reports/effects.csv"),
-                        help="the published report's effects, whose precision check decides the paper protocol's precision")
-    parser.add_argument("--paper-amp", action="store_true", help="print the paper protocol's train.amp (true: bf16 "
-                        "autocast, where the precision check in --effects allows it; else false), the reason on stderr")
     parser.add_argument("--fit", metavar="ITEM", help="print what of this item fits the window's --left seconds")
     parser.add_argument("--left", type=float, default=0.0, help="with --fit: seconds left in the window")
     parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="with --fit: a folder of bench rows")
@@ -427,11 +344,6 @@ def main() -> None:
         with args.jobs[0].open("a") as f:
             f.write(json.dumps(row) + "\n")
         return
-    if args.paper_amp:
-        allowed, why = paper_precision(args.effects, yaml.safe_load(args.params.read_text()))
-        print(why, file=sys.stderr)
-        print(str(allowed).lower())
-        return
     if args.fit:
         params = yaml.safe_load(args.params.read_text())
         start, why = fit(args.fit, args.left, params, bench_rows(args.bench), max(args.parallel, 1), args.checkpoints,
@@ -447,18 +359,6 @@ def main() -> None:
             sys.exit("--bridges needs --fingerprints: the table of the code that trains names the environment")
         for commit, variants in bridges(args.runs, raw, table, here):
             print(commit, *variants)
-        return
-    if args.window:
-        if args.paper is None or not args.paper.is_file():
-            sys.exit(f"--window needs --paper PARAMS: write them with `python -m pipeline.profiles paper-gpu --set "
-                     f"train.amp=$(python3 {sys.argv[0]} --paper-amp) --write params.paper-gpu.yaml`")
-        paper = yaml.safe_load(args.paper.read_text())
-        profile, items, why = window(args.runs, raw, paper, paper_precision(args.effects, raw), table, here, args.tests_run)
-        for params in (raw, paper) if profile == "paper" else (raw,):
-            say_queued_again(args.runs, params, table, here)
-        for line in why:
-            print(line, file=sys.stderr)
-        print(" ".join([profile, *items]))
         return
     verdicts = judged(args.runs, raw, table, here)
     items = queue(args.runs, raw, table, verdicts)

@@ -20,7 +20,6 @@ from conftest import REPO
 sys.path.insert(0, str(REPO / "scripts"))
 try:
     import gpu_levers
-    import gpu_proof
     import gpu_queue
 finally:
     sys.path.pop(0)
@@ -81,33 +80,6 @@ def test_the_estimate_is_the_bench_row_of_the_settings_the_job_trains_with(gpu_p
     cnn, source = gpu_queue.job_seconds(gpu_params, "baseline_cnn", 1, rows(), parallel=1)
     assert cnn == pytest.approx(start + margin * epochs * 60_000 / 27_000 + evaluation) and f"baseline_cnn {CNN} ×1" in source
     assert gpu_queue.job_seconds(gpu_params, "baseline_cnn", 1, rows()[:3], parallel=1) is None  # no CNN row
-
-
-def test_a_paper_seed_is_priced_with_its_evaluations_and_its_restart_and_never_starts_unpriced(tmp_path):
-    """The paper protocol's seed (640 epochs) on the H200's bench rows: its training at the captured bf16 row,
-    a test evaluation every epoch, and, outlasting the call, a restart from its checkpoint on the next (a
-    process start, the epochs since the checkpoint again); it fits the first call of a fresh window (900 s
-    less about 30 s of start and transfer, 60 s allowed after, about 15 s of fingerprint table); with no
-    bench row it never starts (the window's end would lose it whole), where a short job would."""
-    path = tmp_path / "params.paper-gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--params", str(REPO / "params.yaml"),
-                    "--set", "train.amp=true", "--set", "train.cuda_graph=true", "--write", str(path)], check=True, cwd=REPO)
-    paper = yaml.safe_load(path.read_text())
-    h200 = [r for f in sorted((REPO / "reports" / "bench" / "nvidia-h200").glob("*.jsonl")) for r in gpu_levers.bench_rows(f)]
-    seconds, source = gpu_queue.job_seconds(paper, "capsnet_r3_recon_official", 1, h200, parallel=1)
-    rate = next(r["train_images_per_s"] for r in h200 if r["mode"] == CAPS and r.get("seeds", 1) == 1)
-    assert f"{CAPS} ×1: {rate:,.0f} images/s" in source
-    assert seconds == pytest.approx(gpu_queue.STARTUP_SECONDS + gpu_queue.MARGIN * 640 * 60_000 / rate
-                                    + gpu_queue.EVAL_SECONDS + 640 * gpu_queue.EPOCH_EVAL_SECONDS)
-    restarted = gpu_queue.resumed_seconds(paper, "capsnet_r3_recon_official", seconds, call_left=540)
-    assert restarted == pytest.approx(seconds + gpu_queue.STARTUP_SECONDS + seconds / 640 * 5)
-    assert gpu_queue.resumed_seconds(paper, "capsnet_r3_recon_official", seconds, call_left=seconds + 1) == seconds
-    start, why = gpu_queue.fit("capsnet_r3_recon_official:0", 900 - 30 - 60 - 15, paper, h200, 1, call_left=540)
-    assert start == "capsnet_r3_recon_official:0" and f"{restarted:.0f} s estimated" in why
-    start, why = gpu_queue.fit("capsnet_r3_recon_official:0", restarted - 1, paper, h200, 1, call_left=540)
-    assert start is None and "not started" in why
-    start, why = gpu_queue.fit("capsnet_r3_recon_official:0", 10_000, paper, [], 1)
-    assert start is None and "no bench row of its mode on this GPU to price 640 epochs" in why
 
 
 def test_a_job_starts_only_as_far_as_the_window_allows(gpu_params):
@@ -329,32 +301,6 @@ def test_the_import_reads_a_calls_checks_from_their_archive_and_from_an_older_ca
     assert [p.name for p in new.iterdir()] == ["checks.tar.gz"]  # the device tool's folders are read-only: unpacked elsewhere
 
 
-def test_the_import_keeps_a_calls_finished_cuda_test_log_under_its_key(tmp_path):
-    """gpu_import.sh: the CUDA tests' log and key in a call's checks.tar.gz go to reports/bench/<model>/cuda-tests/,
-    where the next window at that code finds them (scripts/gpu_proof.py); a log the deadline cut is not kept."""
-    script = (REPO / "scripts" / "gpu_import.sh").read_text()
-    fragment = script[script.index("n=0\nfor folder in"):]
-    fragment = fragment[:fragment.index("\ndone\n") + 6]
-    (tmp_path / "scripts").symlink_to(REPO / "scripts")
-    key = {"code": "c" * 64, "torch": "2.11.0+cu130", "cuda": "13.0", "gpu": "NVIDIA H200", "driver": "580.1"}
-    calls = []
-    for n, log in enumerate((FINISHED_LOG, "tests/test_gpu.py::test_x PASSED [ 50%]\n")):
-        call = tmp_path / f"call{n}"
-        call.mkdir()
-        (call / "gpu_tests.txt").write_text(log)
-        (call / "gpu_tests.key").write_text(json.dumps(key | {"driver": str(n)}))
-        with tarfile.open(call / "checks.tar.gz", "w:gz") as tar:
-            for name in ("gpu_tests.txt", "gpu_tests.key"):
-                tar.add(call / name, arcname=name)
-                (call / name).unlink()
-        calls.append(str(call))
-    done = subprocess.run(["bash", "-c", f"folders=({' '.join(calls)}); BIN={Path(sys.executable).parent}\n{fragment}"],
-                          cwd=tmp_path, capture_output=True, text=True)
-    kept = tmp_path / "reports" / "bench" / "nvidia-h200" / "cuda-tests"
-    assert "kept as the proof" in done.stdout and "not kept as a proof" in done.stderr, done.stdout + done.stderr
-    assert gpu_proof.find(kept, key | {"driver": "0"}) is not None and len(list(kept.iterdir())) == 1
-
-
 def test_the_import_keeps_each_measured_job_once_per_gpu_model(tmp_path):
     """gpu_import.sh adds a window's measured jobs (logs/jobs/seconds.jsonl) to reports/bench/<model>/jobs/:
     the window began from a copy of those kept, which are not added again, nor on a second import."""
@@ -539,114 +485,6 @@ def publish_seed0(tmp_path: Path, fingerprint: str, environment: str, commit: st
         "environment": {"fingerprint_environment": environment} | ({"git_commit": commit} if commit else {})}))
 
 
-def precision_effects(path: Path, ci: tuple[float, float] | None, seeds: int = 3) -> Path:
-    """reports/effects.csv with the precision check's row (capsnet_r3_recon against its fp32 twin) and another effect."""
-    rows = [{"a": "capsnet_r3_recon", "b": "capsnet_r1_recon", "our_delta": 0.1, "ci_low": 0.05, "ci_high": 0.2, "n_seeds": 3}]
-    if ci is not None:
-        rows.append({"a": "capsnet_r3_recon", "b": "capsnet_r3_recon_fp32", "our_delta": sum(ci) / 2, "ci_low": ci[0],
-                     "ci_high": ci[1], "n_seeds": seeds})
-    import pandas as pd
-
-    pd.DataFrame(rows).to_csv(path, index=False)
-    return path
-
-
-def publish_before_paper(tmp_path: Path, but: tuple[str, int] | None = None) -> None:
-    """Every seed the gpu profile's queue lists before the paper protocol, published (``but`` one)."""
-    for group in gpu_queue.GROUPS[:gpu_queue.BEFORE_PAPER]:
-        for v in group:
-            for seed in gpu_queue.SEEDS:
-                if (v, seed) != but:
-                    publish_seed0(tmp_path, "a" * 16, "env", variant=v, seed=seed)
-
-
-def test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job(tmp_path):
-    """scripts/gpu_plan.sh: the paper protocol's params (paper-gpu, captured, in bf16 only where the published
-    precision check allows) are written every call; where the queue's next item is a paper seed and an earlier
-    window ran the CUDA tests at this code on this GPU (their kept log: none run beside it), the session trains
-    it with them, one job at a time; every call of a warm machine plans the same window."""
-    from pipeline.training.bench import device_name, device_slug, resolve_device
-
-    script = plan_until_the_queue(tmp_path)
-    (tmp_path / "tests").symlink_to(REPO / "tests")  # what the CUDA tests' key hashes
-    publish_before_paper(tmp_path)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CAPSNET_GIT_COMMIT": "",
-           "PYTHONPATH": str(REPO)}
-    (tmp_path / "reports").mkdir(exist_ok=True)
-    key = json.loads(subprocess.run([sys.executable, "scripts/gpu_proof.py", "key"], cwd=tmp_path, capture_output=True,
-                                    text=True, check=True).stdout)
-    kept = tmp_path / "reports" / "bench" / device_slug(device_name(resolve_device("auto"))) / "cuda-tests"
-    affnist, paper = ["capsnet_affnist:0,1,2", "cnn_affnist:0,1,2"], ["capsnet_r3_recon_official:0"]
-    for ci, proof, (kind, items, said) in (
-            (None, True, ("gpu --parallel 2", affnist, "has not decided")),
-            ((-0.1, 0.2), False, ("gpu --parallel 2", affnist, "the CUDA tests run this window")),
-            ((-0.1, 0.2), True, ("paper --params params.paper-gpu.yaml --parallel 1", paper, "alone this window"))):
-        shutil.rmtree(kept, ignore_errors=True)
-        shutil.rmtree(tmp_path / "logs", ignore_errors=True)  # a fresh machine
-        if proof:
-            gpu_proof.keep(key, FINISHED_LOG, kept)
-        precision_effects(tmp_path / "reports" / "effects.csv", ci)
-        for call in (1, 2):  # a warm machine's second call plans the same window, though the proof were gone
-            done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
-            assert done.returncode == 0, done.stderr
-            train, window_line = done.stdout.splitlines()[-2:]
-            assert window_line == f"window: {kind}" and train.split() == items, done.stdout
-            assert said in done.stderr, done.stderr
-            shutil.rmtree(kept, ignore_errors=True)
-        written = yaml.safe_load((tmp_path / "params.paper-gpu.yaml").read_text())
-        assert (written["base"]["profile"], written["train"]["epochs"], written["train"]["cuda_graph"]) == ("paper-gpu", 640, True)
-        assert written["train"]["amp"] is bool(ci)
-
-
-def test_a_window_trains_the_paper_protocols_next_seed_alone_once_the_short_queue_and_the_precision_check_allow(tmp_path):
-    """scripts/gpu_queue.py window (#36 item 5): the gpu profile's Table 1, MultiMNIST and precision check come
-    first; then, where the published precision check allows bf16 (3 seeds a side, its interval holding 0),
-    the paper protocol's capsnet_r3_recon_official and capsnet_r3_recon, one seed a window, each variant's
-    seeds in turn; then §5.2; then the paper protocol's other variants. In fp32 a paper seed never trains."""
-    for name, profile, sets in (("params.gpu.yaml", "gpu", []), ("params.paper-gpu.yaml", "paper-gpu", ["--set", "train.amp=true"])):
-        subprocess.run([sys.executable, "-m", "pipeline.profiles", profile, "--params", str(REPO / "params.yaml"), *sets,
-                        "--write", str(tmp_path / name)], check=True, cwd=REPO)
-    gpu, paper = (yaml.safe_load((tmp_path / n).read_text()) for n in ("params.gpu.yaml", "params.paper-gpu.yaml"))
-    runs, effects = tmp_path / "reports" / "runs", tmp_path / "effects.csv"
-    publish_before_paper(tmp_path, but=("multimnist_baseline", 2))
-    within = gpu_queue.paper_precision(precision_effects(effects, (-0.1, 0.2)), gpu)
-    assert within[0] and "within the seed noise" in within[1]
-    assert gpu_queue.window(runs, gpu, paper, within) == ("gpu", ["multimnist_baseline:2", "capsnet_affnist:0,1,2",
-                                                                 "cnn_affnist:0,1,2"], [])
-    publish_seed0(tmp_path, "a" * 16, "env", variant="multimnist_baseline", seed=2)
-    for ci, seeds, said in ((None, 3, "has not decided"), ((0.05, 0.3), 3, "beyond the seed noise"),
-                            ((-0.1, 0.2), 2, "has not decided")):
-        decision = gpu_queue.paper_precision(precision_effects(effects, ci, seeds), gpu)
-        assert not decision[0] and said in decision[1]
-        assert gpu_queue.window(runs, gpu, paper, decision) == ("gpu", ["capsnet_affnist:0,1,2", "cnn_affnist:0,1,2"],
-                                                               [decision[1]])
-    kind, items, why = gpu_queue.window(runs, gpu, paper, within)
-    assert (kind, items) == ("paper", ["capsnet_r3_recon_official:0"]) and "5 more after it" in why[1]
-    kind, items, why = gpu_queue.window(runs, gpu, paper, within, tests_run=True)  # the tests would share the GPU
-    assert (kind, items) == ("gpu", ["capsnet_affnist:0,1,2", "cnn_affnist:0,1,2"]) and "CUDA tests run" in why[0]
-
-    def paper_run(variant: str, seed: int) -> None:  # published as the import does: the gpu profile's record set aside
-        aside = runs / "earlier" / f"{variant}-{seed}" / "models" / variant
-        aside.mkdir(parents=True)
-        (runs / "models" / variant / f"seed{seed}").rename(aside / f"seed{seed}")
-        publish_seed0(tmp_path, "a" * 16, "env", variant=variant, seed=seed, params="params.paper-gpu.yaml")
-
-    paper_run("capsnet_r3_recon_official", 0)  # its next seed before the next variant's first: three give a row its interval
-    assert gpu_queue.window(runs, gpu, paper, within)[:2] == ("paper", ["capsnet_r3_recon_official:1"])
-    paper_run("capsnet_r3_recon_official", 2)
-    assert gpu_queue.window(runs, gpu, paper, within)[:2] == ("paper", ["capsnet_r3_recon_official:1"])  # seed 1 left
-    paper_run("capsnet_r3_recon_official", 1)
-    assert gpu_queue.window(runs, gpu, paper, within)[:2] == ("paper", ["capsnet_r3_recon:0"])
-    for seed in gpu_queue.SEEDS:
-        paper_run("capsnet_r3_recon", seed)
-    assert gpu_queue.window(runs, gpu, paper, within) == ("gpu", ["capsnet_affnist:0,1,2", "cnn_affnist:0,1,2"], [])
-    for v in gpu_queue.GROUPS[-1]:
-        for seed in gpu_queue.SEEDS:
-            publish_seed0(tmp_path, "a" * 16, "env", variant=v, seed=seed)
-    assert gpu_queue.window(runs, gpu, paper, within)[:2] == ("paper", ["capsnet_r1_recon_official:0"])
-    assert gpu_queue.window(runs, gpu, paper, gpu_queue.paper_precision(tmp_path / "none.csv", gpu))[:2] == ("gpu", [])
-
-
 def test_the_window_queues_again_what_other_training_code_published(tmp_path):
     """scripts/gpu_plan.sh writes its commit's fingerprint table before it asks the queue, and the queue
     lists again a seed published by other training code (a commit since changed what training computes)."""
@@ -758,125 +596,6 @@ def test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_t
                      "evaluate models/capsnet_r3/seed0 data/prepared"], calls
     retrained = json.loads((work / "models" / "capsnet_r3" / "seed0" / "config.json").read_text())["config"]
     assert (retrained["compile"], retrained["cuda_graph"], retrained["amp"]) == (False, False, True)
-
-
-CUDA_FILES = ["tests/test_gpu.py", "tests/test_capture_gpu.py"]
-FINISHED_LOG = "tests/test_gpu.py::test_x[capsnet_r3_recon] PASSED [100%]\n======= 1 passed in 3.21s =======\n"
-
-
-def test_the_cuda_tests_proof_is_kept_under_the_code_and_gpu_it_ran_on(tmp_path):
-    """scripts/gpu_proof.py: the key changes with any file of the package, params.yaml, the tests' helpers or
-    a named test file, and with the GPU or torch; a log pytest did not finish is never kept; a kept log is
-    found only under its own key."""
-    root = tmp_path / "tree"
-    shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "tests").mkdir()
-    for part in ("params.yaml", "tests/conftest.py", "tests/tracking_stack.py", *CUDA_FILES):
-        shutil.copy(REPO / part, root / part)
-    base = gpu_proof.code_digest(root, CUDA_FILES)
-    for edited in ("pipeline/training/steps.py", "params.yaml", "tests/tracking_stack.py", "tests/test_capture_gpu.py"):
-        before = (root / edited).read_bytes()
-        (root / edited).write_bytes(before + b"\n")
-        assert gpu_proof.code_digest(root, CUDA_FILES) != base, edited
-        (root / edited).write_bytes(before)
-    (root / "pipeline" / "__pycache__").mkdir(exist_ok=True)
-    (root / "pipeline" / "__pycache__" / "x.cpython-312.pyc").write_bytes(b"bytecode")
-    (root / "README.md").write_text("not code")
-    assert gpu_proof.code_digest(root, CUDA_FILES) == base
-    with pytest.raises(FileNotFoundError, match="test_missing.py"):
-        gpu_proof.code_digest(root, ["tests/test_missing.py"])
-
-    key = {"code": base, "torch": "2.11.0+cu130", "cuda": "13.0", "gpu": "NVIDIA H200", "driver": "580.1"}
-    kept = tmp_path / "kept"
-    assert gpu_proof.keep(key, "tests/test_gpu.py::test_x PASSED [ 50%]\n", kept) is None  # cut off by the deadline
-    assert gpu_proof.find(kept, key) is None
-    path = gpu_proof.keep(key, FINISHED_LOG, kept)
-    assert gpu_proof.find(kept, key) == path and path.read_text().split("\n", 1)[1] == FINISHED_LOG
-    for part, other in (("code", "0" * 64), ("gpu", "NVIDIA H100 80GB HBM3"), ("torch", "2.12.0"), ("driver", "590.2")):
-        assert gpu_proof.find(kept, key | {part: other}) is None, part
-    # a file under the key's name is the proof only with that key on its first line and pytest's summary after it
-    # (a name is 16 hex digits of the key's digest; a log cut short by hand is not a finished run)
-    for first, log in ((json.dumps(key | {"gpu": "NVIDIA H100 80GB HBM3"}), FINISHED_LOG),
-                       (json.dumps(key, sort_keys=True), FINISHED_LOG.splitlines()[0] + "\n")):
-        path.write_text(first + "\n" + log)
-        assert gpu_proof.find(kept, key) is None
-
-
-def test_a_window_at_code_whose_cuda_tests_ran_before_does_not_run_them_again(tmp_path):
-    """gpu_session.sh --tests where reports/bench/<this device>/cuda-tests/ holds a finished log under this
-    tree's key: no pytest runs, the jobs train alone (no tests beside them) with the levers that log
-    proves; the import keeps a call's log under the key the call wrote (scripts/gpu_proof.py)."""
-    from pipeline.training.bench import device_name, device_slug, resolve_device
-
-    work = device_tree(tmp_path)
-    (work / "tests").mkdir()
-    for f in ("tests/conftest.py", *gpu_proof.CUDA_TEST_FILES, *(p.relative_to(REPO).as_posix() for p in
-              (REPO / "tests").glob("*.py") if not p.name.startswith("test_"))):
-        shutil.copy(REPO / f, work / f)
-    (work / "logs" / "bench").mkdir(parents=True)
-    (work / "logs" / "bench" / "caps.jsonl").write_text(json.dumps(
-        {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 1, "captured": True, "train_images_per_s": 1e9}) + "\n")
-    capture = "tests/test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
-    log = (f"{capture}[capsnet_r3_recon-bf16-compiled-fused-1seed] PASSED [ 50%]\n"
-           "tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon] PASSED [100%]\n"
-           "======= 2 passed in 120.50s =======\n")
-    env = python3_on_path(tmp_path, STUB_GPU % sys.executable, CAPSNET_GPU_PROFILE="gpu", CAPSNET_GIT_COMMIT="",
-                          STUB_TESTS="tests/test_gpu.py::whatever FAILED\n======= 1 failed in 1.00s =======")
-    key = json.loads(subprocess.run([sys.executable, "scripts/gpu_proof.py", "key"], cwd=work,
-                                    env={**env, "PATH": os.environ["PATH"]}, capture_output=True, text=True, check=True).stdout)
-    gpu_proof.keep(key, log, work / "reports" / "bench" / device_slug(device_name(resolve_device("auto"))) / "cuda-tests")
-    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--levers", "--train", "capsnet_r3:0",
-                           "--deadline", "300"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    session = (tmp_path / "out" / "session.log").read_text()
-    assert done.returncode == 0, done.stderr + session
-    assert "CUDA tests not run: an earlier window ran them" in session and "beside the first jobs" not in session
-    assert not (tmp_path / "out" / "gpu_tests.key").exists()
-    assert (work / "logs" / "gpu_tests.txt").read_text() == log  # what the levers and the runs' proofs read
-    # the levers come first, from that log: the job trains with them (compiled and captured, as it proves)
-    assert (work / "calls.log").read_text().splitlines() == ["train capsnet_r3 0 params.gpu.capsnet.yaml",
-                                                             "evaluate models/capsnet_r3/seed0 data/prepared"]
-    assert json.loads((work / "models/capsnet_r3/seed0/config.json").read_text())["config"]["cuda_graph"] is True
-    # an edit to the package: the tests run again (the stub's log fails them), and their key comes back
-    (work / "pipeline" / "training" / "steps.py").write_text((work / "pipeline" / "training" / "steps.py").read_text() + "\n")
-    shutil.rmtree(tmp_path / "out")
-    for stale in ("logs/gpu_tests.txt", "models", "gpu_results", "calls.log"):
-        shutil.rmtree(work / stale) if (work / stale).is_dir() else (work / stale).unlink()
-    again = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--train", "capsnet_r3:0", "--deadline", "300"],
-                           cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    session = (tmp_path / "out" / "session.log").read_text()
-    assert again.returncode == 0, again.stderr + session
-    assert "CUDA tests beside the first jobs" in session
-    with tarfile.open(tmp_path / "out" / "checks.tar.gz") as checks:
-        assert json.loads(checks.extractfile("gpu_tests.key").read())["code"] != key["code"]
-
-
-def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path):
-    """gpu_session.sh --params (gpu_plan.sh's paper window): every step reads those params as params.gpu.yaml, and
-    the paper seed starts only where its estimate, with its restart on the next call (it outlasts this one),
-    fits the window."""
-    work = device_tree(tmp_path)
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--set", "train.amp=true", "--set",
-                    "train.cuda_graph=true", "--write", "params.paper-gpu.yaml"], check=True, cwd=work)
-    paper = yaml.safe_load((work / "params.paper-gpu.yaml").read_text())
-    row = {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 1, "captured": True, "train_images_per_s": 50_000.0}
-    (work / "logs" / "bench").mkdir(parents=True)
-    (work / "logs" / "bench" / "caps.jsonl").write_text(json.dumps(row) + "\n")
-    alone, _ = gpu_queue.job_seconds(paper, "capsnet_r3_recon_official", 1, [row], parallel=1)
-    restarted = gpu_queue.resumed_seconds(paper, "capsnet_r3_recon_official", alone, call_left=120)
-    assert restarted - alone > 30  # the window below tells the two apart, whatever the seconds the session takes first
-    env = python3_on_path(tmp_path, STUB_GPU % sys.executable, CAPSNET_GIT_COMMIT="")
-    for window, trained in ((round(alone + (restarted - alone) / 2), False), (round(restarted + 20), True)):
-        shutil.rmtree(tmp_path / "out", ignore_errors=True)
-        done = subprocess.run(["bash", "scripts/gpu_session.sh", "--params", "params.paper-gpu.yaml", "--train",
-                               "capsnet_r3_recon_official:0", "--parallel", "1", "--deadline", "120", "--window", str(window)],
-                              cwd=work, env=env, capture_output=True, text=True, timeout=300)
-        log = (tmp_path / "out" / "session.log").read_text()
-        assert done.returncode == 0, done.stderr + log
-        assert yaml.safe_load((work / "params.gpu.yaml").read_text()) == paper
-        calls = (work / "calls.log").read_text().splitlines() if (work / "calls.log").exists() else []
-        assert calls == (["train capsnet_r3_recon_official 0 params.gpu.yaml",
-                          "evaluate models/capsnet_r3_recon_official/seed0 data/prepared"] if trained else []), log
-        assert ("not started" in log) != trained, log
 
 
 def test_a_run_is_checked_against_the_cuda_tests_of_the_speed_settings_it_recorded():
