@@ -69,7 +69,7 @@ python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.ya
 mkdir -p logs fingerprints
 # the paper protocol as a window would train it (#36 item 5): in bf16 autocast where the published report's
 # precision check allows it (reports/effects.csv: scripts/gpu_window.py --paper-amp says why), its step captured
-PAPER_AMP=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper-amp 2>>logs/queue.log)
+PAPER_AMP=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper-amp 2>>logs/queue.log) || PAPER_AMP=false
 python3 -m pipeline.profiles paper-gpu --set "train.amp=$PAPER_AMP" --set train.cuda_graph=true --write params.paper-gpu.yaml
 BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm capsnet_r3_recon@bf16-compile-capture#1,3+profile baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture#1,3 capsnet_r3_recon@bf16-compile-capture,compile-capture#3+streams"}
 # the fingerprint table of the code that trains, before the queue, which lists again what other training
@@ -101,11 +101,13 @@ fi
 # whether the CUDA tests run this window: not where an earlier window ran them at this code on this GPU (their
 # kept log, scripts/gpu_proof.py), asked once per warm machine (each call must plan the same window)
 [ -f logs/tests.kept ] || { python3 scripts/gpu_proof.py find reports/bench 2>>logs/queue.log || true; } >logs/tests.kept
-[ -s logs/tests.kept ] || QUEUE_ARGS+=(--tests-run)
+TESTS_RUN=()
+[ -s logs/tests.kept ] || TESTS_RUN=(--tests-run)
 # what this window trains: the gpu profile's queue, or the paper protocol's next seed alone (its own params), which
-# needs the GPU to itself: never beside the CUDA tests
-PLAN=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper params.paper-gpu.yaml \
-  ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))
+# needs the GPU to itself: never beside the CUDA tests; where that choice fails, the gpu profile's queue
+PLAN=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper params.paper-gpu.yaml ${TESTS_RUN[@]+"${TESTS_RUN[@]}"} \
+  ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2)) \
+  || PLAN="gpu $(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))"
 read -r KIND TRAIN <<<"$PLAN"
 ALONGSIDE=(--parallel 2)
 [ "$KIND" = paper ] && ALONGSIDE=(--params params.paper-gpu.yaml --parallel 1)

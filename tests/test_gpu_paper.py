@@ -235,12 +235,16 @@ def test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job(tmp
     for ci, proof, (kind, items, said) in (
             (None, True, ("gpu --parallel 2", affnist, "has not decided")),
             ((-0.1, 0.2), False, ("gpu --parallel 2", affnist, "the CUDA tests run this window")),
-            ((-0.1, 0.2), True, ("paper --params params.paper-gpu.yaml --parallel 1", paper, "alone this window"))):
+            ((-0.1, 0.2), True, ("paper --params params.paper-gpu.yaml --parallel 1", paper, "alone this window")),
+            ("unreadable", True, ("gpu --parallel 2", affnist, "KeyError"))):  # the choice fails: the gpu queue, fp32
         shutil.rmtree(kept, ignore_errors=True)
         shutil.rmtree(tmp_path / "logs", ignore_errors=True)  # a fresh machine
         if proof:
             gpu_proof.keep(key, FINISHED_LOG, kept)
-        precision_effects(tmp_path / "reports" / "effects.csv", ci)
+        if ci == "unreadable":
+            (tmp_path / "reports" / "effects.csv").write_text("no such columns\n1\n")
+        else:
+            precision_effects(tmp_path / "reports" / "effects.csv", ci)
         for call in (1, 2):  # a warm machine's second call plans the same window, though the proof were gone
             done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
             assert done.returncode == 0, done.stderr
@@ -250,7 +254,7 @@ def test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job(tmp
             shutil.rmtree(kept, ignore_errors=True)
         written = yaml.safe_load((tmp_path / "params.paper-gpu.yaml").read_text())
         assert (written["base"]["profile"], written["train"]["epochs"], written["train"]["cuda_graph"]) == ("paper-gpu", 640, True)
-        assert written["train"]["amp"] is bool(ci)
+        assert written["train"]["amp"] is (ci not in (None, "unreadable"))
 
 
 def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path):
