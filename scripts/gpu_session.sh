@@ -99,7 +99,9 @@ kept_tests() {  # 0 where an earlier window ran the CUDA tests under this code, 
   # keeps every finished log in reports/bench/<model>/cuda-tests/: scripts/gpu_proof.py): their log stands for
   # this window's, and the jobs have the GPU to themselves
   local kept
-  kept=$(python3 scripts/gpu_proof.py find reports/bench 2>>"$LOG") || return 1
+  if [ -f logs/tests.kept ]; then kept=$(cat logs/tests.kept)  # gpu_plan.sh's answer (once a machine: torch's import)
+  else kept=$(python3 scripts/gpu_proof.py find reports/bench 2>>"$LOG") || return 1; fi
+  [ -n "$kept" ] && [ -f "$kept" ] || return 1
   tail -n +2 "$kept" >logs/gpu_tests.txt
   say "CUDA tests not run: an earlier window ran them under this code, torch and GPU ($kept: $(tail -1 logs/gpu_tests.txt))"
 }

@@ -105,6 +105,16 @@ def test_a_window_at_code_whose_cuda_tests_ran_before_does_not_run_them_again(tm
     assert (work / "calls.log").read_text().splitlines() == ["train capsnet_r3 0 params.gpu.capsnet.yaml",
                                                              "evaluate models/capsnet_r3/seed0 data/prepared"]
     assert json.loads((work / "models/capsnet_r3/seed0/config.json").read_text())["config"]["cuda_graph"] is True
+    # gpu_plan.sh's answer, where it asked first (logs/tests.kept, once a machine), is taken as it is
+    elsewhere = tmp_path / "kept-elsewhere.txt"
+    shutil.copy(next((work / "reports" / "bench").glob("*/cuda-tests/*.txt")), elsewhere)
+    (work / "logs" / "tests.kept").write_text(f"{elsewhere}\n")
+    shutil.rmtree(tmp_path / "out")
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--deadline", "300"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and f"CUDA tests not run: an earlier window ran them under this code, torch and GPU ({elsewhere}" \
+        in (tmp_path / "out" / "session.log").read_text()
+    (work / "logs" / "tests.kept").unlink()
     # an edit to the package: the tests run again (the stub's log fails them), and their key comes back
     (work / "pipeline" / "training" / "steps.py").write_text((work / "pipeline" / "training" / "steps.py").read_text() + "\n")
     shutil.rmtree(tmp_path / "out")
