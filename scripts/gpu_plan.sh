@@ -101,6 +101,9 @@ fi
 # whether the CUDA tests run this window: not where an earlier window ran them at this code on this GPU (their
 # kept log, scripts/gpu_proof.py), asked once per warm machine (each call must plan the same window)
 [ -f logs/tests.kept ] || { python3 scripts/gpu_proof.py find reports/bench 2>>logs/queue.log || true; } >logs/tests.kept
+if [ -s logs/tests.kept ] && [ ! -s logs/bench/.device ]; then  # its folder names this GPU's model (reports/bench/<model>/):
+  mkdir -p logs/bench && basename "$(dirname "$(dirname "$(cat logs/tests.kept)")")" >logs/bench/.device  # gpu_session.sh's
+fi  # folder of bench rows, which it would otherwise import torch again to name
 TESTS_RUN=()
 [ -s logs/tests.kept ] || TESTS_RUN=(--tests-run)
 # what this window trains: the gpu profile's queue, or the paper protocol's next seed alone (its own params), which

@@ -261,6 +261,9 @@ def test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job(tmp
             train, window_line = done.stdout.splitlines()[-2:]
             assert window_line == f"window: {kind}" and train.split() == items, done.stdout
             assert said in done.stderr, done.stderr
+            # the kept log's folder names this GPU's model for gpu_session.sh (logs/bench/.device): no torch again
+            assert (tmp_path / "logs" / "bench" / ".device").read_text().strip() == kept.parent.name if proof else \
+                not (tmp_path / "logs" / "bench" / ".device").exists()
             shutil.rmtree(kept, ignore_errors=True)
         written = yaml.safe_load((tmp_path / "params.paper-gpu.yaml").read_text())
         assert (written["base"]["profile"], written["train"]["epochs"], written["train"]["cuda_graph"]) == ("paper-gpu", 640, True)
