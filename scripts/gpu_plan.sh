@@ -104,16 +104,6 @@ fi
 if [ -s logs/tests.kept ] && [ ! -s logs/bench/.device ]; then  # its folder names this GPU's model (reports/bench/<model>/):
   mkdir -p logs/bench && basename "$(dirname "$(dirname "$(cat logs/tests.kept)")")" >logs/bench/.device  # gpu_session.sh's
 fi  # folder of bench rows, which it would otherwise import torch again to name
-TESTS_RUN=()
-[ -s logs/tests.kept ] || TESTS_RUN=(--tests-run)
-# what this window trains: the gpu profile's queue, or the paper protocol's next seed alone (its own params), which
-# needs the GPU to itself: never beside the CUDA tests; where that choice fails, the gpu profile's queue
-PLAN=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper params.paper-gpu.yaml ${TESTS_RUN[@]+"${TESTS_RUN[@]}"} \
-  ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2)) \
-  || PLAN="gpu $(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))"
-read -r KIND TRAIN <<<"$PLAN"
-ALONGSIDE=(--parallel 2)
-[ "$KIND" = paper ] && ALONGSIDE=(--params params.paper-gpu.yaml --parallel 1)
 TESTS=() WINDOW=()
 SPENT=$(( $(date +%s) - PLAN_START ))  # the table and the queue, out of this call's time
 [ -f logs/gpu_tests.done ] || TESTS=(--tests)
@@ -135,6 +125,24 @@ if [ -n "${CAPSNET_GPU_LEFT:-}" ]; then
   WINDOW=(--window $(( CAPSNET_GPU_LEFT - overhead - SPENT )))
   [ "${WINDOW[1]}" -ge 60 ] || { echo "the window has ${WINDOW[1]} s left: give the machine back (device tool give_back)"; exit 0; }
 fi
+CHOICE=()  # the window's choice: a paper seed only where no CUDA tests share the GPU and, the window known, it fits
+[ -s logs/tests.kept ] || CHOICE=(--tests-run)
+if [ ${#WINDOW[@]} -gt 0 ] && [ -s logs/bench/.device ]; then  # priced as its job will be: this GPU's rows and jobs
+  slug=$(cat logs/bench/.device)
+  CHOICE+=(--left "${WINDOW[1]}" --call-left "$(( ${1:-560} - SPENT ))" --bench "reports/bench/$slug"
+           --jobs "reports/bench/$slug/jobs/seconds.jsonl" --jobs logs/jobs/seconds.jsonl)
+fi
+# what this window trains: the gpu profile's queue, or the paper protocol's next seed alone (its own params), which
+# needs the GPU to itself: never beside the CUDA tests; where that choice fails, the gpu profile's queue
+PLAN=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper params.paper-gpu.yaml ${CHOICE[@]+"${CHOICE[@]}"} \
+  ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2)) \
+  || PLAN="gpu $(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))"
+read -r KIND TRAIN <<<"$PLAN"
+ALONGSIDE=(--parallel 2)
+[ "$KIND" = paper ] && ALONGSIDE=(--params params.paper-gpu.yaml --parallel 1)
+late=$(( $(date +%s) - PLAN_START - SPENT ))  # the choice's seconds, after the window was counted
+SPENT=$(( SPENT + late ))
+[ ${#WINDOW[@]} -eq 0 ] || WINDOW[1]=$(( WINDOW[1] - late ))
 bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --levers --train "$TRAIN" "${ALONGSIDE[@]}" --deadline "$(( ${1:-560} - SPENT ))" \
   ${WINDOW[@]+"${WINDOW[@]}"}
 touch logs/gpu_tests.done

@@ -10,13 +10,16 @@ precision check allows it (its rows in --effects under `protocol.bf16_allowed`, 
 else false, and why on stderr. gpu_plan.sh writes the paper protocol's params with it
 (`python -m pipeline.profiles paper-gpu --set train.amp=... --write params.paper-gpu.yaml`).
 
-The second prints `gpu ITEM...` (the gpu profile's queue, a variant's seeds stacked) or `paper V:S`
+The second (with `--left S [--call-left C] --bench DIR --jobs FILE`: the window's seconds, this GPU's bench
+rows and measured jobs) prints `gpu ITEM...` (the gpu profile's queue, a variant's seeds stacked) or `paper V:S`
 (the paper protocol's next seed, 640 epochs, trained alone with --paper's params), and why on stderr.
 The paper protocol's turn comes after GROUPS' first three (Table 1, MultiMNIST, the precision check):
 PAPER_FIRST (capsnet_r3_recon_official, capsnet_r3_recon) before §5.2, PAPER_REST after it, each
 variant's three seeds in turn. Only where the precision check allows bf16 (one seed is about 10 min of
 training at the H200's captured bf16 66k images/s, about four windows in fp32) and no CUDA tests share
-the window's GPU (--tests-run: none kept at this code on this GPU, scripts/gpu_proof.py). Needs PyYAML
+the window's GPU (--tests-run: none kept at this code on this GPU, scripts/gpu_proof.py), and with --left only
+where the seed fits what the window has left (gpu_queue.py's `fit`: else the window trains what comes
+after the paper protocol, §5.2 while it is queued, rather than a seed it would refuse). Needs PyYAML
 and this repository, not torch.
 """
 
@@ -26,12 +29,14 @@ import argparse
 import csv
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine runs it from a bare copy
-from gpu_queue import GROUPS, judged, queue, say_queued_again, stacked  # noqa: E402  (beside this script)
+from gpu_levers import bench_rows  # noqa: E402  (beside this script)
+from gpu_queue import GROUPS, fit, job_rows, judged, queue, say_queued_again, stacked  # noqa: E402
 from pipeline.core import lineage, protocol  # noqa: E402  (no torch)
 from pipeline.core.params import precision_twins  # noqa: E402  (PyYAML's, no torch)
 
@@ -69,13 +74,15 @@ def paper_precision(effects: Path, raw: dict) -> tuple[bool, str]:
 
 
 def window(runs: Path, gpu: dict, paper: dict, bf16: tuple[bool, str], table: dict | None = None,
-           tables: list[dict] = (), tests_run: bool = False) -> tuple[str, list[str], list[str]]:
+           tables: list[dict] = (), tests_run: bool = False,
+           price: Callable[[str], tuple[bool, str]] | None = None) -> tuple[str, list[str], list[str]]:
     """What a GPU window trains: ("gpu", its stacked items) or ("paper", one seed of the paper protocol), and
     why, a line each. The gpu profile's Table 1, MultiMNIST and precision check first; then the paper
     protocol's PAPER_FIRST, one seed a window, where the precision check allows bf16 (in fp32 a seed is
     about four windows' training: the H200's 14.35k images/s against 66.1k) and the GPU is the seed's alone
     (``tests_run``: the CUDA tests run beside the jobs this window, no earlier window having run them at
-    this code on this GPU: scripts/gpu_proof.py); then §5.2; then PAPER_REST. A window trains one protocol:
+    this code on this GPU: scripts/gpu_proof.py) and, given ``price`` (`paper_price`), its seed fits the window
+    (else the window trains what comes after it); then §5.2; then PAPER_REST. A window trains one protocol:
     a paper seed has the window to itself, and its run's folders are its variant's (models/V/seedS), which
     a gpu-profile run of the same variant would share."""
     short = queue(runs, gpu, table, judged(runs, gpu, table, tables))
@@ -89,12 +96,36 @@ def window(runs: Path, gpu: dict, paper: dict, bf16: tuple[bool, str], table: di
                                "at code they have run")
     for groups, rest in (([PAPER_FIRST], short), ([PAPER_FIRST, PAPER_REST], [])):
         items = queue(runs, paper, table, judged(runs, paper, table, tables, groups, by_variant=True)) if allowed else []
-        if items:
+        fits, priced = price(items[0]) if items and price else (True, "")
+        if items and fits:
             return "paper", items[:1], [why, f"the paper protocol's next seed, alone this window: {items[0]} "
-                                             f"({len(items) - 1} more after it)"]
+                                             f"({len(items) - 1} more after it)", *filter(None, [priced])]
+        if items:
+            allowed, why = False, f"{priced}: this window trains what comes after the paper protocol"
         if rest:
             return "gpu", stacked(rest), [why] if not allowed else []
     return "gpu", [], [why] if not allowed else ["nothing left to train: every queued seed is published"]
+
+
+SESSION_SECONDS = 15  # gpu_session.sh's work before its first job asks for its seconds: the data prepared on a fresh
+# machine, the levers picked (estimated, not measured on a GPU)
+
+
+def paper_price(paper: dict, rows: list[dict], jobs: list[dict], left: float, call_left: float,
+                work: Path = Path(".")) -> Callable[[str], tuple[bool, str]]:
+    """Whether a paper seed fits a window with ``left`` seconds at the plan (SESSION_SECONDS fewer when its
+    job asks) and ``call_left`` in this call: gpu_queue.py's own `fit`, alone on the GPU, at the mode the
+    paper params train in, and why. A seed an earlier call of this window started (its checkpoint in
+    ``work``/checkpoints/V/) or trained (its config.json in ``work``/models/V/seedS/) goes on, as its job will:
+    every call of a window plans the same window."""
+    def price(item: str) -> tuple[bool, str]:
+        variant, seed = item.split(":")
+        if (work / "models" / variant / f"seed{seed}" / "config.json").is_file():
+            return True, f"{item}: trained by an earlier call of this window, evaluated now"
+        start, why = fit(item, left - SESSION_SECONDS, paper, rows, 1, work / "checkpoints" / variant, jobs,
+                         call_left - SESSION_SECONDS)
+        return start is not None, why
+    return price
 
 
 def main() -> None:
@@ -110,6 +141,10 @@ def main() -> None:
                         "kept at this code on this GPU: scripts/gpu_proof.py), so no paper seed trains")
     parser.add_argument("--fingerprints", type=Path, help="the `capsnet fingerprint` table of the code that trains "
                         "(gpu_queue.py's --fingerprints)")
+    parser.add_argument("--left", type=float, help="seconds the window has left: a paper seed is chosen only where it fits")
+    parser.add_argument("--call-left", type=float, default=560.0, help="with --left: seconds this call has left")
+    parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="with --left: this GPU's bench rows")
+    parser.add_argument("--jobs", type=Path, action="append", default=[], help="with --left: files of jobs measured on it")
     args = parser.parse_args()
     if not args.params.is_file():
         sys.exit(f"{args.params} does not exist: write it with `python -m pipeline.profiles gpu --write {args.params}`")
@@ -127,7 +162,9 @@ def main() -> None:
     table = json.loads(args.fingerprints.read_text()) if args.fingerprints else None
     here = lineage.load_tables(args.fingerprints.parent) if args.fingerprints else []  # this host's, beside it
     paper = yaml.safe_load(args.paper.read_text())
-    kind, items, why = window(args.runs, raw, paper, paper_precision(args.effects, raw), table, here, args.tests_run)
+    price = None if args.left is None else \
+        paper_price(paper, bench_rows(args.bench), job_rows(args.jobs), args.left, args.call_left)
+    kind, items, why = window(args.runs, raw, paper, paper_precision(args.effects, raw), table, here, args.tests_run, price)
     for params in (raw, paper) if kind == "paper" else (raw,):
         say_queued_again(args.runs, params, table, here)
     for line in why:

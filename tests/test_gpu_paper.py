@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,12 @@ def test_a_window_trains_the_paper_protocols_next_seed_alone_once_the_short_queu
     assert (kind, items) == ("paper", ["capsnet_r3_recon_official:0"]) and "5 more after it" in why[1]
     kind, items, why = gpu_window.window(runs, gpu, paper, within, tests_run=True)  # the tests would share the GPU
     assert (kind, items) == ("gpu", ["capsnet_affnist:0,1,2", "cnn_affnist:0,1,2"]) and "CUDA tests run" in why[0]
+    # priced (the window's seconds known): a seed that does not fit leaves the window to what comes after it
+    kind, items, why = gpu_window.window(runs, gpu, paper, within, price=lambda item: (False, f"{item}: not started"))
+    assert (kind, items) == ("gpu", ["capsnet_affnist:0,1,2", "cnn_affnist:0,1,2"])
+    assert why == ["capsnet_r3_recon_official:0: not started: this window trains what comes after the paper protocol"]
+    kind, items, why = gpu_window.window(runs, gpu, paper, within, price=lambda item: (True, f"{item}: 700 s estimated"))
+    assert (kind, items) == ("paper", ["capsnet_r3_recon_official:0"]) and why[2] == "capsnet_r3_recon_official:0: 700 s estimated"
 
     def paper_run(variant: str, seed: int) -> None:  # published as the import does: the gpu profile's record set aside
         aside = runs / "earlier" / f"{variant}-{seed}" / "models" / variant
@@ -268,6 +275,20 @@ def test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job(tmp
         written = yaml.safe_load((tmp_path / "params.paper-gpu.yaml").read_text())
         assert (written["base"]["profile"], written["train"]["epochs"], written["train"]["cuda_graph"]) == ("paper-gpu", 640, True)
         assert written["train"]["amp"] is (ci not in (None, "unreadable"))
+    # the window's seconds known (LEFT, read now): the seed is priced at this GPU's rows as its job will be, and a
+    # window too short for it trains what comes after the paper protocol
+    precision_effects(tmp_path / "reports" / "effects.csv", (-0.1, 0.2))
+    (kept.parent / "caps.jsonl").write_text(json.dumps(next(
+        r for r in gpu_levers.bench_rows(REPO / "reports" / "bench" / "nvidia-h200") if r["mode"] == CAPS and r.get("seeds", 1) == 1)))
+    for left, (kind, items, said) in ((900, ("paper --params params.paper-gpu.yaml --parallel 1", paper, "s estimated of")),
+                                      (700, ("gpu --parallel 2", affnist, "this window trains what comes after"))):
+        shutil.rmtree(tmp_path / "logs", ignore_errors=True)
+        gpu_proof.keep(key, FINISHED_LOG, kept)
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                              env=env | {"CAPSNET_GPU_LEFT": str(left), "CAPSNET_GPU_LEFT_AT": str(int(time.time()))})
+        assert done.returncode == 0, done.stderr
+        train, window_line = done.stdout.splitlines()[-2:]
+        assert window_line == f"window: {kind}" and train.split() == items and said in done.stderr, done.stdout + done.stderr
 
 
 def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path):
@@ -297,6 +318,32 @@ def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path
         assert calls == (["train capsnet_r3_recon_official 0 params.gpu.yaml",
                           "evaluate models/capsnet_r3_recon_official/seed0 data/prepared"] if trained else []), log
         assert ("not started" in log) != trained, log
+
+
+def test_the_plan_prices_a_paper_seed_as_its_job_will_and_goes_on_with_one_an_earlier_call_began(tmp_path):
+    """gpu_window.paper_price: gpu_queue.py's fit, alone on the GPU, with the session's seconds before the job
+    taken off the window and the call; a seed whose checkpoint (started) or config.json (trained) an earlier
+    call of the window left goes on whatever is left, so that every call plans the same window."""
+    path = tmp_path / "params.paper-gpu.yaml"
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--params", str(REPO / "params.yaml"),
+                    "--set", "train.amp=true", "--set", "train.cuda_graph=true", "--write", str(path)], check=True, cwd=REPO)
+    paper = yaml.safe_load(path.read_text())
+    h200 = gpu_levers.bench_rows(REPO / "reports" / "bench" / "nvidia-h200")
+    item = "capsnet_r3_recon_official:0"
+    alone, _ = gpu_queue.job_seconds(paper, "capsnet_r3_recon_official", 1, h200, parallel=1)
+    needed = gpu_queue.resumed_seconds(paper, "capsnet_r3_recon_official", alone, call_left=0) + gpu_window.SESSION_SECONDS
+    for left, fits in ((needed + 1, True), (needed - 1, False)):
+        ok, why = gpu_window.paper_price(paper, h200, [], left, 560, tmp_path)(item)
+        assert ok is fits and ("estimated" in why) and (("not started" in why) != fits), why
+    (tmp_path / "checkpoints" / "capsnet_r3_recon_official").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "capsnet_r3_recon_official" / "seed0.pt").write_bytes(b"call 1 stopped it")
+    ok, why = gpu_window.paper_price(paper, h200, [], 200, 200, tmp_path)(item)
+    assert ok and "resume from" in why
+    (tmp_path / "checkpoints" / "capsnet_r3_recon_official" / "seed0.pt").unlink()
+    (tmp_path / "models" / "capsnet_r3_recon_official" / "seed0").mkdir(parents=True)
+    (tmp_path / "models" / "capsnet_r3_recon_official" / "seed0" / "config.json").write_text("{}")
+    assert gpu_window.paper_price(paper, h200, [], 60, 60, tmp_path)(item) == (True, f"{item}: trained by an earlier call "
+                                                                                "of this window, evaluated now")
 
 
 def test_a_paper_seed_is_priced_with_its_evaluations_and_its_restart_and_never_starts_unpriced(tmp_path):
