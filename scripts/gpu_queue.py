@@ -227,7 +227,7 @@ def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parall
             + seeds * (EVAL_SECONDS + train["epochs"] * EPOCH_EVAL_SECONDS), source)
 
 
-def resumed_seconds(params: dict, variant: str, seconds: float, call_left: float | None) -> float:
+def resumed_seconds(params: dict, seconds: float, call_left: float | None) -> float:
     """``seconds`` and, where the job outlasts this call (``call_left`` seconds), its restart on the next: the
     deadline stops it, and the next call's process starts again (STARTUP_SECONDS) from its last checkpoint,
     the epochs since lost (at most train.checkpoint_every, priced at the job's own pace)."""
@@ -292,7 +292,7 @@ def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
         if estimate is None:
             return item, f"{item}: no bench row to estimate from; it starts"
         seconds, source = estimate
-        seconds = resumed_seconds(params, variant, seconds, call_left)
+        seconds = resumed_seconds(params, seconds, call_left)
         if seconds <= left:
             rest = f", seed(s) {','.join(seeds[n:])} {'after it, one by one: stacked seeds train slower here' if alone else 'next window'}" \
                 if n < len(seeds) else ""

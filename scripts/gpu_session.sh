@@ -34,8 +34,9 @@
 # Tracking is journalled (no MLflow there); everything comes back in $OUT, at most 8 files (the device
 # tool's limit): runs-*.tar.gz split under 16 MiB, with the commit's fingerprint table that gpu_plan.sh
 # wrote in fingerprints/; session.log; inductor-cache.tar.gz; checks.tar.gz, the checks' own files
-# (bench.jsonl, gpu_tests.txt and the key it is kept under, gpu_tests.key, gpu_diffs.jsonl, fingerprint_pins.txt, fingerprint_probe.jsonl and .txt,
-# fingerprint_trace.jsonl.gz and .txt, and fingerprint_trace-first-difference.pt where it parted from this AMD EPYC's).
+# (bench.jsonl, gpu_tests.txt and gpu_tests.key, the key the import keeps it under, gpu_diffs.jsonl,
+# fingerprint_pins.txt, fingerprint_probe.jsonl and .txt, fingerprint_trace.jsonl.gz and .txt, and
+# fingerprint_trace-first-difference.pt where it parted from this AMD EPYC's).
 # Here: `bash scripts/gpu_fetch_mnist.sh` once, then the device tool runs, with carry [".gpu"]:
 #   bash scripts/gpu_session.sh --tests --bench "capsnet_r3_recon" --train "capsnet_r3_recon:0"
 # Back here: `bash scripts/gpu_import.sh FOLDER` unpacks the runs, syncs MLflow and writes the report.
@@ -139,14 +140,11 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   wait "$pins" "$probe"  # the jobs go on meanwhile; the session waits for this function before packing
 }
 mkdir -p logs/bench
-slug=""  # the GPU model's folder in reports/bench/, where earlier windows on it left their bench rows and test logs
-if [ -n "$BENCH" ] || [ "$TESTS" = 1 ]; then
-  slug=$(cat logs/bench/.device 2>/dev/null) || { slug=$(python3 -c 'from pipeline.training.bench import device_name, device_slug, resolve_device
-print(device_slug(device_name(resolve_device("auto"))))' 2>>"$LOG") && echo "$slug" >logs/bench/.device; }  # once a machine
-fi
 if [ -n "$BENCH" ]; then
   # this GPU model's rows from earlier windows (reports/bench/<model>/, committed by gpu_import.sh) count as
   # run on this machine: the levers read them, and a window's minutes go to training, not the same bench again
+  slug=$(cat logs/bench/.device 2>/dev/null) || { slug=$(python3 -c 'from pipeline.training.bench import device_name, device_slug, resolve_device
+print(device_slug(device_name(resolve_device("auto"))))' 2>>"$LOG") && echo "$slug" >logs/bench/.device; }  # once a machine
   for kept in reports/bench/"${slug:-none}"/*.jsonl; do
     [ -f "$kept" ] && [ ! -s "logs/bench/${kept##*/}" ] && cp "$kept" logs/bench/ && say "bench ${kept##*/}: rows of an earlier window on this GPU model ($kept)"
   done

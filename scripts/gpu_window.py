@@ -57,11 +57,16 @@ def paper_precision(effects: Path, raw: dict) -> tuple[bool, str]:
     protocol in fp32) under `protocol.bf16_allowed`, the report's own rule; every row with an interval must
     allow it. No row, or none decided: fp32 (undecided)."""
     twins = precision_twins(raw)
-    rows = [r for r in csv.DictReader(effects.open())] if effects.is_file() else []
+    rows = []
+    if effects.is_file():
+        with effects.open() as f:
+            rows = list(csv.DictReader(f))
     checks = [r for r in rows if twins.get(r["b"]) == r["a"]]
-    decided = [(protocol.bf16_allowed(float(r["ci_low"] or "nan"), float(r["ci_high"] or "nan"), int(float(r["n_seeds"] or 0))), r)
-               for r in checks]
-    decided = [(ok, r) for ok, r in decided if ok is not None]
+
+    def allowed(r: dict) -> bool | None:  # an empty cell: no interval (confounded, one seed)
+        return protocol.bf16_allowed(float(r["ci_low"] or "nan"), float(r["ci_high"] or "nan"), int(float(r["n_seeds"] or 0)))
+
+    decided = [(ok, r) for r in checks if (ok := allowed(r)) is not None]
     if not decided:
         return False, (f"the precision check has not decided ({len(checks)} row(s) in {effects}, none with an interval over "
                        f"{protocol.PRECISION_SEEDS} seeds a side): the paper protocol would train in fp32")

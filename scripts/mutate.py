@@ -882,7 +882,7 @@ MUTATIONS = [
              "seeds * (EVAL_SECONDS + train[\"epochs\"] * EPOCH_EVAL_SECONDS)", "seeds * EVAL_SECONDS",
              (f"{PAPER}::test_a_paper_seed_is_priced_with_its_evaluations_and_its_restart_and_never_starts_unpriced",)),
     Mutation("a job that outlasts the call is priced without its restart", "scripts/gpu_queue.py",
-             "        seconds = resumed_seconds(params, variant, seconds, call_left)\n", "",
+             "        seconds = resumed_seconds(params, seconds, call_left)\n", "",
              (f"{PAPER}::test_a_paper_seed_is_priced_with_its_evaluations_and_its_restart_and_never_starts_unpriced",)),
     Mutation("a paper seed starts with no bench row to price it", "scripts/gpu_queue.py",
              'if estimate is None and params["train"]["epochs"] > UNPRICED_EPOCHS:', "if False:",

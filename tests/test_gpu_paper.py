@@ -303,7 +303,7 @@ def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path
     (work / "logs" / "bench").mkdir(parents=True)
     (work / "logs" / "bench" / "caps.jsonl").write_text(json.dumps(row) + "\n")
     alone, _ = gpu_queue.job_seconds(paper, "capsnet_r3_recon_official", 1, [row], parallel=1)
-    restarted = gpu_queue.resumed_seconds(paper, "capsnet_r3_recon_official", alone, call_left=120)
+    restarted = gpu_queue.resumed_seconds(paper, alone, call_left=120)
     assert restarted - alone > 30  # the window below tells the two apart, whatever the seconds the session takes first
     env = python3_on_path(tmp_path, STUB_GPU % sys.executable, CAPSNET_GIT_COMMIT="")
     for window, trained in ((round(alone + (restarted - alone) / 2), False), (round(restarted + 20), True)):
@@ -331,7 +331,7 @@ def test_the_plan_prices_a_paper_seed_as_its_job_will_and_goes_on_with_one_an_ea
     h200 = gpu_levers.bench_rows(REPO / "reports" / "bench" / "nvidia-h200")
     item = "capsnet_r3_recon_official:0"
     alone, _ = gpu_queue.job_seconds(paper, "capsnet_r3_recon_official", 1, h200, parallel=1)
-    needed = gpu_queue.resumed_seconds(paper, "capsnet_r3_recon_official", alone, call_left=0) + gpu_window.SESSION_SECONDS
+    needed = gpu_queue.resumed_seconds(paper, alone, call_left=0) + gpu_window.SESSION_SECONDS
     for left, fits in ((needed + 1, True), (needed - 1, False)):
         ok, why = gpu_window.paper_price(paper, h200, [], left, 560, tmp_path)(item)
         assert ok is fits and ("estimated" in why) and (("not started" in why) != fits), why
@@ -362,9 +362,9 @@ def test_a_paper_seed_is_priced_with_its_evaluations_and_its_restart_and_never_s
     assert f"{CAPS} ×1: {rate:,.0f} images/s" in source
     assert seconds == pytest.approx(gpu_queue.STARTUP_SECONDS + gpu_queue.MARGIN * 640 * 60_000 / rate
                                     + gpu_queue.EVAL_SECONDS + 640 * gpu_queue.EPOCH_EVAL_SECONDS)
-    restarted = gpu_queue.resumed_seconds(paper, "capsnet_r3_recon_official", seconds, call_left=540)
+    restarted = gpu_queue.resumed_seconds(paper, seconds, call_left=540)
     assert restarted == pytest.approx(seconds + gpu_queue.STARTUP_SECONDS + seconds / 640 * 5)
-    assert gpu_queue.resumed_seconds(paper, "capsnet_r3_recon_official", seconds, call_left=seconds + 1) == seconds
+    assert gpu_queue.resumed_seconds(paper, seconds, call_left=seconds + 1) == seconds
     start, why = gpu_queue.fit("capsnet_r3_recon_official:0", 900 - 30 - 60 - 15, paper, h200, 1, call_left=540)
     assert start == "capsnet_r3_recon_official:0" and f"{restarted:.0f} s estimated" in why
     start, why = gpu_queue.fit("capsnet_r3_recon_official:0", restarted - 1, paper, h200, 1, call_left=540)
