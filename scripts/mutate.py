@@ -3,6 +3,7 @@ one fail. A mutation the tests do not catch is a claim the suite does not test.
 
     .venv/bin/python scripts/mutate.py            # every mutation (about 35 min on 2 cores)
     .venv/bin/python scripts/mutate.py -k routing # those whose name contains "routing"
+    .venv/bin/python scripts/mutate.py --path scripts/gpu_   # those of the files a change touched
 
 Exit status 1 when any mutation survives. The copy holds the repository's tracked and untracked
 (not ignored) files; the package is imported from the copy (PYTHONPATH), so the real tree and
@@ -920,10 +921,14 @@ def run_tests(copy: Path, tests: tuple[str, ...]) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", default="", help="only mutations whose name contains this")
+    parser.add_argument("--path", action="append", default=[],
+                        help="only mutations of a file whose path contains this (repeatable: any of them)")
     args = parser.parse_args()
-    chosen = [m for m in MUTATIONS if args.k in m.name]
+    chosen = [m for m in MUTATIONS if args.k in m.name and (not args.path or any(p in m.path for p in args.path))]
     if not chosen:  # else the unmutated check below would run the whole suite for nothing
-        print(f"no mutation's name contains {args.k!r}", file=sys.stderr)
+        wanted = [*([f"whose name contains {args.k!r}"] if args.k else []),
+                  *([f"of a file whose path contains {' or '.join(map(repr, args.path))}"] if args.path else [])]
+        print(f"no mutation {' and '.join(wanted)}", file=sys.stderr)
         return 2
     survived = []
     with tempfile.TemporaryDirectory(prefix="capsnet-mutate-") as tmp:
