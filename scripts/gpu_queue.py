@@ -100,10 +100,11 @@ def planned(runs: Path, raw: dict, groups: list[list[str]] | None = None,
     """Every (variant, seed) of ``groups`` (GROUPS), in their order (seed 0 of each variant of a group
     first; ``by_variant``: each variant's seeds before the next variant's), with its published records
     under the protocol the params mapping ``raw`` trains it with."""
-    order = ([(v, s) for v in group for s in SEEDS] if by_variant else [(v, s) for s in SEEDS for v in group]
-             for group in (GROUPS if groups is None else groups))
+    pairs = []
+    for group in GROUPS if groups is None else groups:
+        pairs += [(v, s) for v in group for s in SEEDS] if by_variant else [(v, s) for s in SEEDS for v in group]
     return [(v, s, [c for c in published(runs, v, s) if protocol.recorded(c) == protocol.planned(raw, v)])
-            for pairs in order for v, s in pairs if v in raw["variants"]]
+            for v, s in pairs if v in raw["variants"]]
 
 
 def judged(runs: Path, raw: dict, table: dict | None = None, tables: list[dict] = (),
@@ -161,7 +162,8 @@ STARTUP_SECONDS = 25  # a process's start to its first epoch: 22-24 s on the H20
 MARGIN = 1.1  # an estimate's head room
 EPOCH_EVAL_SECONDS = 0.05  # a seed's test evaluation after every epoch (and its checkpoint every 5th): the H200's
 # 2026-11-27 runs logged their epochs 0.03 s further apart than the epochs' own training time at routing 1 alone and
-# 0.10 s with two processes sharing the GPU at routing 3 (reports/runs/journal; 32 s of the paper protocol's 640 epochs)
+# 0.10 s with two processes sharing the GPU at routing 3 (`python3 scripts/epoch_overhead.py --commit fb5b23c`; 32 s
+# of the paper protocol's 640 epochs)
 UNPRICED_EPOCHS = 100  # a job this long with no bench row to price it never starts: the window's end would lose it whole
 FLOPS = Path(__file__).resolve().parents[1] / "reports" / "bench" / "flop_per_image.json"  # scripts/flop_table.py
 

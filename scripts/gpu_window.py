@@ -99,16 +99,18 @@ def window(runs: Path, gpu: dict, paper: dict, bf16: tuple[bool, str], table: di
         allowed, why = False, ("the CUDA tests run this window, beside its jobs (no earlier window ran them at this code "
                                "on this GPU): the paper protocol's seed, which needs the GPU to itself, waits for a window "
                                "at code they have run")
-    for groups, rest in (([PAPER_FIRST], short), ([PAPER_FIRST, PAPER_REST], [])):
-        items = queue(runs, paper, table, judged(runs, paper, table, tables, groups, by_variant=True)) if allowed else []
-        fits, priced = price(items[0]) if items and price else (True, "")
-        if items and fits:
-            return "paper", items[:1], [why, f"the paper protocol's next seed, alone this window: {items[0]} "
-                                             f"({len(items) - 1} more after it)", *filter(None, [priced])]
-        if items:
-            allowed, why = False, f"{priced}: this window trains what comes after the paper protocol"
-        if rest:
-            return "gpu", stacked(rest), [why] if not allowed else []
+    paper_items = queue(runs, paper, table, judged(runs, paper, table, tables, [PAPER_FIRST, PAPER_REST],
+                                                   by_variant=True)) if allowed else []
+    first = [i for i in paper_items if i.split(":")[0] in PAPER_FIRST]
+    turn = first or ([] if short else paper_items)  # PAPER_FIRST's seeds before §5.2 (`short`), the others after it
+    if turn:
+        fits, priced = price(turn[0]) if price else (True, "")
+        if fits:
+            return "paper", turn[:1], [why, f"the paper protocol's next seed, alone this window: {turn[0]} "
+                                            f"({len(turn) - 1} more after it)", *filter(None, [priced])]
+        allowed, why = False, f"{priced}: this window trains what comes after the paper protocol"
+    if short:
+        return "gpu", stacked(short), [why] if not allowed else []
     return "gpu", [], [why] if not allowed else ["nothing left to train: every queued seed is published"]
 
 

@@ -20,6 +20,7 @@ from test_gpu_window import CAPS, STUB_GPU, device_tree, plan_until_the_queue, p
 
 sys.path.insert(0, str(REPO / "scripts"))
 try:
+    import epoch_overhead
     import gpu_levers
     import gpu_proof
     import gpu_queue
@@ -371,3 +372,19 @@ def test_a_paper_seed_is_priced_with_its_evaluations_and_its_restart_and_never_s
     assert start is None and "not started" in why
     start, why = gpu_queue.fit("capsnet_r3_recon_official:0", 10_000, paper, [], 1)
     assert start is None and "no bench row of its mode on this GPU to price 640 epochs" in why
+
+
+def test_the_time_between_epochs_is_read_from_a_runs_journal(tmp_path):
+    """scripts/epoch_overhead.py (EPOCH_EVAL_SECONDS' source): the seconds between two epochs' logged metrics
+    less the later epoch's own training; the published runs' journal gives what gpu_queue.py prices with."""
+    journal = tmp_path / "run.jsonl"
+    events = [{"event": "params", "time_ms": 0}] + [
+        {"event": "metrics", "time_ms": t, "metrics": {"epoch_seconds": e, "test_error_pct": 1.0}, "step": k}
+        for k, (t, e) in enumerate([(900, 0.9), (1_950, 1.0), (3_210, 1.2)], start=1)]
+    journal.write_text("\n".join(map(json.dumps, events)) + "\n")
+    assert epoch_overhead.epoch_overheads(epoch_overhead.epoch_events(journal)) == pytest.approx([0.05, 0.06])
+    done = subprocess.run([sys.executable, "scripts/epoch_overhead.py", "--commit", "fb5b23c"], cwd=REPO,
+                          capture_output=True, text=True, check=True)
+    alone = {tuple(line.split()[:2]): float(line.split()[3]) for line in done.stdout.splitlines()[1:]}
+    assert alone[("capsnet_r1_official", "2")] == pytest.approx(0.03, abs=0.005)  # the one run alone on the GPU
+    assert alone[("capsnet_r1_official", "2")] < gpu_queue.EPOCH_EVAL_SECONDS < alone[("capsnet_r3", "1")]
