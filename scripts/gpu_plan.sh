@@ -19,8 +19,9 @@
 # jobs, which train with the profile's settings and train again where the tests fail them; not at all where
 # an earlier window ran them at this code on this GPU: their log is kept, scripts/gpu_proof.py), a bench this
 # machine or an earlier window on this GPU model already ran is skipped, a run already evaluated is
-# skipped, a run the deadline stopped resumes from its checkpoint. A run the window's end cuts off is
-# lost (the machine goes back with it), so none is started that the estimate says cannot finish.
+# skipped, a run still training since the last call (in a process session of its own, it outlasts the call)
+# is waited for. A run the window's end cuts off is lost (the machine goes back with it), so none is started
+# that the estimate says cannot finish.
 # Afterwards, here: bash scripts/gpu_import.sh /work/.device/N [/work/.device/M ...], commit reports/.
 #
 # The queue, most needed first:
@@ -129,7 +130,7 @@ CHOICE=()  # the window's choice: a paper seed only where no CUDA tests share th
 [ -s logs/tests.kept ] || CHOICE=(--tests-run)
 if [ ${#WINDOW[@]} -gt 0 ] && [ -s logs/bench/.device ]; then  # priced as its job will be: this GPU's rows and jobs
   slug=$(cat logs/bench/.device)
-  CHOICE+=(--left "${WINDOW[1]}" --call-left "$(( ${1:-560} - SPENT ))" --bench "reports/bench/$slug"
+  CHOICE+=(--left "${WINDOW[1]}" --bench "reports/bench/$slug"
            --jobs "reports/bench/$slug/jobs/seconds.jsonl" --jobs logs/jobs/seconds.jsonl)
 fi
 # what this window trains: the gpu profile's queue, or the paper protocol's next seed alone (its own params), which

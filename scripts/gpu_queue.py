@@ -229,16 +229,6 @@ def job_seconds(params: dict, variant: str, seeds: int, rows: list[dict], parall
             + seeds * (EVAL_SECONDS + train["epochs"] * EPOCH_EVAL_SECONDS), source)
 
 
-def resumed_seconds(params: dict, seconds: float, call_left: float | None) -> float:
-    """``seconds`` and, where the job outlasts this call (``call_left`` seconds), its restart on the next: the
-    deadline stops it, and the next call's process starts again (STARTUP_SECONDS) from its last checkpoint,
-    the epochs since lost (at most train.checkpoint_every, priced at the job's own pace)."""
-    if call_left is None or seconds <= call_left:
-        return seconds
-    epochs = params["train"]["epochs"]
-    return seconds + STARTUP_SECONDS + seconds / epochs * min(params["train"]["checkpoint_every"], epochs)
-
-
 def job_row(params: dict, variant: str, seeds: int, seconds: float, parallel: int, commit: str = "") -> dict:
     """A measured job: ``seeds`` seeds of ``variant`` trained (stacked in one process) and evaluated in
     ``seconds`` of wall time while ``parallel`` processes shared the GPU (the most at its start or end),
@@ -270,15 +260,16 @@ def measured_seconds(params: dict, variant: str, seeds: int, jobs: list[dict], p
 
 
 def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
-        checkpoints: Path | None = None, jobs: list[dict] = (), call_left: float | None = None) -> tuple[str | None, str]:
+        checkpoints: Path | None = None, jobs: list[dict] = ()) -> tuple[str | None, str]:
     """What of ``item`` (V:S or V:S1,S2,..., the seeds without metrics yet) to start with ``left`` seconds
     of the window: a job an earlier call of this window started and its deadline stopped (its
     checkpoint, seed<S1-S2...>.pt in ``checkpoints``, holds none but these seeds: it resumes, it was
     started to end inside the window), else the item, its first seeds only (the others wait for the
     next window; its first seed only where stacking does not pay, `stacking_pays`: gpu_session.sh then
     asks again for the rest), or None; and a line saying why. Each job is priced by ``jobs`` measured
-    before (`measured_seconds`) where there are some, else by the bench ``rows`` (`job_seconds`), and its restart
-    where it outlasts the call (``call_left`` seconds: `resumed_seconds`). With neither, a job starts unpriced
+    before (`measured_seconds`) where there are some, else by the bench ``rows`` (`job_seconds`): a job that
+    outlasts its call trains on through the next (gpu_session.sh's run_job), so no restart is priced. With
+    neither, a job starts unpriced
     unless it trains over UNPRICED_EPOCHS epochs (the paper protocol's 640: about a window)."""
     variant, seeds = item.split(":")[0], item.split(":")[1].split(",")
     for path in sorted(checkpoints.glob("seed*.pt")) if checkpoints and checkpoints.is_dir() else []:
@@ -294,7 +285,6 @@ def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
         if estimate is None:
             return item, f"{item}: no bench row to estimate from; it starts"
         seconds, source = estimate
-        seconds = resumed_seconds(params, seconds, call_left)
         if seconds <= left:
             rest = f", seed(s) {','.join(seeds[n:])} {'after it, one by one: stacked seeds train slower here' if alone else 'next window'}" \
                 if n < len(seeds) else ""
@@ -323,8 +313,6 @@ def main() -> None:
     parser.add_argument("--left", type=float, default=0.0, help="with --fit: seconds left in the window")
     parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="with --fit: a folder of bench rows")
     parser.add_argument("--parallel", type=int, default=1, help="with --fit: processes sharing the GPU")
-    parser.add_argument("--call-left", type=float, help="with --fit: seconds left in this call (a job that outlasts it "
-                        "restarts from its checkpoint on the next)")
     parser.add_argument("--checkpoints", type=Path, help="with --fit: the variant's checkpoint folder on this machine")
     parser.add_argument("--jobs", type=Path, action="append", default=[],
                         help="with --fit: a file of measured jobs (repeatable); with --record: the file appended to")
@@ -349,7 +337,7 @@ def main() -> None:
     if args.fit:
         params = yaml.safe_load(args.params.read_text())
         start, why = fit(args.fit, args.left, params, bench_rows(args.bench), max(args.parallel, 1), args.checkpoints,
-                         job_rows(args.jobs), args.call_left)
+                         job_rows(args.jobs))
         print(why, file=sys.stderr)
         print(start or "")
         return

@@ -21,16 +21,18 @@
 #                    CUDA tests (scripts/gpu_levers.py writes params.gpu.<model>.yaml, params.gpu.<model>-fp32.yaml
 #                    for the precision check's fp32 twin; the others keep the profile)
 #   --train "V:S ..." train + evaluate these (variant, seed) runs of the gpu profile ("V:0,1,2": three seeds
-#                     stacked in one process, issue #23), --parallel at a time, stopped at --deadline
-#                    (a stopped run resumes from its checkpoint if the same machine runs it again); a job
+#                     stacked in one process, issue #23), --parallel at a time, waited for until --deadline
+#                    (a run training then trains on: the same machine's next call waits for it; one stopped
+#                    resumes from its checkpoint if the same machine runs it again); a job
 #                    starts only when its estimate (scripts/gpu_queue.py --fit: its variant's jobs measured
 #                    before on this GPU model, logs/jobs/ and reports/bench/<model>/jobs/, else the bench
 #                    rows) fits the --window's seconds left, or with its first seeds only, the others next window
 #   --params FILE    the params every job, bench and lever trains with (default: the gpu profile's, written
 #                    as params.gpu.yaml; gpu_plan.sh gives the paper protocol's in a window that trains it)
 #   --window S       seconds the lent window has left at this call's start (scripts/gpu_plan.sh works it
-#                    out from the device tool's budget; default: --deadline); a job may outlast the call
-#                    to resume on the next, never the window, whose end loses it
+#                    out from the device tool's budget; default: --deadline); a job may outlast the call,
+#                    training on in a process session of its own (setsid) that the next call waits for,
+#                    never the window, whose end stops it (the machine goes back with it)
 # Tracking is journalled (no MLflow there); everything comes back in $OUT, at most 8 files (the device
 # tool's limit): runs-*.tar.gz split under 16 MiB, with the commit's fingerprint table that gpu_plan.sh
 # wrote in fingerprints/; session.log; inductor-cache.tar.gz; checks.tar.gz, the checks' own files
@@ -139,6 +141,17 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   rm -f logs/gpu_tests.pending logs/running/cuda-tests
   wait "$pins" "$probe"  # the jobs go on meanwhile; the session waits for this function before packing
 }
+alive() {  # pid: 0 while that process runs (a zombie, ended and not yet reaped, has ended)
+  [ -r "/proc/$1/stat" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
+training_on() {  # the variants whose training an earlier call of this machine started and that still train
+  # (run_job: in a session of their own, they outlast the call)
+  local job tag
+  for job in logs/detached/*.job; do
+    [ -f "$job" ] && [ ! -f "${job%.job}.rc" ] && alive "$(cat "${job%.job}.pid" 2>/dev/null)" \
+      && tag=${job##*/} && echo "${tag%%-*}"
+  done
+}
 mkdir -p logs/bench
 if [ -n "$BENCH" ]; then
   # this GPU model's rows from earlier windows (reports/bench/<model>/, committed by gpu_import.sh) count as
@@ -165,6 +178,9 @@ for entry in $BENCH; do
   done_file="logs/bench/$entry.jsonl"
   if [ -s "$done_file" ]; then say "bench $entry done before on this machine (its rows came back then)"; continue; fi
   if [ $((DEADLINE - $(date +%s))) -lt 120 ]; then say "bench $entry not started: under 120 s left"; continue; fi
+  if [ -n "$(training_on)" ]; then  # its rows would time a GPU shared with them
+    say "bench $entry not started: $(training_on | paste -sd' ') trains on this GPU since an earlier call; the next window runs it"; continue
+  fi
   if [ $(( $(date +%s) - $(cat logs/bench/.started) )) -ge "$BENCH_BUDGET" ]; then
     say "bench $entry not started: benching had its ${BENCH_BUDGET} s on this machine; the next window runs it"; continue
   fi
@@ -186,6 +202,7 @@ done
 
 rm -f params.gpu.*.yaml
 rm -rf logs/running && mkdir -p logs/running
+for variant in $(training_on); do touch "logs/running/$variant"; done  # they share the GPU with this call's jobs
 TESTS_PID=""
 if [ "$TESTS" = 1 ] && kept_tests; then
   pick_levers
@@ -238,14 +255,18 @@ proofs() {  # variant, seeds "S1,S2": 0 where the CUDA tests of this window prov
   return 1
 }
 run_job() {
-  local variant=${1%%:*} left=$((DEADLINE - $(date +%s))) s seeds="" trained=""
+  local variant=${1%%:*} left=$((DEADLINE - $(date +%s))) s seeds="" trained="" job
+  for job in logs/detached/"$variant"-*.job; do  # started by an earlier call and training on: waited for, not started again
+    [ -f "$job" ] && { finish_job "$1" "$(basename "$job" .job)"; return $?; }
+  done
   for s in $(tr , ' ' <<<"${1##*:}"); do
     if [ -f "gpu_results/$variant/seed$s/metrics.json" ]; then continue; fi
     if [ -f "models/$variant/seed$s/config.json" ]; then trained="${trained:+$trained,}$s"  # its evaluation was cut
     else seeds="${seeds:+$seeds,}$s"; fi
   done
   if [ -z "$seeds$trained" ]; then echo "$1 done before"; return 0; fi
-  if [ "$left" -lt 60 ]; then echo "$1 not started: ${left}s left"; return 0; fi
+  # up to the call's deadline, not a minute before it: a job that outlasts its call trains on (below)
+  if [ "$left" -le 0 ]; then echo "$1 not started: this call's deadline has passed"; return 0; fi
   if [ -n "$trained" ]; then  # trained by an earlier call of this window (config.json is written last): evaluate only
     local evaluated=0
     proofs "$variant" "$trained" || return $?
@@ -261,35 +282,64 @@ run_job() {
   local shared
   shared=$(ls logs/running | wc -l)
   seeds=$(python3 scripts/gpu_queue.py --fit "$variant:$seeds" --left $((WINDOW_END - $(date +%s))) --params "$params" \
-            --call-left $((DEADLINE - $(date +%s))) \
             --bench logs/bench --parallel "$shared" --checkpoints "checkpoints/$variant" --jobs "$JOBS" \
             2>"logs/$variant.fit")
   cat "logs/$variant.fit"
   seeds=${seeds##*:}
   [ -n "$seeds" ] || return 0
-  local tag="$variant-${seeds//,/-}" began trained_at evaluated_from resumed=""
+  local tag="$variant-${seeds//,/-}" resumed=0
   [ -f "checkpoints/$variant/seed${seeds//,/-}.pt" ] && resumed=1  # a resumed job's time is not a whole job's
-  began=$(date +%s)
-  timeout "$left" python3 -m pipeline.cli train "$variant" "$seeds" data/prepared "models/$variant/seed{seed}" \
-      --checkpoint "checkpoints/$variant/seed${seeds//,/-}.pt" --params "$params" >>"logs/$tag.log" 2>&1
-  local status=$?
-  trained_at=$(date +%s)
-  if [ $status = 0 ]; then proofs "$variant" "$seeds" || return $?; fi
+  # Trained in a process session of its own (setsid), stopped at the window's end, not the call's: the device
+  # tool ends a call's processes when it returns, but not such a one, so a job that outlasts the call trains on
+  # through the gap between calls, and the next call (within 30 s, on the warm machine) waits for it rather than
+  # start it again from its checkpoint (which cost a process start, the epochs since the checkpoint and the gap).
+  # Its streams go to its log alone: one held open would keep this call's output, and the call, from ending.
+  # Its exit status lands whole (renamed into place) in logs/detached/<tag>.rc, which finish_job waits for.
+  mkdir -p logs/detached
+  echo "$(date +%s) $shared $resumed $params" >"logs/detached/$tag.job"
+  setsid bash -c 'timeout "$1" python3 -m pipeline.cli train "$2" "$3" data/prepared "models/$2/seed{seed}" \
+      --checkpoint "checkpoints/$2/seed${3//,/-}.pt" --params "$4"; echo $? >"logs/detached/$5.status"
+      mv "logs/detached/$5.status" "logs/detached/$5.rc"' \
+    _ $((WINDOW_END - $(date +%s))) "$variant" "$seeds" "$params" "$tag" </dev/null >>"logs/$tag.log" 2>&1 &
+  echo $! >"logs/detached/$tag.pid"
+  finish_job "$1" "$tag"
+}
+finish_job() {  # item, tag: the tag's training (run_job) waited for until it ends or the call's deadline (then it
+  # trains on, and the next call's run_job comes back here), then proven, evaluated and measured
+  local variant=${1%%:*} tag=$2 s began shared resumed params status trained_at evaluated_from now_shared
+  local seeds=${tag#"$variant"-} pid
+  seeds=${seeds//-/,}
+  read -r began shared resumed params <"logs/detached/$tag.job"
+  pid=$(cat "logs/detached/$tag.pid" 2>/dev/null)
+  until [ -f "logs/detached/$tag.rc" ]; do
+    if ! alive "$pid"; then  # ended without its exit status (killed with its session): as a kill at the deadline
+      [ -f "logs/detached/$tag.rc" ] || echo 137 >"logs/detached/$tag.rc"
+      break
+    fi
+    if [ "$(date +%s)" -ge "$DEADLINE" ]; then
+      echo "$variant:$seeds trains on past this call's deadline (process $pid, its own session): the next call waits for it"
+      return 0
+    fi
+    sleep 1
+  done
+  status=$(cat "logs/detached/$tag.rc")
+  trained_at=$(stat -c %Y "logs/detached/$tag.rc")  # when it ended, between two calls too
+  rm -f "logs/detached/$tag".*
+  if [ "$status" = 0 ]; then proofs "$variant" "$seeds" || return $?; fi
   evaluated_from=$(date +%s)  # the proofs' wait for the CUDA tests is not the job's own time
-  [ $status = 0 ] && { evaluate "$variant" "$seeds" "logs/$tag.log" || status=$?; }
+  [ "$status" = 0 ] && { evaluate "$variant" "$seeds" "logs/$tag.log" || status=$?; }
   # its measured seconds price its variant's next seeds, here and in later windows on this GPU model
-  local now_shared
   now_shared=$(ls logs/running | wc -l)
-  [ $status = 0 ] && [ -z "$resumed" ] && { python3 scripts/gpu_queue.py --record "$variant:$seeds" --params "$params" \
+  [ "$status" = 0 ] && [ "$resumed" = 0 ] && { python3 scripts/gpu_queue.py --record "$variant:$seeds" --params "$params" \
     --seconds $(( trained_at - began + $(date +%s) - evaluated_from )) --jobs "$JOBS" --commit "${CAPSNET_GIT_COMMIT:-}" \
     --parallel $(( now_shared > shared ? now_shared : shared )) || true; }
-  echo "$1 exit $status after $(( $(date +%s) - DEADLINE + left ))s: $(tail -1 "logs/$tag.log")"
+  echo "$variant:$seeds exit $status after $(( $(date +%s) - began ))s: $(tail -1 "logs/$tag.log")"
   local rest=",${1##*:},"
   for s in ${seeds//,/ }; do rest=${rest/,$s,/,}; done
-  [ $status = 0 ] && [ "$rest" != , ] && return 3  # seeds left that this process did not train: ask again
+  [ "$status" = 0 ] && [ "$rest" != , ] && return 3  # seeds left that this process did not train: ask again
   return 0
 }
-export -f job evaluate proofs run_job
+export -f job evaluate proofs alive run_job finish_job
 export LEVERS JOBS=logs/jobs/seconds.jsonl
 if [ -n "$TRAIN" ]; then
   say "training $TRAIN, $PARALLEL at a time, until $((DEADLINE - START))s"

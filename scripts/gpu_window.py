@@ -10,7 +10,7 @@ precision check allows it (its rows in --effects under `protocol.bf16_allowed`, 
 else false, and why on stderr. gpu_plan.sh writes the paper protocol's params with it
 (`python -m pipeline.profiles paper-gpu --set train.amp=... --write params.paper-gpu.yaml`).
 
-The second (with `--left S [--call-left C] --bench DIR --jobs FILE`: the window's seconds, this GPU's bench
+The second (with `--left S --bench DIR --jobs FILE`: the window's seconds, this GPU's bench
 rows and measured jobs) prints `gpu ITEM...` (the gpu profile's queue, a variant's seeds stacked) or `paper V:S`
 (the paper protocol's next seed, 640 epochs, trained alone with --paper's params), and why on stderr.
 The paper protocol's turn comes after GROUPS' first three (Table 1, MultiMNIST, the precision check):
@@ -118,19 +118,20 @@ SESSION_SECONDS = 15  # gpu_session.sh's work before its first job asks for its 
 # machine, the levers picked (estimated, not measured on a GPU)
 
 
-def paper_price(paper: dict, rows: list[dict], jobs: list[dict], left: float, call_left: float,
+def paper_price(paper: dict, rows: list[dict], jobs: list[dict], left: float,
                 work: Path = Path(".")) -> Callable[[str], tuple[bool, str]]:
     """Whether a paper seed fits a window with ``left`` seconds at the plan (SESSION_SECONDS fewer when its
-    job asks) and ``call_left`` in this call: gpu_queue.py's own `fit`, alone on the GPU, at the mode the
-    paper params train in, and why. A seed an earlier call of this window started (its checkpoint in
-    ``work``/checkpoints/V/) or trained (its config.json in ``work``/models/V/seedS/) goes on, as its job will:
-    every call of a window plans the same window."""
+    job asks): gpu_queue.py's own `fit`, alone on the GPU, at the mode the paper params train in, and why. A
+    seed an earlier call of this window started (training on: gpu_session.sh's ``work``/logs/detached/V-S.job;
+    or stopped: its checkpoint in ``work``/checkpoints/V/) or trained (its config.json in ``work``/models/V/seedS/)
+    goes on, as its job will: every call of a window plans the same window."""
     def price(item: str) -> tuple[bool, str]:
         variant, seed = item.split(":")
         if (work / "models" / variant / f"seed{seed}" / "config.json").is_file():
             return True, f"{item}: trained by an earlier call of this window, evaluated now"
-        start, why = fit(item, left - SESSION_SECONDS, paper, rows, 1, work / "checkpoints" / variant, jobs,
-                         call_left - SESSION_SECONDS)
+        if (work / "logs" / "detached" / f"{variant}-{seed}.job").is_file():
+            return True, f"{item}: started by an earlier call of this window, training on"
+        start, why = fit(item, left - SESSION_SECONDS, paper, rows, 1, work / "checkpoints" / variant, jobs)
         return start is not None, why
     return price
 
@@ -149,7 +150,6 @@ def main() -> None:
     parser.add_argument("--fingerprints", type=Path, help="the `capsnet fingerprint` table of the code that trains "
                         "(gpu_queue.py's --fingerprints)")
     parser.add_argument("--left", type=float, help="seconds the window has left: a paper seed is chosen only where it fits")
-    parser.add_argument("--call-left", type=float, default=560.0, help="with --left: seconds this call has left")
     parser.add_argument("--bench", type=Path, default=Path("logs/bench"), help="with --left: this GPU's bench rows")
     parser.add_argument("--jobs", type=Path, action="append", default=[], help="with --left: files of jobs measured on it")
     args = parser.parse_args()
@@ -170,7 +170,7 @@ def main() -> None:
     here = lineage.load_tables(args.fingerprints.parent) if args.fingerprints else []  # this host's, beside it
     paper = yaml.safe_load(args.paper.read_text())
     price = None if args.left is None else \
-        paper_price(paper, bench_rows(args.bench), job_rows(args.jobs), args.left, args.call_left)
+        paper_price(paper, bench_rows(args.bench), job_rows(args.jobs), args.left)
     kind, items, why = window(args.runs, raw, paper, paper_precision(args.effects, raw), table, here, args.tests_run, price)
     for params in (raw, paper) if kind == "paper" else (raw,):
         say_queued_again(args.runs, params, table, here)

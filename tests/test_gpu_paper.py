@@ -294,8 +294,8 @@ def test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job(tmp
 
 def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path):
     """gpu_session.sh --params (gpu_plan.sh's paper window): every step reads those params as params.gpu.yaml, and
-    the paper seed starts only where its estimate, with its restart on the next call (it outlasts this one),
-    fits the window."""
+    the paper seed starts only where its estimate fits the window (not the call, which it outlasts: it trains on
+    through the next, tests/test_gpu_calls.py)."""
     work = device_tree(tmp_path)
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--set", "train.amp=true", "--set",
                     "train.cuda_graph=true", "--write", "params.paper-gpu.yaml"], check=True, cwd=work)
@@ -304,10 +304,9 @@ def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path
     (work / "logs" / "bench").mkdir(parents=True)
     (work / "logs" / "bench" / "caps.jsonl").write_text(json.dumps(row) + "\n")
     alone, _ = gpu_queue.job_seconds(paper, "capsnet_r3_recon_official", 1, [row], parallel=1)
-    restarted = gpu_queue.resumed_seconds(paper, alone, call_left=120)
-    assert restarted - alone > 30  # the window below tells the two apart, whatever the seconds the session takes first
+    assert alone > 120  # it outlasts the call
     env = python3_on_path(tmp_path, STUB_GPU % sys.executable, CAPSNET_GIT_COMMIT="")
-    for window, trained in ((round(alone + (restarted - alone) / 2), False), (round(restarted + 20), True)):
+    for window, trained in ((round(alone - 1), False), (round(alone + 20), True)):  # 20: the session's seconds first
         shutil.rmtree(tmp_path / "out", ignore_errors=True)
         done = subprocess.run(["bash", "scripts/gpu_session.sh", "--params", "params.paper-gpu.yaml", "--train",
                                "capsnet_r3_recon_official:0", "--parallel", "1", "--deadline", "120", "--window", str(window)],
@@ -323,8 +322,8 @@ def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path
 
 def test_the_plan_prices_a_paper_seed_as_its_job_will_and_goes_on_with_one_an_earlier_call_began(tmp_path):
     """gpu_window.paper_price: gpu_queue.py's fit, alone on the GPU, with the session's seconds before the job
-    taken off the window and the call; a seed whose checkpoint (started) or config.json (trained) an earlier
-    call of the window left goes on whatever is left, so that every call plans the same window."""
+    taken off the window; a seed an earlier call of the window started (training on, or its checkpoint) or
+    trained (its config.json) goes on whatever is left, so that every call plans the same window."""
     path = tmp_path / "params.paper-gpu.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--params", str(REPO / "params.yaml"),
                     "--set", "train.amp=true", "--set", "train.cuda_graph=true", "--write", str(path)], check=True, cwd=REPO)
@@ -332,27 +331,32 @@ def test_the_plan_prices_a_paper_seed_as_its_job_will_and_goes_on_with_one_an_ea
     h200 = gpu_levers.bench_rows(REPO / "reports" / "bench" / "nvidia-h200")
     item = "capsnet_r3_recon_official:0"
     alone, _ = gpu_queue.job_seconds(paper, "capsnet_r3_recon_official", 1, h200, parallel=1)
-    needed = gpu_queue.resumed_seconds(paper, alone, call_left=0) + gpu_window.SESSION_SECONDS
+    needed = alone + gpu_window.SESSION_SECONDS
     for left, fits in ((needed + 1, True), (needed - 1, False)):
-        ok, why = gpu_window.paper_price(paper, h200, [], left, 560, tmp_path)(item)
+        ok, why = gpu_window.paper_price(paper, h200, [], left, tmp_path)(item)
         assert ok is fits and ("estimated" in why) and (("not started" in why) != fits), why
+    (tmp_path / "logs" / "detached").mkdir(parents=True)
+    (tmp_path / "logs" / "detached" / "capsnet_r3_recon_official-0.job").write_text("call 1 started it\n")
+    assert gpu_window.paper_price(paper, h200, [], 200, tmp_path)(item) == (True, f"{item}: started by an earlier call "
+                                                                             "of this window, training on")
+    (tmp_path / "logs" / "detached" / "capsnet_r3_recon_official-0.job").unlink()
     (tmp_path / "checkpoints" / "capsnet_r3_recon_official").mkdir(parents=True)
     (tmp_path / "checkpoints" / "capsnet_r3_recon_official" / "seed0.pt").write_bytes(b"call 1 stopped it")
-    ok, why = gpu_window.paper_price(paper, h200, [], 200, 200, tmp_path)(item)
+    ok, why = gpu_window.paper_price(paper, h200, [], 200, tmp_path)(item)
     assert ok and "resume from" in why
     (tmp_path / "checkpoints" / "capsnet_r3_recon_official" / "seed0.pt").unlink()
     (tmp_path / "models" / "capsnet_r3_recon_official" / "seed0").mkdir(parents=True)
     (tmp_path / "models" / "capsnet_r3_recon_official" / "seed0" / "config.json").write_text("{}")
-    assert gpu_window.paper_price(paper, h200, [], 60, 60, tmp_path)(item) == (True, f"{item}: trained by an earlier call "
-                                                                                "of this window, evaluated now")
+    assert gpu_window.paper_price(paper, h200, [], 60, tmp_path)(item) == (True, f"{item}: trained by an earlier call "
+                                                                            "of this window, evaluated now")
 
 
-def test_a_paper_seed_is_priced_with_its_evaluations_and_its_restart_and_never_starts_unpriced(tmp_path):
-    """The paper protocol's seed (640 epochs) on the H200's bench rows: its training at the captured bf16 row,
-    a test evaluation every epoch, and, outlasting the call, a restart from its checkpoint on the next (a
-    process start, the epochs since the checkpoint again); it fits the first call of a fresh window (900 s
-    less about 30 s of start and transfer, 60 s allowed after, about 15 s of fingerprint table); with no
-    bench row it never starts (the window's end would lose it whole), where a short job would."""
+def test_a_paper_seed_is_priced_with_its_evaluations_and_never_starts_unpriced(tmp_path):
+    """The paper protocol's seed (640 epochs) on the H200's bench rows: its start, its training at the captured
+    bf16 row, a test evaluation every epoch and the evaluation at its end (no restart: outlasting the call it
+    trains on through the next); it fits the first call of a fresh window (900 s less about 30 s of start and
+    transfer, 60 s allowed after, about 15 s of fingerprint table); with no bench row it never starts (the
+    window's end would lose it whole), where a short job would."""
     path = tmp_path / "params.paper-gpu.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--params", str(REPO / "params.yaml"),
                     "--set", "train.amp=true", "--set", "train.cuda_graph=true", "--write", str(path)], check=True, cwd=REPO)
@@ -363,12 +367,9 @@ def test_a_paper_seed_is_priced_with_its_evaluations_and_its_restart_and_never_s
     assert f"{CAPS} ×1: {rate:,.0f} images/s" in source
     assert seconds == pytest.approx(gpu_queue.STARTUP_SECONDS + gpu_queue.MARGIN * 640 * 60_000 / rate
                                     + gpu_queue.EVAL_SECONDS + 640 * gpu_queue.EPOCH_EVAL_SECONDS)
-    restarted = gpu_queue.resumed_seconds(paper, seconds, call_left=540)
-    assert restarted == pytest.approx(seconds + gpu_queue.STARTUP_SECONDS + seconds / 640 * 5)
-    assert gpu_queue.resumed_seconds(paper, seconds, call_left=seconds + 1) == seconds
-    start, why = gpu_queue.fit("capsnet_r3_recon_official:0", 900 - 30 - 60 - 15, paper, h200, 1, call_left=540)
-    assert start == "capsnet_r3_recon_official:0" and f"{restarted:.0f} s estimated" in why
-    start, why = gpu_queue.fit("capsnet_r3_recon_official:0", restarted - 1, paper, h200, 1, call_left=540)
+    start, why = gpu_queue.fit("capsnet_r3_recon_official:0", 900 - 30 - 60 - 15, paper, h200, 1)
+    assert start == "capsnet_r3_recon_official:0" and f"{seconds:.0f} s estimated" in why
+    start, why = gpu_queue.fit("capsnet_r3_recon_official:0", seconds - 1, paper, h200, 1)
     assert start is None and "not started" in why
     start, why = gpu_queue.fit("capsnet_r3_recon_official:0", 10_000, paper, [], 1)
     assert start is None and "no bench row of its mode on this GPU to price 640 epochs" in why
