@@ -66,7 +66,10 @@ export DEADLINE=$((START + (BUDGET < WINDOW ? BUDGET : WINDOW))) WINDOW_END=$((S
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT" logs
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CAPSNET_TRACKING_JOURNAL=$PWD/journal
-export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu/inductor  # carried back and forth: later compiles hit it
+# inductor's compiled kernels, kept by the warm machine between calls (later compiles hit them) and come back as
+# inductor-cache.tar.gz (unpacked from .gpu/ where one is carried in): not under .gpu/, which every call's carry
+# replaces, removing the folder from under a job that trains on from the last call
+export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu-cache/inductor
 LOG="$OUT/session.log"
 say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 CLI="python3 -m pipeline.cli"
@@ -77,8 +80,8 @@ CLI="python3 -m pipeline.cli"
   echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores; $(ldd --version 2>&1 | head -1)"
   python3 -c 'from pipeline.training.fingerprint import fingerprint_environment as f; print("fingerprint environment:", f())'
   git rev-parse HEAD 2>/dev/null || echo "commit unknown (no .git)"; } >>"$LOG" 2>&1
-if [ -f .gpu/inductor-cache.tar.gz ] && [ ! -d .gpu/inductor ]; then
-  tar xzf .gpu/inductor-cache.tar.gz -C .gpu && say "inductor cache unpacked"
+if [ -f .gpu/inductor-cache.tar.gz ] && [ ! -d .gpu-cache/inductor ]; then
+  mkdir -p .gpu-cache && tar xzf .gpu/inductor-cache.tar.gz -C .gpu-cache && say "inductor cache unpacked"
 fi
 if [ -n "$PARAMS" ]; then  # the window's own (gpu_plan.sh: the paper protocol's), which every step below reads
   [ "$PARAMS" -ef params.gpu.yaml ] || cp "$PARAMS" params.gpu.yaml || exit 1
@@ -354,7 +357,7 @@ for dir in gpu_results journal logs fingerprints; do [ -d "$dir" ] && runs+=("$d
 if [ ${#runs[@]} -gt 0 ]; then
   tar czf - --transform "s,^gpu_results,results," "${runs[@]}" params.gpu.yaml | split -b 15m - "$OUT/runs-$START.tar.gz.part-"
 fi
-tar czf "$OUT/inductor-cache.tar.gz" -C .gpu inductor 2>/dev/null
+tar czf "$OUT/inductor-cache.tar.gz" -C .gpu-cache inductor 2>/dev/null
 [ "$(stat -c %s "$OUT/inductor-cache.tar.gz" 2>/dev/null || echo 0)" -gt 15000000 ] && rm -f "$OUT/inductor-cache.tar.gz"
 # every other file in $OUT as one, the checks' (bench.jsonl, the CUDA tests' log and diffs, the fingerprint
 # pins and probe, and any a later check adds): the device tool brings back at most 8 files a call, and they

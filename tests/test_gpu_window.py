@@ -265,10 +265,10 @@ def test_a_call_brings_back_its_checks_as_one_file_within_the_device_tools_eight
               "fingerprint_trace.jsonl.gz", "fingerprint_trace.txt"]
     for name in checks:  # what the CUDA tests beside the jobs leave there
         (out / name).write_text(f"{name}\n")
-    (work / ".gpu" / "inductor").mkdir(parents=True)
-    (work / ".gpu" / "inductor" / "kernel.py").write_text("cached")
+    (work / ".gpu-cache" / "inductor").mkdir(parents=True)  # the warm machine's, outside the carried .gpu/
+    (work / ".gpu-cache" / "inductor" / "kernel.py").write_text("cached")
     stub = f"""#!/bin/sh
-if [ "$1 $2 $3" = "-m pipeline.cli bench" ]; then echo '{{"variant": "capsnet_r1", "mode": "fp32"}}'; exit 0; fi
+if [ "$1 $2 $3" = "-m pipeline.cli bench" ]; then echo '{{"variant": "capsnet_r1", "cache": "'"$TORCHINDUCTOR_CACHE_DIR"'"}}'; exit 0; fi
 exec "{sys.executable}" "$@"
 """
     env = python3_on_path(tmp_path, stub, CAPSNET_GPU_PROFILE="smoke")
@@ -278,9 +278,13 @@ exec "{sys.executable}" "$@"
     back = sorted(p.name for p in out.iterdir())
     assert len(back) == 4 and back[2].startswith("runs-"), back
     assert [back[0], back[1], back[3]] == ["checks.tar.gz", "inductor-cache.tar.gz", "session.log"], back
+    with tarfile.open(out / "inductor-cache.tar.gz") as tar:
+        assert tar.getnames() == ["inductor", "inductor/kernel.py"]
     with tarfile.open(out / "checks.tar.gz") as tar:
         assert sorted(tar.getnames()) == sorted(["bench.jsonl", *checks])
-        assert tar.extractfile("bench.jsonl").read().decode().startswith('{"variant": "capsnet_r1"')
+        row = json.loads(tar.extractfile("bench.jsonl").read())
+        # compiled kernels where the next call's carry of .gpu/ leaves them (and a job training on since the last call)
+        assert row["variant"] == "capsnet_r1" and row["cache"] == str(work / ".gpu-cache" / "inductor"), row
     assert "over 8 files" not in (out / "session.log").read_text()
 
 
