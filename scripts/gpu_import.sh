@@ -55,6 +55,9 @@ cp -r "$fresh/reports/." reports/ && rm -rf "$fresh"
 n=0
 for folder in "${folders[@]}"; do  # the capped fingerprint on another processor: pins of this machine, passed there?
   checks=$folder n=$((n + 1))  # a call's checks come in checks.tar.gz (gpu_session.sh), before 2026-11-28 loose
+  # the call's account (gpu_plan.sh): the seconds the window lost before the plan, the plan's, the session's
+  [ -s "$folder/session.log" ] && echo "call $n ($folder): $(grep -m1 '^\[plan\]' "$folder/session.log" \
+    || echo "no plan recorded"); the session ended at $(tail -1 "$folder/session.log" | cut -d' ' -f1)"
   if [ -s "$folder/checks.tar.gz" ]; then checks=.gpu-import/checks-$n && mkdir -p "$checks" && tar xzf "$folder/checks.tar.gz" -C "$checks"; fi
   # the CUDA tests' log, kept under its code, torch and GPU: a later window at the same code does not run them again
   if [ -s "$checks/gpu_tests.key" ] && [ -s "$checks/gpu_tests.txt" ]; then

@@ -139,11 +139,17 @@ PLAN=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper params.pap
   ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2)) \
   || PLAN="gpu $(python3 scripts/gpu_queue.py --params params.gpu.yaml --stack ${QUEUE_ARGS[@]+"${QUEUE_ARGS[@]}"} 2> >(tee -a logs/queue.log >&2))"
 read -r KIND TRAIN <<<"$PLAN"
-ALONGSIDE=(--parallel 2)
-[ "$KIND" = paper ] && ALONGSIDE=(--params params.paper-gpu.yaml --parallel 1)
 late=$(( $(date +%s) - PLAN_START - SPENT ))  # the choice's seconds, after the window was counted
 SPENT=$(( SPENT + late ))
 [ ${#WINDOW[@]} -eq 0 ] || WINDOW[1]=$(( WINDOW[1] - late ))
+# the call's account, first in its session.log (gpu_import.sh prints it): what the window lost before this plan
+# (the machine's start, any failed try, the transfer in: the allowances above are estimates) and what is left
+mkdir -p "${OUT:-$PWD/gpu_out}"
+echo "[plan] LEFT ${CAPSNET_GPU_LEFT:-unknown} s, read $([ "${since:--1}" -ge 0 ] && echo "$since s" || echo "an unknown time") before this plan;" \
+  "the plan took $SPENT s; the session has ${WINDOW[1]:-an unknown number of} s of window, $(( ${1:-560} - SPENT )) s of call; $KIND ${TRAIN:-(nothing)}" \
+  >>"${OUT:-$PWD/gpu_out}/session.log"
+ALONGSIDE=(--parallel 2)
+[ "$KIND" = paper ] && ALONGSIDE=(--params params.paper-gpu.yaml --parallel 1)
 bash scripts/gpu_session.sh "${TESTS[@]}" --bench "$BENCH" --levers --train "$TRAIN" "${ALONGSIDE[@]}" --deadline "$(( ${1:-560} - SPENT ))" \
   ${WINDOW[@]+"${WINDOW[@]}"}
 touch logs/gpu_tests.done

@@ -118,6 +118,8 @@ published=$(ls -d "$SCRATCH"/home/reports/runs/models/*/seed* | wc -l)
 grep -q "fingerprint pins on the GPU host's CPU ($SCRATCH/out-1): .*passed" "$SCRATCH/import.log" \
   || fail "the import did not read call 1's fingerprint pins (checks.tar.gz)"
 grep -q "fingerprint trace of .* kept in" "$SCRATCH/import.log" || fail "the import filed no fingerprint trace (checks.tar.gz)"
+grep -q "^call 2 (.*): \[plan\] LEFT [0-9]* s, read [0-9]* s before" "$SCRATCH/import.log" \
+  || fail "the import gave no account of call 2's window (gpu_plan.sh's [plan] line in its session.log)"
 # the CUDA tests' log under its key (scripts/gpu_proof.py): kept where pytest finished it, else said not kept
 grep -qE "kept as the proof|not kept as a proof" "$SCRATCH/import.log" || fail "the import did not read the CUDA tests' key (checks.tar.gz)"
 say "the trace against the committed ones: $(grep -A3 "fingerprint trace of" "$SCRATCH/import.log" | grep against | tr -s ' ' | paste -sd';')"

@@ -290,6 +290,10 @@ def test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job(tmp
         assert done.returncode == 0, done.stderr
         train, window_line = done.stdout.splitlines()[-2:]
         assert window_line == f"window: {kind}" and train.split() == items and said in done.stderr, done.stdout + done.stderr
+        # and its account, first in the call's session.log: LEFT, when it was read, the plan's seconds, the choice
+        account = (tmp_path / "gpu_out" / "session.log").read_text().splitlines()[-1]
+        assert account.startswith(f"[plan] LEFT {left} s, read ") and " s before this plan; the plan took " in account
+        assert account.endswith(f"{kind.split()[0]} {' '.join(items)}") and " s of window, " in account, account
 
 
 def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path):
