@@ -880,6 +880,8 @@ MUTATIONS = [
              '[ -f "$job" ] && { finish_job', 'false && { finish_job', (f"{CALLS}::{OUTLASTS}",)),
     Mutation("a bench runs beside a job an earlier call left training", "scripts/gpu_session.sh",
              'if [ -n "$(training_on)" ]; then', "if false; then", (f"{CALLS}::{OUTLASTS}",)),
+    Mutation("a job an earlier call left training is not counted as sharing the GPU", "scripts/gpu_session.sh",
+             'for variant in $(training_on); do touch "logs/running/$variant"; done', ":", (f"{CALLS}::{OUTLASTS}",)),
     Mutation("a job that spans calls is measured from the last call", "scripts/gpu_session.sh",
              'read -r began shared resumed params <"logs/detached/$tag.job"',
              'read -r _ shared resumed params <"logs/detached/$tag.job"; began=$(date +%s)', (f"{CALLS}::{OUTLASTS}",)),

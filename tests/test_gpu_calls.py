@@ -18,11 +18,11 @@ try:
 finally:
     sys.path.pop(0)
 
-TRAIN_SECONDS = 40  # the stub's training: longer than the first call's deadline below
+TRAIN_SECONDS = 40  # the stub's training of capsnet_r3: longer than the first call's deadline below
 
-# the GPU machine's python3 (STUB_GPU), its training taking TRAIN_SECONDS
+# the GPU machine's python3 (STUB_GPU), capsnet_r3's training taking TRAIN_SECONDS (the others none)
 SLOW_TRAIN = """#!/usr/bin/env bash
-[ "$1 $2 $3" = "-m pipeline.cli train" ] && sleep %d
+[ "$1 $2 $3 $4" = "-m pipeline.cli train capsnet_r3" ] && sleep %d
 exec "%s" "$@"
 """
 
@@ -43,8 +43,8 @@ def device_call(work: Path, env: dict, *args: str) -> tuple[subprocess.Completed
 
 def test_a_job_that_outlasts_its_call_trains_on_and_the_next_call_waits_for_it(tmp_path):
     """The first call returns at its deadline while its job trains on (its streams not holding the call's
-    open); the second benches nothing on the GPU that job shares, waits for it, evaluates it and measures its
-    whole time; the seed is trained once."""
+    open); the second benches nothing on the GPU that job shares, counts it as sharing the GPU with its own
+    jobs, waits for it, evaluates it and measures its whole time; the seed is trained once."""
     work = device_tree(tmp_path)
     (tmp_path / "stub.py").write_text(STUB_GPU % sys.executable)
     (tmp_path / "stub.py").chmod(0o755)
@@ -59,20 +59,22 @@ def test_a_job_that_outlasts_its_call_trains_on_and_the_next_call_waits_for_it(t
     assert seconds < TRAIN_SECONDS - 2, f"the call waited for its job: {seconds:.0f} s\n{log}"
     assert "capsnet_r3:0 trains on past this call's deadline" in log, log
     assert not (work / "models" / "capsnet_r3" / "seed0").exists()
-    second, _ = device_call(work, env, "--bench", "capsnet_r3_recon@fp32#1", "--train", "capsnet_r3:0", "--parallel", "1",
-                            "--deadline", "150")
+    second, _ = device_call(work, env, "--bench", "capsnet_r3_recon@fp32#1", "--train", "capsnet_r1:0 capsnet_r3:0",
+                            "--parallel", "1", "--deadline", "150")
     log = (tmp_path / "out" / "session.log").read_text()
     assert second.returncode == 0, second.stderr + log
     assert "bench capsnet_r3_recon@fp32#1 not started: capsnet_r3 trains on this GPU since an earlier call" in log, log
     assert "capsnet_r3:0 exit 0 after" in log, log
     assert (work / "gpu_results" / "capsnet_r3" / "seed0" / "metrics.json").is_file()
-    calls = (work / "calls.log").read_text().splitlines()
-    assert calls == ["train capsnet_r3 0 params.gpu.yaml", "evaluate models/capsnet_r3/seed0 data/prepared"], calls
+    calls = (work / "calls.log").read_text().splitlines()  # capsnet_r3's train logged as its sleep ends
+    assert calls == ["train capsnet_r1 0 params.gpu.yaml", "evaluate models/capsnet_r1/seed0 data/prepared",
+                     "train capsnet_r3 0 params.gpu.yaml", "evaluate models/capsnet_r3/seed0 data/prepared"], calls
     measured = gpu_queue.job_rows([work / "logs" / "jobs" / "seconds.jsonl"])
-    assert [(r["variant"], r["seeds"]) for r in measured] == [("capsnet_r3", 1)], measured
-    assert measured[0]["seconds"] >= TRAIN_SECONDS, measured  # from its start in the first call
+    # capsnet_r1 trained beside capsnet_r3, which trained on from the first call (two on the GPU)
+    assert [(r["variant"], r["seeds"], r["parallel"]) for r in measured] == [("capsnet_r1", 1, 2), ("capsnet_r3", 1, 1)], measured
+    assert measured[1]["seconds"] >= TRAIN_SECONDS, measured  # from its start in the first call
     assert not list((work / "logs" / "detached").iterdir())  # done with: a third call starts nothing, waits for nothing
-    third, _ = device_call(work, env, "--train", "capsnet_r3:0", "--parallel", "1", "--deadline", "60")
+    third, _ = device_call(work, env, "--train", "capsnet_r1:0 capsnet_r3:0", "--parallel", "1", "--deadline", "60")
     assert "capsnet_r3:0 done before" in (tmp_path / "out" / "session.log").read_text()
     assert (work / "calls.log").read_text().splitlines() == calls
 
