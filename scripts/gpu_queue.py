@@ -262,9 +262,9 @@ def measured_seconds(params: dict, variant: str, seeds: int, jobs: list[dict], p
 def fit(item: str, left: float, params: dict, rows: list[dict], parallel: int,
         checkpoints: Path | None = None, jobs: list[dict] = ()) -> tuple[str | None, str]:
     """What of ``item`` (V:S or V:S1,S2,..., the seeds without metrics yet) to start with ``left`` seconds
-    of the window: a job an earlier call of this window started and its deadline stopped (its
-    checkpoint, seed<S1-S2...>.pt in ``checkpoints``, holds none but these seeds: it resumes, it was
-    started to end inside the window), else the item, its first seeds only (the others wait for the
+    of the window: a job an earlier call of this window started that stopped short (its checkpoint,
+    seed<S1-S2...>.pt in ``checkpoints``, holds none but these seeds: it resumes, it was started to end
+    inside the window; one still training is waited for, gpu_session.sh's run_job), else the item, its first seeds only (the others wait for the
     next window; its first seed only where stacking does not pay, `stacking_pays`: gpu_session.sh then
     asks again for the rest), or None; and a line saying why. Each job is priced by ``jobs`` measured
     before (`measured_seconds`) where there are some, else by the bench ``rows`` (`job_seconds`): a job that
