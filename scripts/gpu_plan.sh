@@ -146,7 +146,7 @@ SPENT=$(( SPENT + late ))
 # (the machine's start, any failed try, the transfer in: the allowances above are estimates) and what is left
 mkdir -p "${OUT:-$PWD/gpu_out}"
 echo "[plan] LEFT ${CAPSNET_GPU_LEFT:-unknown} s, read $([ "${since:--1}" -ge 0 ] && echo "$since s" || echo "an unknown time") before this plan;" \
-  "the plan took $SPENT s; the session has ${WINDOW[1]:-an unknown number of} s of window, $(( ${1:-560} - SPENT )) s of call; $KIND ${TRAIN:-(nothing)}" \
+  "the plan took $SPENT s from $PLAN_START (epoch s, this machine's clock); the session has ${WINDOW[1]:-an unknown number of} s of window, $(( ${1:-560} - SPENT )) s of call; $KIND ${TRAIN:-(nothing)}" \
   >>"${OUT:-$PWD/gpu_out}/session.log"
 ALONGSIDE=(--parallel 2)
 [ "$KIND" = paper ] && ALONGSIDE=(--params params.paper-gpu.yaml --parallel 1)
