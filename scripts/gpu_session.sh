@@ -144,8 +144,9 @@ cuda_tests() {  # then the levers they prove; logs/gpu_tests.pending is gone whe
   rm -f logs/gpu_tests.pending logs/running/cuda-tests
   wait "$pins" "$probe"  # the jobs go on meanwhile; the session waits for this function before packing
 }
-alive() {  # pid: 0 while that process runs (a zombie, ended and not yet reaped, has ended)
-  [ -r "/proc/$1/stat" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]
+alive() {  # pid: 0 while that process runs (a zombie, ended and not yet reaped, has ended; no pid, none runs:
+  # /proc//stat is /proc/stat)
+  [[ $1 =~ ^[0-9]+$ ]] && [ -r "/proc/$1/stat" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]
 }
 training_on() {  # the variants whose training an earlier call of this machine started and that still train
   # (run_job: in a session of their own, they outlast the call)
@@ -297,14 +298,15 @@ run_job() {
   # through the gap between calls, and the next call (within 30 s, on the warm machine) waits for it rather than
   # start it again from its checkpoint (which cost a process start, the epochs since the checkpoint and the gap).
   # Its streams go to its log alone: one held open would keep this call's output, and the call, from ending.
-  # Its exit status lands whole (renamed into place) in logs/detached/<tag>.rc, which finish_job waits for.
+  # It names its own process in logs/detached/<tag>.pid (setsid forks first where its caller leads a process
+  # group, so $! may be gone at once), and its exit status lands whole (renamed into place) in <tag>.rc.
   mkdir -p logs/detached
   echo "$(date +%s) $shared $resumed $params" >"logs/detached/$tag.job"
-  setsid bash -c 'timeout "$1" python3 -m pipeline.cli train "$2" "$3" data/prepared "models/$2/seed{seed}" \
+  setsid bash -c 'echo $$ >"logs/detached/$5.pid"
+      timeout "$1" python3 -m pipeline.cli train "$2" "$3" data/prepared "models/$2/seed{seed}" \
       --checkpoint "checkpoints/$2/seed${3//,/-}.pt" --params "$4"; echo $? >"logs/detached/$5.status"
       mv "logs/detached/$5.status" "logs/detached/$5.rc"' \
     _ $((WINDOW_END - $(date +%s))) "$variant" "$seeds" "$params" "$tag" </dev/null >>"logs/$tag.log" 2>&1 &
-  echo $! >"logs/detached/$tag.pid"
   finish_job "$1" "$tag"
 }
 finish_job() {  # item, tag: the tag's training (run_job) waited for until it ends or the call's deadline (then it
@@ -313,9 +315,11 @@ finish_job() {  # item, tag: the tag's training (run_job) waited for until it en
   local seeds=${tag#"$variant"-} pid
   seeds=${seeds//-/,}
   read -r began shared resumed params <"logs/detached/$tag.job"
-  pid=$(cat "logs/detached/$tag.pid" 2>/dev/null)
   until [ -f "logs/detached/$tag.rc" ]; do
-    if ! alive "$pid"; then  # ended without its exit status (killed with its session): as a kill at the deadline
+    pid=$(cat "logs/detached/$tag.pid" 2>/dev/null)
+    # ended without its exit status (killed with its session: as a kill at the deadline), past the seconds it
+    # may take to name itself
+    if ! alive "$pid" && [ $(( $(date +%s) - began )) -ge 5 ]; then
       [ -f "logs/detached/$tag.rc" ] || echo 137 >"logs/detached/$tag.rc"
       break
     fi

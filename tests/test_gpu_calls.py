@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 from test_gpu_window import STUB_GPU, device_tree, python3_on_path
 
@@ -79,15 +81,18 @@ def test_a_job_that_outlasts_its_call_trains_on_and_the_next_call_waits_for_it(t
     assert (work / "calls.log").read_text().splitlines() == calls
 
 
-def test_a_job_that_ended_without_its_exit_status_is_not_waited_for(tmp_path):
-    """A job whose process is gone with no exit status written (killed with what ran it) counts as stopped
-    at the deadline: the call neither waits for it to the deadline nor evaluates it."""
+@pytest.mark.parametrize("named", [True, False])
+def test_a_job_that_ended_without_its_exit_status_is_not_waited_for(tmp_path, named):
+    """A job whose process is gone with no exit status written (killed with what ran it), or that never named
+    its process, counts as stopped at the deadline: the call neither waits for it to the deadline nor
+    evaluates it."""
     work = device_tree(tmp_path)
     env = python3_on_path(tmp_path, STUB_GPU % sys.executable, CAPSNET_GPU_PROFILE="smoke", CAPSNET_GIT_COMMIT="")
     detached = work / "logs" / "detached"
     detached.mkdir(parents=True)
     (detached / "capsnet_r3-0.job").write_text(f"{int(time.time())} 1 0 params.gpu.yaml\n")
-    (detached / "capsnet_r3-0.pid").write_text(f"{2 ** 22 + 1}\n")  # over the kernel's largest pid: no such process
+    if named:
+        (detached / "capsnet_r3-0.pid").write_text(f"{2 ** 22 + 1}\n")  # over the kernel's largest pid: no such process
     done, seconds = device_call(work, env, "--train", "capsnet_r3:0", "--parallel", "1", "--deadline", "60")
     log = (tmp_path / "out" / "session.log").read_text()
     assert done.returncode == 0, done.stderr + log
