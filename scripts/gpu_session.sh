@@ -324,7 +324,8 @@ finish_job() {  # item, tag: the tag's training (run_job) waited for until it en
       break
     fi
     if [ "$(date +%s)" -ge "$DEADLINE" ]; then
-      echo "$variant:$seeds trains on past this call's deadline (process $pid, its own session): the next call waits for it"
+      echo "$variant:$seeds trains on past this call's deadline (process $pid, its own session): a next call waits for it," \
+        "or the window's end stops it"
       return 0
     fi
     sleep 1
