@@ -13,13 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from the repository as a script
+from pipeline.core.journal import read_journal  # noqa: E402  (no torch)
 
 
 def epoch_events(journal: Path) -> list[dict]:
-    """The journal's per-epoch metrics events, in order."""
-    return [e for e in map(json.loads, journal.read_text().splitlines())
-            if e.get("event") == "metrics" and "epoch_seconds" in e.get("metrics", {})]
+    """The journal's per-epoch metrics events, in order (`read_journal`: a torn last line is skipped)."""
+    return [e for e in read_journal(journal) if e.get("event") == "metrics" and "epoch_seconds" in e.get("metrics", {})]
 
 
 def epoch_overheads(epochs: list[dict]) -> list[float]:

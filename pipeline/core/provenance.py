@@ -9,8 +9,6 @@ import platform
 import subprocess
 from pathlib import Path
 
-import torch
-
 PARAM_KEYS = ("variant", "model", "routing_iterations", "reconstruction", "seed", "batch_size", "lr",
               "lr_decay_rate", "lr_decay_steps", "lr_schedule_epochs", "epochs", "steps", "amp", "compile", "n_params",
               "device", "torch_version", "profile", "recipe", "experiment", "image_size", "n_train", "n_test")
@@ -67,6 +65,8 @@ def placement() -> dict[str, str]:
     """The host, the GPUs this process was given (CUDA_VISIBLE_DEVICES, as a fan-out slot or a
     scheduler set it), the name of the one it uses (cuda:0 of those it sees) and torch's CPU threads
     (a fan-out slot's share of the cores)."""
+    import torch  # here, not above: reading a journal (pipeline.core.journal) needs no torch
+
     return {
         "host": platform.node(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
@@ -77,6 +77,8 @@ def placement() -> dict[str, str]:
 
 def environment() -> dict[str, str]:
     """Versions and device facts recorded with every run."""
+    import torch
+
     return {
         "git_commit": git_commit(repo_root()),
         "torch_version": torch.__version__,
