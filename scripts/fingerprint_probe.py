@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.core.params import load_params  # noqa: E402
 from pipeline.training import fingerprint as fp  # noqa: E402
-from pipeline.training.train import run_config  # noqa: E402
+from pipeline.training.config import run_config  # noqa: E402
 
 GENERIC_LIBM = {"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2,-FMA,-AVX512F"}  # glibc ≥ 2.33's names
 PROBES = {  # settings on top of CAPPED

@@ -43,7 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.core.params import load_params  # noqa: E402
 from pipeline.training import fingerprint as fp  # noqa: E402
-from pipeline.training.train import run_config  # noqa: E402
+from pipeline.training.config import run_config  # noqa: E402
 
 HASH_DIGITS = 12
 # the first operation that parts from another host's trace: its tensors kept whole up to this many bytes

@@ -25,7 +25,7 @@ def count(params_path: Path) -> dict[str, float]:
 
     from pipeline.core.params import load_params
     from pipeline.training.bench import flop_per_image
-    from pipeline.training.train import run_config
+    from pipeline.training.config import run_config
 
     params = load_params(str(params_path))
     out = {}

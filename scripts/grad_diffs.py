@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import REPO  # noqa: E402
 from test_gpu import batch  # noqa: E402  (the GPU test's batch, on any device)
 from pipeline.core.params import load_params  # noqa: E402
-from pipeline.training.train import build_model, loss_function, run_config  # noqa: E402
+from pipeline.training.config import run_config  # noqa: E402
+from pipeline.training.train import build_model, loss_function  # noqa: E402
 
 
 def step(model, cfg, x, y, targets, amp: bool, device: str):

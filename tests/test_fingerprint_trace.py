@@ -13,7 +13,7 @@ import torch
 
 from pipeline.core.params import load_params
 from pipeline.training import fingerprint as fp
-from pipeline.training.train import run_config
+from pipeline.training.config import run_config
 
 from conftest import REPO
 

@@ -37,8 +37,9 @@ from conftest import REPO, synthetic_digits
 from pipeline.core.params import load_params
 from pipeline.experiments import multimnist as mm
 from pipeline.training.stack import SeedStack, loss_recipe
+from pipeline.training.config import run_config
 from pipeline.training.train import (
-    build_model, draw_step, loss_function, make_optimizer, place_model, run_config, to_float, training_step,
+    build_model, draw_step, loss_function, make_optimizer, place_model, to_float, training_step,
 )
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -478,7 +478,7 @@ def publish_seed0(tmp_path: Path, fingerprint: str, environment: str, commit: st
                   variant: str = "capsnet_r3_recon", seed: int = 0, params: str = "params.gpu.yaml") -> None:
     """A published ``variant`` seed (0) under the protocol of ``params`` (the gpu profile's), as its config.json records it."""
     from pipeline.core.params import load_params
-    from pipeline.training.train import run_config
+    from pipeline.training.config import run_config
 
     cfg = dataclasses.asdict(run_config(load_params(tmp_path / params), variant, seed))
     folder = tmp_path / "reports" / "runs" / "models" / variant / f"seed{seed}"

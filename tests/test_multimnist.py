@@ -8,7 +8,8 @@ import torch
 from pipeline.experiments import multimnist as mm
 from pipeline.models.baseline import MultiMNISTCNN
 from pipeline.models.capsnet import CapsNet, capsnet_loss, margin_loss, reconstruction_loss
-from pipeline.training.train import RunConfig, train
+from pipeline.training.config import RunConfig
+from pipeline.training.train import train
 
 LABELS = torch.arange(60) % 10  # (60,) six digits per class
 

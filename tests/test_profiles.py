@@ -32,7 +32,8 @@ def test_gpu_profile_settings():
 def test_gpu_profile_compresses_the_papers_schedule_and_paper_gpu_keeps_it():
     """The gpu profile's 50 epochs end at the learning rate the paper's 640 end at (its runs before
     this were cut at 62 % of the start); paper-gpu trains the paper protocol on the fast path."""
-    from pipeline.training.train import _lr_lambda, run_config
+    from pipeline.training.config import run_config
+    from pipeline.training.train import _lr_lambda
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     gpu, paper, fast = (parse_params(profiles.apply(raw, name)) for name in ("gpu", "paper", "paper-gpu"))
@@ -49,7 +50,7 @@ def test_gpu_profile_compresses_the_papers_schedule_and_paper_gpu_keeps_it():
 
 
 def test_gpu_profile_compiles_capsnets_and_runs_cnns_eager():
-    from pipeline.training.train import run_config
+    from pipeline.training.config import run_config
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     gpu, paper = parse_params(profiles.apply(raw, "gpu")), parse_params(raw)
@@ -66,7 +67,7 @@ def test_the_precision_twin_trains_in_fp32_beside_the_gpu_and_smoke_profiles_bf1
     """#36 item 6: the gpu profile (bf16 autocast) and the smoke profile train capsnet_r3_recon_fp32,
     its fp32 twin (TF32 off), the paper profiles do not (their fp32 would repeat capsnet_r3_recon);
     `dvc exp run -S` gets the whole stacked list, the twin added once."""
-    from pipeline.training.train import run_config
+    from pipeline.training.config import run_config
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     for name in ("gpu", "smoke"):
@@ -235,7 +236,7 @@ def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path)
 
     from pipeline.core import protocol
     from pipeline.report import publish
-    from pipeline.training.train import run_config
+    from pipeline.training.config import run_config
 
     sys.path.insert(0, str(REPO / "scripts"))
     try:
@@ -447,7 +448,7 @@ def test_the_fp32_twin_trains_with_the_fastest_fp32_mode_its_cuda_tests_prove(tm
     import json
 
     from pipeline.core.params import load_params
-    from pipeline.training.train import run_config
+    from pipeline.training.config import run_config
 
     params = tmp_path / "params.gpu.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pipeline.models.capsnet import CapsNet, CapsNetOutput, PrimaryCaps, capsnet_loss, dynamic_routing, squash
-from pipeline.training.train import ADAM_EPS, make_optimizer
+from pipeline.training.config import ADAM_EPS
+from pipeline.training.train import make_optimizer
 
 
 def n_params(module: torch.nn.Module) -> int:

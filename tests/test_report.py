@@ -19,7 +19,8 @@ from pipeline.report import claims as rc
 from pipeline.report import document as rp
 from pipeline.report import publish
 from pipeline.report import runs as rr
-from pipeline.training.train import ADAM_EPS
+from pipeline.report.rows import bridge, group, protocols, same_code
+from pipeline.training.config import ADAM_EPS
 
 REFERENCE = rr.paper_reference()
 
@@ -205,7 +206,7 @@ def test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_t
         for variant, seed, epochs, pace in spec:
             fabricate(root, variant, seed, 1.0, epochs=epochs, lr_schedule_epochs=pace)
         runs = [r for v, s, _, _ in spec for r in load(root, [v], [s])]
-        return [(k[1], "compressed" if dict(k[3]).get("lr_schedule_epochs") else "cut") for k in rr.protocols(runs)]
+        return [(k[1], "compressed" if dict(k[3]).get("lr_schedule_epochs") else "cut") for k in protocols(runs)]
 
     begun = [("capsnet_r1", 0, 50, 640), ("capsnet_r1", 1, 50, None), ("capsnet_r1", 2, 50, None), ("capsnet_r3", 0, 50, None)]
     assert keys(tmp_path / "begun", begun) == [(50, "cut"), (50, "compressed")]
@@ -217,7 +218,7 @@ def test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_t
     fabricate(tmp_path / "old", "capsnet_r1", 0, 1.0, epochs=50)
     fabricate(tmp_path / "new", "capsnet_r1", 0, 1.0, epochs=50, lr_schedule_epochs=640)
     runs = load(tmp_path / "old", ["capsnet_r1"], [0]) + load(tmp_path / "new", ["capsnet_r1"], [0])
-    assert [dict(k[3]).get("lr_schedule_epochs") for k in rr.protocols(runs)] == [640, None]
+    assert [dict(k[3]).get("lr_schedule_epochs") for k in protocols(runs)] == [640, None]
 
 
 def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):
@@ -272,7 +273,7 @@ def two_commits(root, env_r1: str, env_r3: str) -> list:
 
 def routing_effect(runs: list, tables: list[dict]):
     """The routing effect (3 vs 1, no reconstruction) with ``runs`` bridged through ``tables``."""
-    return t1.effects(rr.bridge(runs, tables), REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
+    return t1.effects(bridge(runs, tables), REFERENCE).set_index("effect").loc["routing 3 vs 1, no reconstruction"]
 
 
 def test_a_fingerprint_table_lets_rows_of_two_commits_compare(tmp_path):
@@ -297,10 +298,10 @@ def test_a_fingerprint_table_lets_rows_of_two_commits_compare(tmp_path):
         assert math.isnan(routing(tables).ci_low) and routing(tables).status.endswith("no commit in common"), tables
     bridged = routing([changed, good])
     assert not math.isnan(bridged.ci_low) and bridged.our_delta == pytest.approx(-0.1) and bridged.commit == "bbbbbbb"
-    summary = t1.summarize(rr.bridge(runs, [changed, good]), REFERENCE).set_index("variant")
+    summary = t1.summarize(bridge(runs, [changed, good]), REFERENCE).set_index("variant")
     assert summary.loc["capsnet_r1"].commit == "fp 1111aaaa: aaaaaaa; computed by bbbbbbb"
     assert summary.loc["capsnet_r3"].commit == "fp 3333cccc: bbbbbbb; computed by ccccccc"  # its own commit once
-    readme = t1.readme_lines(summary.reset_index(), t1.effects(rr.bridge(runs, [good]), REFERENCE))
+    readme = t1.readme_lines(summary.reset_index(), t1.effects(bridge(runs, [good]), REFERENCE))
     assert [line.split(" | ")[0] for line in readme if line.startswith("| paper recipe")] == ["| paper recipe (bbbbbbb)"]
     (tmp_path / "tables").mkdir()
     for k, table in enumerate((good, changed)):
@@ -354,14 +355,14 @@ def test_one_code_trained_again_on_another_host_is_one_row_and_each_seed_counts_
     a_amd = {"commit": "aaaaaaa1111", "environment": amd, "fingerprints": {"capsnet_r1": "1111aaaa1111aaaa"}}
     a_intel = {"commit": "aaaaaaa1111", "environment": intel, "fingerprints": {"capsnet_r1": "2222bbbb2222bbbb"}}
     b_intel = {"commit": "bbbbbbb2222", "environment": intel, "fingerprints": {"capsnet_r1": "2222bbbb2222bbbb"}}
-    kept, superseded = publish.one_per_seed(rr.same_code(rr.bridge(runs, [a_amd, a_intel, b_intel])))
+    kept, superseded = publish.one_per_seed(same_code(bridge(runs, [a_amd, a_intel, b_intel])))
     assert [(r.seed, r.commit[:7]) for r in superseded] == [(0, "aaaaaaa"), (1, "aaaaaaa")]
     summary = t1.summarize(kept, REFERENCE)
     assert sorted(summary.n_seeds) == [1, 3]  # the other protocol's run is a row of its own
     row = summary[summary.n_seeds == 3].iloc[0]
     assert row.test_errors == "2.00 2.10 1.20"
     assert row.commit == "fp 1111aaaa: bbbbbbb, aaaaaaa"  # the last run's (seed 2's) fingerprint, both commits
-    kept, superseded = publish.one_per_seed(rr.same_code(rr.bridge(runs, [a_amd, b_intel])))
+    kept, superseded = publish.one_per_seed(same_code(bridge(runs, [a_amd, b_intel])))
     assert not superseded and sorted(t1.summarize(kept, REFERENCE).n_seeds) == [1, 2, 3]
 
 
@@ -687,7 +688,7 @@ def test_a_seed_trained_again_sets_its_published_record_aside_and_the_report_kee
     current = rr.load_runs(pub / "models", pub / "results", ["capsnet_r3"], [0, 1])
     runs = publish.with_earlier(current, pub / "models", ["capsnet_r3"], [0, 1])
     assert [(r.seed, r.commit, r.metrics["error_pct"]) for r in runs] == [(0, "17bb48c", 1.0), (0, "b8f3efe", 0.5), (1, "17bb48c", 1.0)]
-    assert [[r.seed for r in row] for row in rr.group(runs).values()] == [[0, 1], [0]]  # never pooled
+    assert [[r.seed for r in row] for row in group(runs).values()] == [[0, 1], [0]]  # never pooled
 
 
 def test_commit_from_config_else_journal_else_not_recorded(tmp_path):

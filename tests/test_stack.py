@@ -14,7 +14,8 @@ from pipeline.experiments.affnist import expanded_mnist
 from pipeline.models import baseline
 from pipeline.training import steps
 from pipeline.training import checkpoint
-from pipeline.training.train import predict, run_config, train, train_group
+from pipeline.training.config import run_config
+from pipeline.training.train import predict, train, train_group
 
 SEEDS = (0, 1, 2)
 # issue #23: each seed's weights within 1e-5 relative of its separate run, as the norm of the

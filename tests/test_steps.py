@@ -16,7 +16,8 @@ from pipeline.core.params import load_params
 from pipeline.experiments import multimnist as mm
 from pipeline.experiments import table1
 from pipeline.training import steps
-from pipeline.training.train import make_optimizer, run_config, schedule, train, train_group
+from pipeline.training.config import run_config
+from pipeline.training.train import make_optimizer, schedule, train, train_group
 
 pytestmark = pytest.mark.filterwarnings("ignore:train.cuda_graph is on but the device is cpu")
 TIMING = ("epoch_seconds", "train_images_per_second")  # the only history keys allowed to differ

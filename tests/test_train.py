@@ -20,7 +20,8 @@ from pipeline.experiments import affnist, table1
 from pipeline.report import runs as rr
 from pipeline.training import stack as stack_module
 from pipeline.training import train as train_module
-from pipeline.training.train import NonFiniteLossError, RunConfig, train
+from pipeline.training.config import RunConfig, run_config
+from pipeline.training.train import NonFiniteLossError, train
 
 
 def experiment_of(cfg, data, device):
@@ -418,7 +419,7 @@ def test_channels_last_step_computes_the_same_step(variant):
     from pipeline.experiments import multimnist as mm
     from pipeline.core.params import load_params
 
-    cfg = train_module.run_config(load_params(REPO / "params.yaml"), variant, 0, device="cpu", batch_size=8)
+    cfg = run_config(load_params(REPO / "params.yaml"), variant, 0, device="cpu", batch_size=8)
     images, labels = synthetic_digits(8, seed=4)
     generator = torch.Generator().manual_seed(0)
     targets = None

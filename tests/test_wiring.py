@@ -11,7 +11,8 @@ from conftest import REPO, Recorder, tiny_data
 from pipeline.core.params import load_params
 from pipeline.models.capsnet import capsnet_loss
 from pipeline.training import train as train_module
-from pipeline.training.train import build_model, run_config, to_float, train
+from pipeline.training.config import run_config
+from pipeline.training.train import build_model, to_float, train
 
 
 def one_step_config(variant: str, batch: int = 8):

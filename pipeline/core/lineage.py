@@ -6,7 +6,7 @@ before would stop comparing with runs trained after, though their training code 
 Fingerprint tables carry them over: a table of the run's own commit in its own environment that holds
 the fingerprint it recorded shows that the run trained what that commit's code computes; a table of
 the same commit in another environment then says what that code computes there. One definition for
-the report (pipeline.report.runs.bridge) and the GPU queue (scripts/gpu_queue.py); torch-free.
+the report (pipeline.report.rows.bridge) and the GPU queue (scripts/gpu_queue.py); torch-free.
 """
 
 from __future__ import annotations

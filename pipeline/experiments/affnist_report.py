@@ -16,7 +16,8 @@ from pipeline.report import claims as rc
 from pipeline.report import costs
 from pipeline.report import stats
 from pipeline.report.document import fmt_pct
-from pipeline.report.runs import Run, ordered_rows, protocols, row_commit, shared_commit, short
+from pipeline.report.rows import ordered_rows, protocols, row_commit, shared_commit
+from pipeline.report.runs import Run, short
 
 REAL_AFFNIST = "affNIST test set"  # how a set's source line starts when it is the real affNIST
 
@@ -27,7 +28,7 @@ def _model_kind(run: Run) -> str:
 
 def affnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
     """§5.2, one row per 40×40 variant, protocol and training code (the headline protocol's first,
-    `runs.protocols`): expanded-MNIST and affNIST(-style) accuracy (mean ± sample std over seeds,
+    `rows.protocols`): expanded-MNIST and affNIST(-style) accuracy (mean ± sample std over seeds,
     per-seed values), where each seed stopped, and the paper's values."""
     rows = []
     for (variant, _, _), mine in ordered_rows(runs):
@@ -73,7 +74,7 @@ def gap_verdict(ci_low: float, ci_high: float, paper_gap: float) -> str:
 
 
 def headline_runs(runs: list[Run]) -> list[Run]:
-    """The runs §5.2's gap and figure read: those of the first protocol (`runs.protocols`: the most
+    """The runs §5.2's gap and figure read: those of the first protocol (`rows.protocols`: the most
     runs, the longest, the newest) that both models trained under, so a protocol a GPU window has only
     begun neither joins nor displaces one whose seeds are all there; all of them where no protocol
     has both (the gap is then confounded)."""
@@ -99,7 +100,7 @@ def affnist_gap(runs: list[Run], reference: dict, bench: list[costs.BenchRow] = 
     cnn = [r for r in cnns if r.variant == cnn_variant]
     ref = reference["affnist"]
     paper_gap = ref["capsnet"]["affnist_accuracy_pct"] - ref["cnn"]["affnist_accuracy_pct"]
-    # one protocol, one training code per model, and a commit whose code trained both (runs.shared_commit)
+    # one protocol, one training code per model, and a commit whose code trained both (rows.shared_commit)
     one_origin = (len({r.protocol_key for r in caps + cnn}) == 1 and len({r.commit_key for r in caps}) == 1
                   and len({r.commit_key for r in cnn}) == 1 and shared_commit(caps, cnn) is not None)
     groups = caps[0].digit_index.get("affnist_test")  # None for the real affNIST: images resampled

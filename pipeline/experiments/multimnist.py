@@ -205,7 +205,7 @@ class Training:
     """MultiMNIST's training (§6; pipeline.training.experiment.Experiment): every example of every step a
     fresh pair and fresh shifts composed on the device, an epoch ``cfg.multimnist_epoch_size``
     examples; the targets are each digit alone (the decoder reconstructs both). Scored each epoch
-    by the pair error on the first CURVE_RECIPES test recipes. ``cfg`` is a pipeline.training.train.RunConfig.
+    by the pair error on the first CURVE_RECIPES test recipes. ``cfg`` is a pipeline.training.config.RunConfig.
     Capturable: every draw is on the device, none reads the step."""
 
     capturable = True

@@ -17,7 +17,8 @@ import pandas as pd
 from pipeline.report import figures
 from pipeline.report import stats
 from pipeline.report.document import fmt_ci
-from pipeline.report.runs import Run, ordered_rows, row_commit, run_figure, short
+from pipeline.report.rows import ordered_rows, row_commit
+from pipeline.report.runs import Run, run_figure, short
 
 PAPER_PAIRS_PER_DIGIT = 1_000  # §6: "1K MultiMNIST examples for each digit in the MNIST test set" (10M)
 
@@ -42,7 +43,7 @@ ROWS = [  # Table 1's rows: (method, routing, reconstruction, MNIST variant)
 
 def multimnist_summary(runs: list[Run], reference: dict) -> pd.DataFrame:
     """One row per MultiMNIST variant, protocol and training code (the headline protocol's rows first,
-    `runs.protocols`): pair error mean ± std over seeds, the paper's value, verdict."""
+    `rows.protocols`): pair error mean ± std over seeds, the paper's value, verdict."""
     rows = []
     for (variant, _, _), mine in ordered_rows(runs):
         errors = [r.metrics["error_pct"] for r in mine]

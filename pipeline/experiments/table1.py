@@ -75,7 +75,7 @@ class Training:
     """Table 1's training (pipeline.training.experiment.Experiment): every epoch a fresh
     permutation of the training digits (the last partial batch dropped), every step a batch
     shifted by up to ±max_shift px with zero fill; scored each epoch by the error on the clean test
-    set. ``cfg`` is a pipeline.training.train.RunConfig. Capturable: a batch is gathered from the
+    set. ``cfg`` is a pipeline.training.config.RunConfig. Capturable: a batch is gathered from the
     order by the step (an int or a device counter), with no host read."""
 
     capturable = True

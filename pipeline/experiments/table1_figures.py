@@ -18,6 +18,7 @@ from pipeline.core.files import write_text
 from pipeline.report import claims as rc
 from pipeline.report import figures, stats
 from pipeline.report import runs as rr
+from pipeline.report.rows import row_key, run_label, with_several_rows
 from pipeline.report.runs import Run
 
 
@@ -28,7 +29,7 @@ def figures_of(runs: list[Run], summary: pd.DataFrame, results_dir: Path, fig_di
     repeated = set(headline.variant[headline.variant.duplicated()])
     labels = [f"{r.variant} ({rr.short(r.commit)})" if r.variant in repeated else r.variant for r in headline.itertuples()]
     per_seed = [[r.metrics["error_pct"] for r in runs
-                 if (r.variant, r.protocol, r.commit_key) == (h.variant, h.protocol, rr.row_key(h.commit))]
+                 if (r.variant, r.protocol, r.commit_key) == (h.variant, h.protocol, row_key(h.commit))]
                 for h in headline.itertuples()]
     intervals = []  # our mean's 95 % t-interval over seeds (NaN with one seed)
     for errors in per_seed:
@@ -45,7 +46,7 @@ def figures_of(runs: list[Run], summary: pd.DataFrame, results_dir: Path, fig_di
         return shown
     row = recon.sort_values("test_error_mean").iloc[0]
     best = row.variant
-    best_run = min((r for r in runs if (r.variant, r.protocol, r.commit_key) == (best, row.protocol, rr.row_key(row.commit))),
+    best_run = min((r for r in runs if (r.variant, r.protocol, r.commit_key) == (best, row.protocol, row_key(row.commit))),
                    key=lambda r: r.metrics["error_pct"])  # the row's own runs, not another protocol's
     for name in ("reconstructions", "fig4"):
         shutil.copyfile(rr.run_figure(results_dir / best / f"seed{best_run.seed}", f"{name}.png"), fig_dir / f"{name}.png")
@@ -91,13 +92,13 @@ def dvc_plot_data(runs: list[rr.Run], summary, results_dir: Path, plot_dir: Path
     and the lowest-error variant's confusion on the MNIST test set (its best seed)."""
     summary = summary[summary.protocol == summary.protocol.iloc[0]]
     runs = [r for r in runs if r.protocol == summary.protocol.iloc[0]]
-    ambiguous = rr.with_several_rows(runs)  # within this protocol: rows of several commits
-    curves = pd.concat([r.history.assign(variant=rr.run_label(r, ambiguous))[["variant", "epoch", "test_error_pct"]]
+    ambiguous = with_several_rows(runs)  # within this protocol: rows of several commits
+    curves = pd.concat([r.history.assign(variant=run_label(r, ambiguous))[["variant", "epoch", "test_error_pct"]]
                         for r in runs])
     curves = curves.groupby(["variant", "epoch"], sort=False, as_index=False).test_error_pct.mean()
     write_text(plot_dir / "learning_curves.csv", curves.to_csv(index=False, float_format="%.4f"))
     best = summary.sort_values("test_error_mean").iloc[0]
-    run = min((r for r in runs if r.variant == best.variant and r.commit_key == rr.row_key(best.commit)),
+    run = min((r for r in runs if r.variant == best.variant and r.commit_key == row_key(best.commit)),
               key=lambda r: r.metrics["error_pct"])
     best = best.variant
     predictions = load_file(str(results_dir / best / f"seed{run.seed}" / "predictions.safetensors"))

@@ -23,10 +23,10 @@ from pipeline.core.protocol import PRECISION_SEEDS, bf16_allowed
 from pipeline.models import baseline, capsnet
 from pipeline.report import claims as rc
 from pipeline.report import costs, stats
-from pipeline.report import runs as rr
 from pipeline.report.costs import BenchRow
 from pipeline.report.document import _recorded, fmt_ci, fmt_pct
-from pipeline.report.runs import LAST_EPOCHS, Run, best_epoch, ordered_rows, protocols, row_commit, short
+from pipeline.report.rows import cohorts, commits_of, ordered_rows, protocols, row_commit, shared_commit
+from pipeline.report.runs import LAST_EPOCHS, Run, best_epoch, short
 from pipeline.training import train
 
 EFFECTS = [  # (what changes, variant A, variant B): effect = error(A) − error(B)
@@ -74,7 +74,7 @@ def summarize(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> p
         best = [best_epoch(r.history) for r in mine]
         row = {
             "variant": variant, "protocol": mine[0].protocol, "commit": row_commit(mine),
-            "commits": " ".join(rr.commits_of(mine)),  # the codes that compute the row (README lines group by them)
+            "commits": " ".join(commits_of(mine)),  # the codes that compute the row (README lines group by them)
             "model": mine[0].cfg["model"], "recipe": mine[0].recipe,
             "routing_iterations": mine[0].cfg["routing_iterations"], "reconstruction": mine[0].cfg["reconstruction"],
             "n_seeds": len(mine), "seeds": " ".join(str(r.seed) for r in mine),
@@ -108,7 +108,7 @@ def effects(runs: list[Run], reference: dict, bench: list[BenchRow] = ()) -> pd.
     and what would settle them (report_claims.effect_settling, GPU time from ``bench``).
 
     Only runs of one protocol are compared, and only rows of A and B trained by one commit's code
-    (`runs.shared_commit`: the same commit, or, for rows grouped by training fingerprint, a commit
+    (`rows.shared_commit`: the same commit, or, for rows grouped by training fingerprint, a commit
     both rows' runs came from or whose fingerprint table computes both); where none is shared the row says `confounded` and carries no
     interval (its seed variances still plan the re-run)."""
     rows = []
@@ -144,7 +144,7 @@ def _effect_row(label: str, what: str, a: str, b: str, rows_a: dict[str, list[Ru
     """One effect's row: error(A) − error(B) between rows of A and B one commit's code trains (else
     `confounded`, no interval), with what would settle it."""
     row = {"protocol": label, "effect": what, "a": a, "b": b, "paper_delta": paper}
-    pairs = [(ka, kb, c) for ka in rows_a for kb in rows_b if (c := rr.shared_commit(rows_a[ka], rows_b[kb]))]
+    pairs = [(ka, kb, c) for ka in rows_a for kb in rows_b if (c := shared_commit(rows_a[ka], rows_b[kb]))]
     # of the pairs one commit's code trains, the one with the most seeds a side (the first on a tie): an
     # earlier window's single seeds never stand for a later window's three
     pair = max(pairs, key=lambda p: min(len(rows_a[p[0]]), len(rows_b[p[1]])), default=None)
@@ -379,7 +379,7 @@ def readme_lines(results: pd.DataFrame, effect_table: pd.DataFrame) -> list[str]
     for recipe in dict.fromkeys(rows.recipe):
         mine = rows[rows.recipe == recipe]
         commits = dict(zip(mine.commit, mine.commits.fillna("").str.split()))  # a CSV's empty cell reads as NaN
-        for commit, labels in rr.cohorts(commits):  # rows trained by one commit's code on a line
+        for commit, labels in cohorts(commits):  # rows trained by one commit's code on a line
             by = {r.variant: r for r in mine[mine.commit.isin(labels)].itertuples()}
             cells = [by.get(v if recipe == "paper" or v == "baseline_cnn" else f"{v}_official") for _, v in README_COLUMNS]
             lines.append(f"| {recipe} recipe ({short(commit)}) | "

@@ -102,7 +102,7 @@ def with_earlier(runs: list[Run], models_dir: Path, variants: list[str], seeds: 
 
 def one_per_seed(runs: list[Run]) -> tuple[list[Run], list[Run]]:
     """(runs, superseded): of several records of one seed in one report row (variant, protocol,
-    training code: `runs.group`), the last (`with_earlier`'s order: the current record after those it
+    training code: `rows.group`), the last (`with_earlier`'s order: the current record after those it
     displaced) counts and the earlier ones are superseded. A seed trained again under the same
     protocol and code is the same draw of the seed noise, not another: pooling both would count it
     twice and narrow every interval it enters. Superseded records stay where they are (earlier/).

@@ -3,15 +3,14 @@
 `Run` reads what a run recorded (config.json, history.csv, metrics, per-image predictions) and
 nothing else: a field a run does not record is `NOT_RECORDED`, never filled from today's defaults.
 A run's *protocol* (profile, epochs, batch, learning-rate schedule, precision) and its training
-commit are part of its identity: the report never pools runs that differ in either.
+commit are part of its identity: the report never pools runs that differ in either (which runs make
+one row: pipeline.report.rows).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,7 +20,7 @@ import pandas as pd
 import yaml
 from safetensors.torch import load_file
 
-from pipeline.core import lineage, protocol, registry
+from pipeline.core import protocol, registry
 from pipeline.core.errors import UserError
 from pipeline.core.params import Params
 from pipeline.core.protocol import NOT_RECORDED  # the report's word for a field a run did not record
@@ -99,8 +98,8 @@ class Run:
     digit_index: dict[str, np.ndarray]  # test set name -> (N,) source digit per image, where known
     commit: str = NOT_RECORDED  # full hash from config.json, or the journal's short tag, or NOT_RECORDED
     commit_source: str = NOT_RECORDED  # "config.json" | "tracking journal" | NOT_RECORDED
-    computed_by: tuple[str, ...] = ()  # other commits whose fingerprint table computes this run's (`bridge`)
-    same_code_as: str = ""  # the fingerprint of the row it joins, recorded in another environment (`same_code`)
+    computed_by: tuple[str, ...] = ()  # other commits whose fingerprint table computes this run's (`rows.bridge`)
+    same_code_as: str = ""  # the fingerprint of the row it joins, recorded in another environment (`rows.same_code`)
 
     @property
     def cfg(self) -> dict:
@@ -217,121 +216,10 @@ class Run:
         return float(self.history.lr.iloc[-1]) if "lr" in self.history else math.nan
 
 
-def with_several_rows(runs: list[Run]) -> set[str]:
-    """The variants ``runs`` hold under more than one (protocol, training code): several report rows,
-    which labels (`run_label`) and file names tell apart."""
-    rows = group(runs)
-    return {v for v, _, _ in rows if sum(key[0] == v for key in rows) > 1}
-
-
-def run_label(r: Run, ambiguous: set[str]) -> str:
-    """A run's variant, with protocol and commit where the report holds several of them for it."""
-    return f"{r.variant} ({r.cfg['epochs']} ep, {r.commit_key})" if r.variant in ambiguous else r.variant
-
-
 def short(commit: str) -> str:
     """A commit as tables show it: 7 characters (or NOT_RECORDED); a row's fingerprint label
-    (`row_commit`) as it is."""
+    (pipeline.report.rows.row_commit) as it is."""
     return commit if commit == NOT_RECORDED or commit.startswith("fp ") else commit[:7]
-
-
-def row_commit(runs: list[Run]) -> str:
-    """A row's origin as its tables show it: the commit of its runs, or, for runs grouped by their
-    training fingerprint, ``fp <8 hex>: <the commits they came from>``, then ``; computed by <commits>``
-    where fingerprint tables of other commits compute the same (`bridge`)."""
-    if runs[0].fingerprint == NOT_RECORDED:
-        return runs[0].commit
-    own = list(dict.fromkeys(short(r.commit) for r in runs))
-    tables = [c for c in commits_of(runs) if c not in own]
-    return f"{runs[0].commit_key}: {', '.join(own)}" + (f"; computed by {', '.join(tables)}" if tables else "")
-
-
-def commits_of(runs: list[Run]) -> list[str]:
-    """The commits (7 characters) whose code computes a row's training: those its runs came from,
-    then those whose fingerprint table computes their fingerprint (`bridge`); NOT_RECORDED left out."""
-    own = [short(r.commit) for r in runs if r.commit != NOT_RECORDED]
-    return list(dict.fromkeys(own + [c for r in runs for c in r.computed_by]))
-
-
-def bridge(runs: list[Run], tables: list[dict]) -> list[Run]:
-    """Each run with the commits of the ``tables`` that compute its training (`Run.computed_by`): its
-    fingerprint in the table's environment (the one it recorded, or its own commit's there:
-    pipeline.core.lineage) is the table's; so rows of two variants trained at two commits compare
-    where one commit's code computes both. A run without a fingerprint is left as it is."""
-    out = []
-    for r in runs:
-        by = tuple(dict.fromkeys(short(t["commit"]) for t in tables if short(t["commit"]) != short(r.commit)
-                                 and t["fingerprints"].get(r.variant) is not None
-                                 and lineage.fingerprint_in(r.config, r.variant, t.get("environment"), tables)
-                                 == t["fingerprints"][r.variant]))
-        out.append(dataclasses.replace(r, computed_by=by) if by and r.fingerprint != NOT_RECORDED else r)
-    return out
-
-
-def same_code(runs: list[Run]) -> list[Run]:
-    """``runs`` (bridged: `bridge`) with the rows of one variant and protocol whose training code is one
-    joined: two rows of fingerprints recorded in two environments (a host's processor and C library
-    decide them) that compute one commit's code (`shared_commit`) are that commit's training, so one row,
-    under the fingerprint of its last run (`Run.same_code_as`); a seed in both is then one seed trained
-    again (`publish.one_per_seed`), not two. Rows without a fingerprint stay as they are."""
-    rows = group(runs)
-    target: dict[tuple, tuple] = {}  # row key: the key of the row it joins
-    for key, mine in rows.items():
-        if mine[0].fingerprint == NOT_RECORDED:
-            continue
-        for other in dict.fromkeys(target.values()):  # the rows joined so far
-            if other[:2] == key[:2] and shared_commit(mine, rows[other]) is not None:
-                target[key] = other
-                break
-        else:
-            target[key] = key
-    last = {}  # joined row: its last run's fingerprint
-    for r in runs:
-        if (r.variant, r.protocol_key, r.commit_key) in target:
-            last[target[(r.variant, r.protocol_key, r.commit_key)]] = r.fingerprint
-    joins = Counter(target.values())  # a joined row: how many rows it holds
-    out = []
-    for r in runs:
-        joined = target.get((r.variant, r.protocol_key, r.commit_key))
-        several = joined is not None and joins[joined] > 1
-        out.append(dataclasses.replace(r, same_code_as=last[joined]) if several and last[joined] != r.fingerprint else r)
-    return out
-
-
-def shared_commit(a: list[Run], b: list[Run]) -> str | None:
-    """A commit whose code computes both rows' training (`commits_of`: one their runs came from, or
-    one whose fingerprint table computes their fingerprints), or None. A row holds one variant's runs
-    of one training fingerprint (or one commit where none was recorded), and two variants'
-    fingerprints never agree, so rows of two variants compare through such a commit: every run of
-    either row computes what that commit's code computes. Not transitive: rows A and C that each
-    share a commit with B need not share one."""
-    theirs = set(commits_of(b))
-    return next((c for c in commits_of(a) if c in theirs), None)
-
-
-def cohorts(commits: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
-    """Rows, as {label (`row_commit`): the commits that compute it (`commits_of`)}, in groups that
-    share one commit, the commit most of them share first: [(commit, labels)]. A row sharing no
-    commit with another is a group of its own."""
-    left, out = list(commits), []
-    while left:
-        counts: dict[str, int] = {}
-        for label in left:
-            for c in commits[label]:
-                counts[c] = counts.get(c, 0) + 1
-        if not counts:
-            out += [(label, [label]) for label in left]
-            break
-        commit = max(counts, key=counts.get)  # the first of the most shared
-        group = [label for label in left if commit in commits[label]]
-        out.append((commit, group))
-        left = [label for label in left if label not in group]
-    return out
-
-
-def row_key(commit: str) -> str:
-    """The `Run.commit_key` of a row's runs, from the row's `row_commit`."""
-    return commit.split(":")[0] if commit.startswith("fp ") else short(commit)
 
 
 def best_epoch(history: pd.DataFrame) -> tuple[float, int]:
@@ -403,31 +291,6 @@ def load_runs(models_dir: Path, results_dir: Path, variants: list[str], seeds: l
                 {name: pred[f"{name}_digit_index"].long().numpy() for name in sets if f"{name}_digit_index" in pred},
                 *recorded_commit(config, journal_dir)))
     return runs
-
-
-def group(runs: list[Run]) -> dict[tuple, list[Run]]:
-    """Runs by (variant, protocol, commit), in the order first seen: the report's unit of a row."""
-    out: dict[tuple, list[Run]] = {}
-    for r in runs:
-        out.setdefault((r.variant, r.protocol_key, r.commit_key), []).append(r)
-    return out
-
-
-def ordered_rows(runs: list[Run]) -> list[tuple[tuple, list[Run]]]:
-    """`group`'s rows, the headline protocol's first (`protocols`), each protocol's as first seen."""
-    order = {key: k for k, key in enumerate(protocols(runs))}
-    return sorted(group(runs).items(), key=lambda item: order[item[0][1]])
-
-
-def protocols(runs: list[Run]) -> list[tuple]:
-    """The protocol keys present, the headline (the claims', the README's) first: the one with the
-    most runs, so a protocol a GPU window has only begun never displaces one whose seeds are all
-    there; of as many, the longest training (the paper protocol before a shorter one); then the one
-    with more current records (a seed's last in ``runs``: `publish.with_earlier` puts the records a
-    later run displaced before it), i.e. the newer; then as first seen."""
-    counts = Counter(r.protocol_key for r in runs)
-    current = Counter(r.protocol_key for r in {(r.variant, r.seed): r for r in runs}.values())
-    return sorted(counts, key=lambda k: (-counts[k], -k[1], -current[k]))  # stable: as first seen
 
 
 def run_provenance(runs: list[Run]) -> pd.DataFrame:

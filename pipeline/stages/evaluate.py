@@ -23,7 +23,8 @@ from pipeline.core.files import writable_dir, write_json
 from pipeline.core.params import Params
 from pipeline.core.stage_names import rerun_hint
 from pipeline.report.runs import RUN_FIGURES
-from pipeline.training.train import RunConfig, build_model, configure_precision, place_model, resolve_device
+from pipeline.training.config import RunConfig
+from pipeline.training.train import build_model, configure_precision, place_model, resolve_device
 
 
 def load_model(model_dir: Path, params: Params | None = None) -> tuple[dict, RunConfig, torch.nn.Module]:

@@ -29,8 +29,9 @@ from pipeline.report import costs, figures
 from pipeline.report import document as doc
 from pipeline.report import publish
 from pipeline.report import runs as rr
+from pipeline.report.rows import bridge, group, protocols, run_label, same_code, with_several_rows
 from pipeline.report.runs import METRIC_KEYS, read_table
-from pipeline.training.train import ADAM_EPS
+from pipeline.training.config import ADAM_EPS
 
 
 def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str = "error",
@@ -39,13 +40,13 @@ def run(p: Params, models_dir: Path, results_dir: Path, out: Path, missing: str 
     "list" reports it as not run; ``readme``: rewrite that file's generated results block from the
     same tables; ``benchmarks``: the measured speeds (reports/benchmarks.md) that cost what would
     settle each claim; ``fingerprints``: a folder of fingerprint tables (`capsnet fingerprint`) through
-    which rows trained at different commits compare (pipeline.report.runs.bridge). Returns the path
+    which rows trained at different commits compare (pipeline.report.rows.bridge). Returns the path
     of ablation.md."""
     fig_dir = writable_dir(out / "figures", "report")
     variants, seeds = list(p.ablation.variants), list(p.ablation.seeds)
     skip = rr.missing_runs(models_dir, results_dir, variants, seeds) if missing == "list" else []
     not_run = {v: [s for w, s in skip if w == v] for v in dict.fromkeys(w for w, _ in skip)}
-    runs, superseded = publish.one_per_seed(rr.same_code(rr.bridge(
+    runs, superseded = publish.one_per_seed(same_code(bridge(
         publish.with_earlier(rr.load_runs(models_dir, results_dir, variants, seeds, skip=skip, params=p),
                              models_dir, variants, seeds, p),
         lineage.load_tables(fingerprints))))
@@ -106,20 +107,20 @@ def claims_table(out: Path) -> pd.DataFrame | None:
 
 def learning_curves(panels_of: list[tuple[str, list[rr.Run]]], path: Path) -> None:
     """One panel per experiment with runs and per protocol they trained under (the headline protocol's
-    first, `rr.protocols`; the protocol under the experiment's title where it has several: a cut and a
+    first, `protocols`; the protocol under the experiment's title where it has several: a cut and a
     compressed schedule never share a panel, as they never share a table), each variant's seeds a line (a
     variant trained by several training codes under one protocol, a line each), and the learning-rate
     schedule of the longest run of each schedule."""
     panels: dict[str, dict] = {}
     lr: dict[str, tuple] = {}
     for title, runs in panels_of:
-        keys = rr.protocols(runs)
+        keys = protocols(runs)
         for key in keys:
             mine = [r for r in runs if r.protocol_key == key]
-            ambiguous = rr.with_several_rows(mine)
+            ambiguous = with_several_rows(mine)
             curves = panels.setdefault(title if len(keys) == 1 else f"{title}\n{mine[0].protocol}", {})
             for r in mine:
-                curves.setdefault(rr.run_label(r, ambiguous), []).append((list(r.history.epoch),
+                curves.setdefault(run_label(r, ambiguous), []).append((list(r.history.epoch),
                                                                           list(r.history.test_error_pct)))
                 if "lr" in r.history and (r.schedule not in lr or len(r.history) > len(lr[r.schedule][0])):
                     lr[r.schedule] = (list(r.history.epoch), list(r.history.lr))  # the longest run of each schedule
@@ -128,7 +129,7 @@ def learning_curves(panels_of: list[tuple[str, list[rr.Run]]], path: Path) -> No
 
 def write_variant_metrics(runs: list[rr.Run], metrics_dir: Path) -> dict[str, dict[str, float]]:
     """metrics/<row>.json (DVC metrics), one per report row (a variant under one protocol and one
-    training code, `rr.group`: runs of different ones are never pooled), named by `row_names`:
+    training code, `group`: runs of different ones are never pooled), named by `row_names`:
     evaluate's metrics.json keys, each the mean over the row's seeds, or the seeds' common value
     (reached_target: true, false, or the fraction of seeds that stopped at the target). With the
     per-run files this makes `dvc metrics show` one table of the same columns, a row per run and
@@ -145,11 +146,11 @@ def write_variant_metrics(runs: list[rr.Run], metrics_dir: Path) -> dict[str, di
 
 
 def row_names(runs: list[rr.Run]) -> dict[str, list[rr.Run]]:
-    """Each report row's runs (`rr.group`) under a file and MLflow name: the variant where it has one
+    """Each report row's runs (`group`) under a file and MLflow name: the variant where it has one
     row; where it has several, the variant with the epochs and training code that tell them apart
     (`capsnet_r3_recon-50ep-17bb48c`, `capsnet_r3_recon-50ep-fp87ed42bb`), and a digest of the
     protocol where even those agree (two schedules at one commit, say)."""
-    groups, several = rr.group(runs), rr.with_several_rows(runs)
+    groups, several = group(runs), with_several_rows(runs)
     named = {key: key[0] if key[0] not in several else f"{key[0]}-{key[1][1]}ep-{key[2].replace(' ', '')}"
              for key in groups}
     uses = Counter(named.values())
@@ -159,7 +160,7 @@ def row_names(runs: list[rr.Run]) -> dict[str, list[rr.Run]]:
 
 def flatten(headline: dict) -> dict[str, float]:
     """{"capsnet_r1/error_pct": 0.41, …}: MLflow metric names for the report run."""
-    return {f"{group}/{key}": value for group, values in headline.items() for key, value in values.items()}
+    return {f"{section}/{key}": value for section, values in headline.items() for key, value in values.items()}
 
 
 def provenance(p: Params, runs: list[rr.Run], not_run: dict[str, list[int]],

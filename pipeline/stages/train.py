@@ -30,7 +30,8 @@ from pipeline.core.params import Params, cpu_epoch_seconds
 from pipeline.report import figures
 from pipeline.training.fingerprint import fingerprint_environment, training_fingerprint
 from pipeline.training.checkpoint import assert_finite_weights, load_checkpoint
-from pipeline.training.train import ADAM_EPS, RunConfig, count_params, resolve_device, run_config, train_group
+from pipeline.training.config import ADAM_EPS, RunConfig, run_config
+from pipeline.training.train import count_params, resolve_device, train_group
 
 ARTIFACTS = ("model.safetensors", "learning_curve.png", "history.csv", "config.json")
 

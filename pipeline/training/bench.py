@@ -23,9 +23,10 @@ from pipeline.core.params import BENCH_MODES
 from pipeline.core.provenance import git_commit, repo_root
 from pipeline.data.idx import MNIST_SIZE
 from pipeline.training.profile import profile_steps
+from pipeline.training.config import RunConfig
 from pipeline.training.train import (
-    RunConfig, build_group, build_model, compiled, compute_loss, configure_backends, loss_recipe, make_optimizer,
-    make_step, predict, resolve_device,
+    build_group, build_model, compiled, compute_loss, configure_backends, loss_recipe, make_optimizer, make_step, predict,
+    resolve_device,
 )
 
 EPOCH_IMAGES = 60_000
@@ -190,7 +191,7 @@ def run(params, variant: str, batch_sizes: tuple[int, ...], modes: tuple[str, ..
     one-seed rate). ``profile`` > 0: each timed row also says where that many steps' time went."""
     import datetime
 
-    from pipeline.training.train import run_config
+    from pipeline.training.config import run_config
 
     dev = resolve_device(device)
     base = run_config(params, variant, 0, profile="bench", epochs=1, batch_size=batch_sizes[0], amp=False,

@@ -10,22 +10,12 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from pipeline.core.errors import UserError, first_line
 from pipeline.core.files import atomic_path
-
-
-class SeedConfig(Protocol):
-    """What a checkpoint needs of pipeline.training.train.RunConfig (imported from there, it would close
-    an import cycle): a frozen dataclass with the seed, the variant and the digest of its mathematics."""
-
-    seed: int
-    variant: str
-
-    def digest(self) -> str: ...
+from pipeline.training.config import RunConfig
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -47,7 +37,7 @@ def save_checkpoint(path: Path, state: dict, weights: dict[str, torch.Tensor]) -
         torch.save(state, tmp)
 
 
-def group_config(cfgs: SeedConfig | list[SeedConfig]) -> list[SeedConfig]:
+def group_config(cfgs: RunConfig | list[RunConfig]) -> list[RunConfig]:
     """The seeds of one training process: configurations equal but for distinct seeds."""
     cfgs = list(cfgs) if isinstance(cfgs, (list, tuple)) else [cfgs]
     if not cfgs:
@@ -60,7 +50,7 @@ def group_config(cfgs: SeedConfig | list[SeedConfig]) -> list[SeedConfig]:
     return cfgs
 
 
-def group_digest(cfgs: list[SeedConfig]) -> str:
+def group_digest(cfgs: list[RunConfig]) -> str:
     """The checkpoint key of a seed group: one seed's own digest (so a separate run's checkpoint
     keeps its key), else the hash of every seed's."""
     if len(cfgs) == 1:
@@ -68,7 +58,7 @@ def group_digest(cfgs: list[SeedConfig]) -> str:
     return hashlib.sha256(" ".join(c.digest() for c in cfgs).encode()).hexdigest()[:16]
 
 
-def load_checkpoint(path: str | Path, cfgs: SeedConfig | list[SeedConfig]) -> dict | None:
+def load_checkpoint(path: str | Path, cfgs: RunConfig | list[RunConfig]) -> dict | None:
     """The checkpoint at ``path`` if it belongs to ``cfgs`` (one run, or a seed group); else None."""
     path, cfgs = Path(path), group_config(cfgs)
     if not path.is_file():

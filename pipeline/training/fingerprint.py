@@ -63,7 +63,8 @@ from pipeline.core.params import Params
 from pipeline.training import fingerprint_cache
 from pipeline.training.fingerprint_cache import cpuinfo  # the probe's host line too (scripts/fingerprint_probe.py)
 from pipeline.training.checkpoint import NonFiniteLossError
-from pipeline.training.train import RunConfig, run_config, train_group
+from pipeline.training.config import RunConfig, run_config
+from pipeline.training.train import train_group
 
 SEEDS = (0, 1)  # two stacked seeds: the stack's own arithmetic is part of what is fingerprinted
 STEPS = 2  # per epoch; two epochs: a new order, the checkpoint written between them

@@ -46,7 +46,7 @@ from pipeline.training.experiment import Batch
 
 
 def loss_recipe(cfg) -> str | None:
-    """The CapsNet loss recipe of cfg's model (a pipeline.training.train.RunConfig), or None for a CNN."""
+    """The CapsNet loss recipe of cfg's model (a pipeline.training.config.RunConfig), or None for a CNN."""
     return cfg.recipe if cfg.model == "capsnet" else None
 
 
