@@ -15,6 +15,7 @@ from pipeline.core import lineage
 from pipeline.core.protocol import NOT_RECORDED
 from pipeline.report.runs import Run, short
 
+
 def group(runs: list[Run]) -> dict[tuple, list[Run]]:
     """Runs by (variant, protocol, commit), in the order first seen: the report's unit of a row."""
     out: dict[tuple, list[Run]] = {}

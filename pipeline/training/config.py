@@ -2,7 +2,7 @@
 
 A run's config is stored with its checkpoint and weights; its `digest` (the fields that change the
 mathematics) decides whether a checkpoint may resume it, and pipeline.training.fingerprint fingerprints
-the training it names. It imports no torch, so reading a config needs none.
+the training it names.
 """
 
 from __future__ import annotations
