@@ -78,9 +78,11 @@ PROFILES: dict[str, dict[str, Any]] = {
     # the paper protocol (640 epochs, its schedule, 3 seeds, the paper's 10M MultiMNIST test pairs) with
     # the fast path's settings: compiled CapsNets, eager CNNs, cuDNN autotuning, a checkpoint every 5
     # epochs (a call's 10 min limit stops a run mid-way; the next call resumes it). fp32 (TF32 off,
-    # train.tf32) until the precision check (bf16 vs fp32 under the gpu profile, 3 seeds each) shows bf16 within seed noise
+    # train.tf32) until the precision check (bf16 vs fp32 under the gpu profile, 3 seeds each) shows bf16 within seed noise;
+    # the whole step captured as one CUDA graph, as in the gpu profile (the same lever, outside the checkpoint key)
     "paper-gpu": {"base.profile": "paper-gpu", "train.compile": True, "train.compile_cnns": False,
-                  "train.deterministic": False, "train.device": "cuda", "train.checkpoint_every": 5},
+                  "train.deterministic": False, "train.device": "cuda", "train.checkpoint_every": 5,
+                  "train.cuda_graph": True},
 }
 
 

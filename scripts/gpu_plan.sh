@@ -70,8 +70,9 @@ python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.ya
 mkdir -p logs fingerprints
 # the paper protocol as a window would train it (#36 item 5): in bf16 autocast where the published report's
 # precision check allows it (reports/effects.csv: scripts/gpu_window.py --paper-amp says why), its step captured
+# (the profile's own train.cuda_graph)
 PAPER_AMP=$(python3 scripts/gpu_window.py --params params.gpu.yaml --paper-amp 2>>logs/queue.log) || PAPER_AMP=false
-python3 -m pipeline.profiles paper-gpu --set "train.amp=$PAPER_AMP" --set train.cuda_graph=true --write params.paper-gpu.yaml
+python3 -m pipeline.profiles paper-gpu --set "train.amp=$PAPER_AMP" --write params.paper-gpu.yaml
 BENCH=${CAPSNET_GPU_BENCH:-"capsnet_r3_recon@bf16-compile,bf16-compile-capture,bf16-capture#1,3+bmm capsnet_r3_recon@bf16-compile-capture#1,3+profile baseline_cnn@bf16,bf16-capture#1,3+loop+bmm capsnet_r3_recon@bf16-compile-cl,bf16-graphs baseline_cnn@bf16-cl capsnet_r3_recon@fp32,compile,capture,compile-capture#1,3 capsnet_r3_recon@bf16-compile-capture,compile-capture#3+streams"}
 # the fingerprint table of the code that trains, before the queue, which lists again what other training
 # code trained (a commit since changed training; an older, uncapped fingerprint): every variant in its own

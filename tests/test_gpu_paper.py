@@ -301,8 +301,8 @@ def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path
     the paper seed starts only where its estimate fits the window (not the call, which it outlasts: it trains on
     through the next, tests/test_gpu_calls.py)."""
     work = device_tree(tmp_path)
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--set", "train.amp=true", "--set",
-                    "train.cuda_graph=true", "--write", "params.paper-gpu.yaml"], check=True, cwd=work)
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--set", "train.amp=true",
+                    "--write", "params.paper-gpu.yaml"], check=True, cwd=work)
     paper = yaml.safe_load((work / "params.paper-gpu.yaml").read_text())
     row = {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 1, "captured": True, "train_images_per_s": 50_000.0}
     (work / "logs" / "bench").mkdir(parents=True)
@@ -330,7 +330,7 @@ def test_the_plan_prices_a_paper_seed_as_its_job_will_and_goes_on_with_one_an_ea
     trained (its config.json) goes on whatever is left, so that every call plans the same window."""
     path = tmp_path / "params.paper-gpu.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--params", str(REPO / "params.yaml"),
-                    "--set", "train.amp=true", "--set", "train.cuda_graph=true", "--write", str(path)], check=True, cwd=REPO)
+                    "--set", "train.amp=true", "--write", str(path)], check=True, cwd=REPO)
     paper = yaml.safe_load(path.read_text())
     h200 = gpu_levers.bench_rows(REPO / "reports" / "bench" / "nvidia-h200")
     item = "capsnet_r3_recon_official:0"
@@ -363,7 +363,7 @@ def test_a_paper_seed_is_priced_with_its_evaluations_and_never_starts_unpriced(t
     window's end would lose it whole), where a short job would."""
     path = tmp_path / "params.paper-gpu.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--params", str(REPO / "params.yaml"),
-                    "--set", "train.amp=true", "--set", "train.cuda_graph=true", "--write", str(path)], check=True, cwd=REPO)
+                    "--set", "train.amp=true", "--write", str(path)], check=True, cwd=REPO)
     paper = yaml.safe_load(path.read_text())
     h200 = [r for f in sorted((REPO / "reports" / "bench" / "nvidia-h200").glob("*.jsonl")) for r in gpu_levers.bench_rows(f)]
     seconds, source = gpu_queue.job_seconds(paper, "capsnet_r3_recon_official", 1, h200, parallel=1)
