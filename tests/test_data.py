@@ -43,6 +43,15 @@ def test_read_split_rejects_count_mismatch(tmp_path):
         read_split(tmp_path, "test")
 
 
+
+def test_read_split_rejects_a_label_that_is_not_a_digit(tmp_path):
+    write_mnist(tmp_path)
+    _, labels = synthetic_digits(20)
+    labels[3] = 10
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(labels))
+    with pytest.raises(IdxError, match="label 10 is not a digit"):
+        read_split(tmp_path, "test")
+
 RANGES = AffineRanges()
 
 
@@ -65,6 +74,25 @@ def test_affine_parameters_within_ranges_and_digit_stays_inside():
     assert ((params[:, 4:6] >= lo - 1e-5) & (params[:, 4:6] <= hi + 1e-5)).all()
     assert params[:, 0].std() > 5  # spread over the range, not constant
 
+
+
+def test_affine_parameters_are_uniform_over_their_ranges_and_independent():
+    """Rotation and shear uniform over ±max (both signs, mean 0), each axis's scale drawn on its own
+    over [min, max], the translation uniform between the bounds that keep the ink inside: 2,000
+    draws, each statistic several standard errors from what a one-sided, shared or pinned draw gives."""
+    images, _ = synthetic_digits(2000)
+    _, params = make_affine_set(images, 5, RANGES)
+    for column, top in ((0, 20.0), (1, 0.2)):  # rotation, shear: U(−top, top) has mean 0, sd top/√3
+        values = params[:, column]
+        assert values.min() < -0.9 * top and values.max() > 0.9 * top
+        assert abs(values.mean().item()) < 0.1 * top  # SE ≈ 0.013·top
+    scale_x, scale_y = params[:, 2], params[:, 3]
+    for scale in (scale_x, scale_y):
+        assert scale.min() < 0.82 and scale.max() > 1.18 and abs(scale.mean().item() - 1.0) < 0.02
+    assert abs(torch.corrcoef(torch.stack([scale_x, scale_y]))[0, 1].item()) < 0.1  # SE ≈ 0.022
+    lo, hi = translation_bounds(images, _linear_part(params))
+    where = (params[:, 4:6] - lo) / (hi - lo)  # (N, 2) the translation's place between its bounds
+    assert abs(where.mean().item() - 0.5) < 0.03 and abs(where.var().item() - 1 / 12) < 0.01  # U(0, 1)
 
 def test_apply_affine_identity_and_pure_translation():
     images, _ = synthetic_digits(4)

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
+from pipeline.models.baseline import BaselineCNN
 from pipeline.report.runs import uniform_metrics
-from pipeline.training.evaluate import accuracy_by_bins, confusion_matrix, error_pct
+from pipeline.training.evaluate import accuracy_by_bins, confusion_matrix, error_pct, evaluate_split
+from pipeline.training.experiment import predict
 
 RANGES = {"max_rotation_deg": 20.0, "max_shear": 0.2, "min_scale": 0.8, "max_scale": 1.2}
 
@@ -30,6 +32,44 @@ def test_confusion_matrix_rows_are_true_classes():
     cm = confusion_matrix(torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1, 1, 1]), 3)
     assert cm.tolist() == [[1, 1, 0], [0, 1, 0], [0, 1, 0]]
 
+
+
+class Answers(torch.nn.Module):
+    """A stand-in classifier that answers the class written in each image's first pixel (value 10·k)."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.num_classes = num_classes
+        self.anchor = torch.nn.Parameter(torch.zeros(()))  # where `predict` finds the device
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot((x[:, 0, 0, 0] * 25.5).round().long(), self.num_classes).float()
+
+
+def test_per_class_accuracy_is_each_true_class_s_share_predicted_right():
+    """True classes 0, 0, 1, 2 answered 0, 1, 1, 1: class 0 half right, class 1 right, class 2 wrong
+    (over the predicted counts it would read 1, 1/3, 0)."""
+    labels, answers = torch.tensor([0, 0, 1, 2], dtype=torch.uint8), torch.tensor([0, 1, 1, 1])
+    images = torch.zeros(4, 28, 28, dtype=torch.uint8)
+    images[:, 0, 0] = (10 * answers).to(torch.uint8)
+    metrics, arrays = evaluate_split(Answers(3), images, labels, batch_size=3, num_classes=3)
+    assert metrics["per_class_accuracy"] == {"0": 0.5, "1": 1.0, "2": 0.0}
+    assert metrics["error_pct"] == 50.0 and arrays["preds"].tolist() == answers.tolist()
+
+
+def test_predictions_are_made_with_dropout_off_and_leave_the_model_training():
+    """The baseline's dropout is off while it predicts (the same scores every time, those of eval mode),
+    and a model that was training is training again afterwards."""
+    torch.manual_seed(0)
+    model = BaselineCNN(num_classes=3).train()
+    images = torch.randint(0, 256, (4, 28, 28), dtype=torch.uint8)
+    scores, _ = predict(model, images, batch_size=2)
+    assert model.training
+    again, _ = predict(model, images, batch_size=4)
+    with torch.no_grad():
+        expected = model.eval()(images.unsqueeze(1).float() / 255)
+    torch.testing.assert_close(scores, again)
+    torch.testing.assert_close(scores, expected)
 
 def test_an_error_rate_is_its_count_over_n_written_and_read():
     """39 of 10,000 wrong is 0.39 % exactly (a float32 mean stores 0.38999998…), and the report reads

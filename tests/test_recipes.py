@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from pipeline.models.baseline import MultiMNISTCNN
 from pipeline.models.capsnet import CapsNet, CapsNetOutput, PrimaryCaps, capsnet_loss, dynamic_routing, squash
 from pipeline.training.config import ADAM_EPS
 from pipeline.training.train import make_optimizer
@@ -110,6 +111,19 @@ def test_official_initialisation_statistics():
     assert len(biases) == 6  # conv1, PrimaryCaps (32, 8), DigitCaps (10, 16), three decoder layers
     assert all(torch.equal(b, torch.full_like(b, 0.1)) for b in biases)
 
+
+
+def test_the_multimnist_cnn_starts_as_the_official_code_does():
+    """conv_model.py's variables: truncated normal cut at ±2σ, std 5e-2 for the convs and 0.1 for the
+    fully connected layers; every bias 0.1."""
+    torch.manual_seed(0)
+    model = MultiMNISTCNN(36)
+    for name, layer, std in [("conv1", model.conv1, 5e-2), ("conv2", model.conv2, 5e-2), ("fc1", model.fc1, 0.1),
+                             ("out", model.out, 0.1)]:
+        weight = layer.weight
+        assert abs(weight.std().item() - std * TRUNCATED_STD) < 0.1 * std * TRUNCATED_STD, name
+        assert weight.abs().max().item() <= 2 * std + 1e-7, name
+        assert torch.equal(layer.bias, torch.full_like(layer.bias, 0.1)), name
 
 def test_paper_recipe_is_unchanged():
     """Seed 0's paper-recipe model, outputs and losses as they were before the official recipe existed
