@@ -5,6 +5,7 @@ import yaml
 
 from conftest import REPO
 from pipeline.core.params import ParamsError, load_params, parse_params
+from pipeline.report.runs import paper_reference
 
 RAW = yaml.safe_load((REPO / "params.yaml").read_text())
 
@@ -25,8 +26,13 @@ def with_change(path: str, value):
 def test_committed_params_are_the_paper_protocol():
     p = load_params(REPO / "params.yaml")
     assert p.base.profile == "paper"
-    assert (p.train.batch_size, p.train.lr, p.train.lr_decay_rate, p.train.lr_decay_steps) == (128, 1e-3, 0.96, 2000)
-    assert p.train.max_shift == 2 and p.ablation.seeds == (0, 1, 2)
+    recipe = {k: v for k, v in paper_reference()["recipe"].items() if k != "source"}  # tests/test_reference.py
+    assert {k: getattr(p.train, k) for k in recipe} == recipe  # 640 epochs of 128, 1e-3 · 0.96^(step/2000) ≥ 1e-6, ±2 px
+    assert p.train.lr_schedule_epochs == 0 and p.train.amp is False  # the paper's own decay, in fp32
+    assert p.ablation.seeds == (0, 1, 2)  # Table 1: 3 trials
+    assert (p.prepare.max_rotation_deg, p.prepare.max_shear, p.prepare.min_scale, p.prepare.max_scale) == (
+        20.0, 0.2, 0.8, 1.2)  # affNIST's ranges (PAPER.md §5.2)
+    assert p.prepare.multimnist_max_shift == 4 and p.prepare.multimnist_pairs_per_digit == 1000  # §6: ±4 px, 10M
     assert p.variant("capsnet_r3_recon").routing_iterations == 3
     assert p.variant("capsnet_r3_recon").target_accuracy_pct == 0  # Table 1 runs train every epoch
     s52 = p.variant("capsnet_affnist"), p.variant("cnn_affnist")

@@ -10,7 +10,7 @@ import torch
 from pipeline.models.baseline import MultiMNISTCNN
 from pipeline.models.capsnet import CapsNet, CapsNetOutput, PrimaryCaps, capsnet_loss, dynamic_routing, squash
 from pipeline.training.config import ADAM_EPS
-from pipeline.training.train import make_optimizer
+from pipeline.training.train import make_optimizer, schedule
 
 
 def n_params(module: torch.nn.Module) -> int:
@@ -142,10 +142,27 @@ def test_paper_recipe_is_unchanged():
     assert recon.item() == pytest.approx(0.03238368034362793, rel=1e-5)
 
 
-def test_adam_epsilon_is_tf1_default():
-    """tf.train.AdamOptimizer's default ε is 1e-8 (Keras' is 1e-7); the official code uses TF1's."""
-    model = CapsNet(1, False, num_classes=3)
-    optimizer, _ = make_optimizer(model, type("Cfg", (), {"lr": 1e-3, "lr_min": 1e-6, "lr_decay_rate": 0.96,
-                                                          "lr_decay_steps": 2000, "lr_schedule_epochs": 0,
-                                                          "epochs": 1})(), torch.device("cpu"))
-    assert ADAM_EPS == 1e-8 and optimizer.param_groups[0]["eps"] == 1e-8
+def schedule_config(**changes):
+    """What make_optimizer and schedule read of a RunConfig: the paper protocol's optimiser settings."""
+    settings = {"lr": 1e-3, "lr_min": 1e-6, "lr_decay_rate": 0.96, "lr_decay_steps": 2000, "lr_schedule_epochs": 0,
+                "epochs": 1, **changes}
+    return type("Cfg", (), settings)()
+
+
+def test_adam_is_tf1s_adam():
+    """tf.train.AdamOptimizer, as the official code uses it: β 0.9 / 0.999, ε 1e-8 (Keras' default is
+    1e-7), no weight decay, no AMSGrad."""
+    optimizer, _ = make_optimizer(CapsNet(1, False, num_classes=3), schedule_config(), torch.device("cpu"))
+    group = optimizer.param_groups[0]
+    assert ADAM_EPS == 1e-8 and group["eps"] == 1e-8 and group["betas"] == (0.9, 0.999)
+    assert group["weight_decay"] == 0 and group["amsgrad"] is False
+
+
+def test_the_decay_is_smooth_and_floored_at_lr_min():
+    """lr · 0.96^(step / decay_steps), not a staircase, never below lr_min: with 10-step decays and a
+    floor of 1e-4, step 5 has 1e-3 · 0.96^0.5 and from step 565 on (0.96^56.5 < 0.1) the floor holds."""
+    rates = schedule(schedule_config(lr_decay_steps=10, lr_min=1e-4), 1000)
+    assert rates[5] == pytest.approx(1e-3 * 0.96 ** 0.5)
+    assert rates[560] == pytest.approx(1e-3 * 0.96 ** 56) and rates[560] > 1e-4
+    assert rates[565:] == [pytest.approx(1e-4)] * 436 and rates[564] > 1e-4
+    assert all(a >= b for a, b in zip(rates, rates[1:]))
