@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import save_file
+from scipy import stats as sp
 
 from pipeline.core import lineage
 from pipeline.experiments import affnist_report as ra
@@ -109,10 +110,25 @@ def test_a_tight_row_far_from_the_paper_is_not_reproduced_and_one_seed_gets_no_v
     fabricate(tmp_path, "capsnet_r3", 0, 1.0)
     summary = t1.summarize(load(tmp_path, ["capsnet_r1"], [0, 1, 2]) + load(tmp_path, ["capsnet_r3"], [0]),
                            REFERENCE).set_index("variant")
+    assert summary.loc["capsnet_r1", "test_error_mean"] == pytest.approx(3.5 / 3)  # the mean, not the median 1.0
     assert summary.loc["capsnet_r1", "verdict"] == "not reproduced" and summary.loc["capsnet_r1", "delta_ci_low"] > 0
     assert summary.loc["capsnet_r3", "verdict"] == "one seed: no verdict"
     assert math.isnan(summary.loc["capsnet_r3", "delta_ci_low"])
 
+
+
+def test_the_verdict_counts_the_papers_own_spread(tmp_path):
+    """capsnet_r1 at 0.40, 0.41, 0.42 % against the paper's 0.34 ± 0.032 %: our seeds alone would put
+    0.34 outside the interval (+0.07 ± 4.30 · 0.0058 = [+0.045, +0.095]); the paper's σ over its 3
+    trials belongs in it, SE² = 0.01²/3 + 0.032²/3 with ν ≈ 2.4, and then it covers 0."""
+    for seed, err in enumerate([0.40, 0.41, 0.42]):
+        fabricate(tmp_path, "capsnet_r1", seed, err)
+    row = t1.summarize(load(tmp_path, ["capsnet_r1"], [0, 1, 2]), REFERENCE).iloc[0]
+    ours, paper = 0.01 ** 2 / 3, 0.032 ** 2 / 3
+    df = (ours + paper) ** 2 / (ours ** 2 / 2 + paper ** 2 / 2)
+    half = float(sp.t.ppf(0.975, df)) * math.sqrt(ours + paper)
+    assert (row.delta_ci_low, row.delta_ci_high) == pytest.approx((0.07 - half, 0.07 + half))
+    assert row.delta_ci_low < 0 and row.verdict == "consistent"
 
 def test_effects_are_seed_aware_and_say_what_the_interval_supports(tmp_path):
     for seed, (a, b) in enumerate([(5.0, 20.0), (5.5, 20.5), (4.5, 19.5)]):
