@@ -695,6 +695,46 @@ MUTATIONS = [
              "    if not pair:\n        return row | {",
              "    if False:\n        return row | {",
              ("tests/test_report.py::test_rows_never_pool_protocols_or_commits",)),
+    Mutation("§5.2's gap read on the expanded-MNIST set", "pipeline/experiments/affnist_report.py",
+             'err_cnn = np.stack([~r.correct["affnist_test"] for r in cnn])',
+             'err_cnn = np.stack([~r.correct["expanded_test"] for r in cnn])',
+             ("tests/test_report.py::test_affnist_summary_gap_and_matched_flag",)),
+    Mutation("§5.2's gap resamples images, not their source digits", "pipeline/experiments/affnist_report.py",
+             "parts = stats.effect_parts(err_cnn, err_caps, groups)",
+             "parts = stats.effect_parts(err_cnn, err_caps)",
+             ("tests/test_report.py::test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups",)),
+    Mutation("§5.2's gap read CNN − CapsNet", "pipeline/experiments/affnist_report.py",
+             "parts = stats.effect_parts(err_cnn, err_caps, groups)",
+             "parts = stats.effect_parts(err_caps, err_cnn, groups)",
+             ("tests/test_report.py::test_affnist_summary_gap_and_matched_flag",)),
+    Mutation("§5.2's gap larger only past twice the paper's", "pipeline/experiments/affnist_report.py",
+             "    if ci_low > paper_gap:\n",
+             "    if ci_low > 2 * paper_gap:\n",
+             ("tests/test_report.py::test_gap_verdict_boundaries",)),
+    Mutation("§5.2's smaller gap called reproduced", "pipeline/experiments/affnist_report.py",
+             'return "reproduced" if ci_high >= paper_gap else "smaller gap"',
+             'return "reproduced"',
+             ("tests/test_report.py::test_gap_verdict_boundaries",)),
+    Mutation("§5.2's no difference called opposite", "pipeline/experiments/affnist_report.py",
+             "    if ci_high < 0:\n",
+             "    if ci_low < 0:\n",
+             ("tests/test_report.py::test_gap_verdict_boundaries",)),
+    Mutation("the paper's §5.2 gap read CNN − CapsNet", "pipeline/experiments/affnist_report.py",
+             'paper_gap = ref["capsnet"]["affnist_accuracy_pct"] - ref["cnn"]["affnist_accuracy_pct"]',
+             'paper_gap = ref["cnn"]["affnist_accuracy_pct"] - ref["capsnet"]["affnist_accuracy_pct"]',
+             ("tests/test_report.py::test_affnist_summary_gap_and_matched_flag",)),
+    Mutation("§5.2's accuracy std with ddof 0", "pipeline/experiments/affnist_report.py",
+             '"affnist_acc_std": float(np.std(affine, ddof=1))',
+             '"affnist_acc_std": float(np.std(affine))',
+             ("tests/test_report.py::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
+    Mutation("§5.2's gap across training codes gets an interval", "pipeline/experiments/affnist_report.py",
+             "    if not one_origin:  #",
+             "    if False:  #",
+             ("tests/test_report.py::test_affnist_gap_across_commits_is_confounded",)),
+    Mutation("a MultiMNIST verdict against 0 % instead of the paper's", "pipeline/experiments/multimnist_report.py",
+             "diff = stats.against_paper(errors, paper_error, None) if paper else None",
+             "diff = stats.against_paper(errors, 0.0, None) if paper else None",
+             ("tests/test_multimnist.py::test_report_renders_the_multimnist_column_from_fabricated_runs",)),
     Mutation("effect interval without the seed terms", "pipeline/report/stats.py",
              "return [(self.var_a / n_a, n_a - 1), (self.var_b / n_b, n_b - 1), (v_test, self.units - 1)]",
              "return [(v_test, self.units - 1)]", (STATS,)),
@@ -1072,7 +1112,7 @@ MUTATIONS = [
     Mutation("§5.2's gap pools a protocol a window has only begun", "pipeline/experiments/affnist_report.py",
              "    runs = headline_runs(runs)\n", "",
              (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",
-              f"{BEGUN}[compressed]")),
+              f"{BEGUN}[paper length]")),
     Mutation("report rows in the order first seen, a begun protocol's among the headline's", "pipeline/report/rows.py",
              "return sorted(group(runs).items(), key=lambda item: order[item[0][1]])", "return list(group(runs).items())",
              (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
@@ -1293,8 +1333,11 @@ MUTATIONS = [
     Mutation("a profile's --set writes a key params.yaml does not have", "pipeline/profiles.py",
              "        if key not in section or isinstance(section[key], dict):", "        if False:",
              (f"{PROFILES}::test_a_setting_over_a_profile_must_be_one_of_params_yaml",)),
-    Mutation("the README's mutation count is not the list's", "README.md", "applies 3", "applies 9",
-             (DOCS,)),  # the count's first digit: stays valid as mutations are added (300-399)
+    Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
+             "    if result.returncode in (4, 5):\n", "    if False:\n",
+             ("tests/test_wiring.py::test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught",)),
+    Mutation("the README's mutation count is not the list's", "README.md", "applies 4", "applies 9",
+             (DOCS,)),  # the count's first digit: stays valid as mutations are added (400-499)
 ]
 
 
@@ -1309,11 +1352,20 @@ def scratch_copy(dest: Path) -> None:
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)  # tests that ask git what it ignores need a repo
 
 
+class NamedTestsError(RuntimeError):
+    """pytest found none or not all of the tests named (a test renamed, a parameter id gone): its exit
+    status 4 (usage: "not found") or 5 (nothing collected)."""
+
+
 def run_tests(copy: Path, tests: tuple[str, ...]) -> bool:
-    """True when the tests pass (the mutation survives)."""
+    """True when the tests pass (the mutation survives), False when they fail or cannot import the
+    mutated code. A named test that does not exist raises: it would read as a caught mutation."""
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
                             cwd=copy, env=env, capture_output=True, text=True)
+    if result.returncode in (4, 5):
+        tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
+        raise NamedTestsError(f"pytest exited {result.returncode} on {' '.join(tests)}: {' / '.join(tail)}")
     return result.returncode == 0
 
 
@@ -1333,8 +1385,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="capsnet-mutate-") as tmp:
         copy = Path(tmp)
         scratch_copy(copy)
-        if not run_tests(copy, tuple(dict.fromkeys(t for m in chosen for t in m.tests))):
-            print("the unmutated copy fails its tests: fix those first", file=sys.stderr)
+        try:
+            if not run_tests(copy, tuple(dict.fromkeys(t for m in chosen for t in m.tests))):
+                print("the unmutated copy fails its tests: fix those first", file=sys.stderr)
+                return 2
+        except NamedTestsError as err:
+            print(f"the tests the mutations name do not run: {err}", file=sys.stderr)
             return 2
         for m in chosen:
             target = copy / m.path
@@ -1345,8 +1401,14 @@ def main() -> int:
                 continue
             target.write_text(original.replace(m.old, m.new, 1))
             t0 = time.perf_counter()
-            alive = run_tests(copy, m.tests)
-            target.write_text(original)
+            try:
+                alive = run_tests(copy, m.tests)
+            except NamedTestsError as err:
+                print(f"BROKEN   {m.name}: {err}", file=sys.stderr)
+                survived.append(m.name)
+                continue
+            finally:
+                target.write_text(original)
             print(f"{'SURVIVED' if alive else 'caught  '} {m.name} ({time.perf_counter() - t0:.0f} s, {' '.join(m.tests)})",
                   flush=True)
             if alive:

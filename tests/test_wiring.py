@@ -201,9 +201,7 @@ def test_the_gpu_session_runs_every_cuda_only_test():
             assert skips <= text.count("@pytest.mark.cuda"), f"{path.name}: a CUDA-only test without the cuda mark"
 
 
-def test_every_mutation_still_finds_the_line_it_cuts():
-    """scripts/mutate.py's mutations name their code by a line: one a refactor rewrote would report
-    STALE only when a sweep runs (one did on 2026-11-26, left behind when costs.speed changed)."""
+def mutate_module():
     import sys
 
     sys.path.insert(0, str(REPO / "scripts"))
@@ -211,7 +209,25 @@ def test_every_mutation_still_finds_the_line_it_cuts():
         import mutate
     finally:
         sys.path.pop(0)
+    return mutate
+
+
+def test_every_mutation_still_finds_the_line_it_cuts():
+    """scripts/mutate.py's mutations name their code by a line: one a refactor rewrote would report
+    STALE only when a sweep runs (one did on 2026-11-26, left behind when costs.speed changed)."""
+    mutate = mutate_module()
     stale = [m.name for m in mutate.MUTATIONS if m.old not in (REPO / m.path).read_text()]
     assert not stale, f"mutations whose line is gone: {stale}"
     missing = [t for m in mutate.MUTATIONS for t in m.tests if not (REPO / t.split("::")[0]).is_file()]
     assert not missing, f"mutations naming test files that do not exist: {missing}"
+    gone = [t for m in mutate.MUTATIONS for t in m.tests if "::" in t
+            and f"def {t.split('::')[1].split('[')[0]}(" not in (REPO / t.split("::")[0]).read_text()]
+    assert not gone, f"mutations naming tests that do not exist: {gone}"  # a parameter id: mutate.py says BROKEN
+
+
+def test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught():
+    """pytest's "not found" exits 4, not 0: read as a failing test it counted a mutation as caught that
+    nothing tested (one named a parameter id a test had renamed, until 2026-11-28)."""
+    mutate = mutate_module()
+    with pytest.raises(mutate.NamedTestsError, match="not found"):
+        mutate.run_tests(REPO, ("tests/test_wiring.py::test_no_such_test",))
