@@ -43,7 +43,6 @@ def test_read_split_rejects_count_mismatch(tmp_path):
         read_split(tmp_path, "test")
 
 
-
 def test_read_split_rejects_a_label_that_is_not_a_digit(tmp_path):
     write_mnist(tmp_path)
     _, labels = synthetic_digits(20)
@@ -51,6 +50,7 @@ def test_read_split_rejects_a_label_that_is_not_a_digit(tmp_path):
     (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(labels))
     with pytest.raises(IdxError, match="label 10 is not a digit"):
         read_split(tmp_path, "test")
+
 
 RANGES = AffineRanges()
 
@@ -75,7 +75,6 @@ def test_affine_parameters_within_ranges_and_digit_stays_inside():
     assert params[:, 0].std() > 5  # spread over the range, not constant
 
 
-
 def test_affine_parameters_are_uniform_over_their_ranges_and_independent():
     """Rotation and shear uniform over ±max (both signs, mean 0), each axis's scale drawn on its own
     over [min, max], the translation uniform between the bounds that keep the ink inside: 2,000
@@ -93,6 +92,7 @@ def test_affine_parameters_are_uniform_over_their_ranges_and_independent():
     lo, hi = translation_bounds(images, _linear_part(params))
     where = (params[:, 4:6] - lo) / (hi - lo)  # (N, 2) the translation's place between its bounds
     assert abs(where.mean().item() - 0.5) < 0.03 and abs(where.var().item() - 1 / 12) < 0.01  # U(0, 1)
+
 
 def test_apply_affine_identity_and_pure_translation():
     images, _ = synthetic_digits(4)

@@ -90,7 +90,6 @@ def test_existing_verified_files_are_kept(synthetic_mnist, tmp_path):
     download_mnist(dest, sources=[])  # nothing to fetch: all present and verified
 
 
-
 def test_a_file_already_there_that_fails_its_checksum_is_fetched_again(synthetic_mnist, tmp_path):
     """A half-written or corrupt file in the destination is never trusted for being there."""
     mirror, files = synthetic_mnist
@@ -99,6 +98,7 @@ def test_a_file_already_there_that_fails_its_checksum_is_fetched_again(synthetic
     (dest / "train-labels-idx1-ubyte").write_bytes(files["train-labels-idx1-ubyte"][:-3])
     download_mnist(dest, sources=[str(mirror)])
     assert all((dest / name).read_bytes() == data for name, data in files.items())
+
 
 @pytest.mark.integration
 def test_real_mnist_mirror_hashes(tmp_path):

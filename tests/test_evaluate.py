@@ -33,7 +33,6 @@ def test_confusion_matrix_rows_are_true_classes():
     assert cm.tolist() == [[1, 1, 0], [0, 1, 0], [0, 1, 0]]
 
 
-
 class Answers(torch.nn.Module):
     """A stand-in classifier that answers the class written in each image's first pixel (value 10·k)."""
 
@@ -70,6 +69,7 @@ def test_predictions_are_made_with_dropout_off_and_leave_the_model_training():
         expected = model.eval()(images.unsqueeze(1).float() / 255)
     torch.testing.assert_close(scores, again)
     torch.testing.assert_close(scores, expected)
+
 
 def test_an_error_rate_is_its_count_over_n_written_and_read():
     """39 of 10,000 wrong is 0.39 % exactly (a float32 mean stores 0.38999998…), and the report reads

@@ -51,13 +51,13 @@ def test_compose_merges_as_saturating_sum():
     assert digits[0, 0, 14, 14] == 200 and digits[0, 1, 14, 14] == 100  # each digit alone: the targets
 
 
-
 def test_compose_shifts_each_digit_by_its_own_shift():
     images = torch.randint(0, 256, (2, 28, 28), dtype=torch.uint8)
     shifts = torch.tensor([[[3, -2], [-4, 1]]])  # (1, 2, 2): digit a, digit b
     _, digits = mm.compose(images, torch.tensor([[0, 1]]), shifts)
     assert torch.equal(digits[0, 0], mm.place(images[:1], shifts[:, 0])[0])
     assert torch.equal(digits[0, 1], mm.place(images[1:], shifts[:, 1])[0])
+
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -112,7 +112,6 @@ def test_official_initialisation_statistics():
     assert all(torch.equal(b, torch.full_like(b, 0.1)) for b in biases)
 
 
-
 def test_the_multimnist_cnn_starts_as_the_official_code_does():
     """conv_model.py's variables: truncated normal cut at ±2σ, std 5e-2 for the convs and 0.1 for the
     fully connected layers; every bias 0.1."""
@@ -124,6 +123,7 @@ def test_the_multimnist_cnn_starts_as_the_official_code_does():
         assert abs(weight.std().item() - std * TRUNCATED_STD) < 0.1 * std * TRUNCATED_STD, name
         assert weight.abs().max().item() <= 2 * std + 1e-7, name
         assert torch.equal(layer.bias, torch.full_like(layer.bias, 0.1)), name
+
 
 def test_paper_recipe_is_unchanged():
     """Seed 0's paper-recipe model, outputs and losses as they were before the official recipe existed

@@ -116,7 +116,6 @@ def test_a_tight_row_far_from_the_paper_is_not_reproduced_and_one_seed_gets_no_v
     assert math.isnan(summary.loc["capsnet_r3", "delta_ci_low"])
 
 
-
 def test_the_verdict_counts_the_papers_own_spread(tmp_path):
     """capsnet_r1 at 0.40, 0.41, 0.42 % against the paper's 0.34 ± 0.032 %: our seeds alone would put
     0.34 outside the interval (+0.07 ± 4.30 · 0.0058 = [+0.045, +0.095]); the paper's σ over its 3
@@ -129,6 +128,7 @@ def test_the_verdict_counts_the_papers_own_spread(tmp_path):
     half = float(sp.t.ppf(0.975, df)) * math.sqrt(ours + paper)
     assert (row.delta_ci_low, row.delta_ci_high) == pytest.approx((0.07 - half, 0.07 + half))
     assert row.delta_ci_low < 0 and row.verdict == "consistent"
+
 
 def test_effects_are_seed_aware_and_say_what_the_interval_supports(tmp_path):
     for seed, (a, b) in enumerate([(5.0, 20.0), (5.5, 20.5), (4.5, 19.5)]):

@@ -41,7 +41,6 @@ def test_seed_spread_widens_the_interval_and_one_seed_gives_none():
     assert stats.effect_words(one) == "no interval (one seed)"
 
 
-
 def test_the_test_term_splits_into_seed_noise_and_the_systematic_difference_by_hand():
     """What power.py projects to more seeds: A's two seeds err on images 0, 1 and on image 0 (B never),
     so A's per-image seed variance is 0, 5000, 0, 0 pp² (mean 1250, which two seeds halve), and the
@@ -54,6 +53,7 @@ def test_the_test_term_splits_into_seed_noise_and_the_systematic_difference_by_h
     assert parts.systematic == pytest.approx(5000 / 3)
     assert parts.v_test == pytest.approx(6875 / 3 / 4)  # the measured term: its variance over the 4 images
     assert parts.terms(4, 4)[2][0] == pytest.approx(parts.v_test * (5000 / 3 + 1250 / 4) / (6875 / 3))
+
 
 def test_cluster_term_resamples_whole_digits_by_hand():
     digits, k = 100, 10
