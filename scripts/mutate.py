@@ -536,7 +536,7 @@ MUTATIONS = [
              "return 100.0 * (labels.long() != preds.long()).float().mean().item()",
              ("tests/test_evaluate.py::test_an_error_rate_is_its_count_over_n_written_and_read",)),
     Mutation("the report reads older float32 error rates as they were stored", "pipeline/report/runs.py",
-             "            out[error] = whole_images(out[error], out[n])\n", "",
+             "            out[error] = whole_images(out[error], out[n])\n", "            pass\n",
              ("tests/test_evaluate.py::test_an_error_rate_is_its_count_over_n_written_and_read",)),
     # --- a job measured before prices its variant's next seeds (the 2026-11-27 window's unstarted seed) ---
     Mutation("a measured job does not price its variant's next seeds", "scripts/gpu_queue.py",
@@ -1334,7 +1334,12 @@ MUTATIONS = [
              "        if key not in section or isinstance(section[key], dict):", "        if False:",
              (f"{PROFILES}::test_a_setting_over_a_profile_must_be_one_of_params_yaml",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
-             "    if result.returncode in (4, 5):\n", "    if False:\n",
+             'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
+             "return False\n",  # escaped: this entry's own text is not the line it cuts
+             ("tests/test_wiring.py::test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught",)),
+    Mutation("a mutation whose code fails to import counts as broken, not caught", "scripts/mutate.py",
+             'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
+             "return returncode in (4, 5)\n",  # escaped: this entry's own text is not the line it cuts
              ("tests/test_wiring.py::test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught",)),
     Mutation("the README's mutation count is not the list's", "README.md", "applies 4", "applies 9",
              (DOCS,)),  # the count's first digit: stays valid as mutations are added (400-499)
@@ -1354,19 +1359,27 @@ def scratch_copy(dest: Path) -> None:
 
 class NamedTestsError(RuntimeError):
     """pytest found none or not all of the tests named (a test renamed, a parameter id gone): its exit
-    status 4 (usage: "not found") or 5 (nothing collected)."""
+    status 4 with "not found" or 5 (nothing collected)."""
 
 
 def run_tests(copy: Path, tests: tuple[str, ...]) -> bool:
     """True when the tests pass (the mutation survives), False when they fail or cannot import the
-    mutated code. A named test that does not exist raises: it would read as a caught mutation."""
+    mutated code (pytest's exit 4 "found no collectors" too). A named test that does not exist raises:
+    it would read as a caught mutation."""
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
                             cwd=copy, env=env, capture_output=True, text=True)
-    if result.returncode in (4, 5):
-        tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
+    output = result.stdout + result.stderr
+    if named_tests_missing(result.returncode, output):
+        tail = output.strip().splitlines()[-3:]
         raise NamedTestsError(f"pytest exited {result.returncode} on {' '.join(tests)}: {' / '.join(tail)}")
     return result.returncode == 0
+
+
+def named_tests_missing(returncode: int, output: str) -> bool:
+    """pytest could not find a named test (exit 4, "not found") or collected none (exit 5). Its exit 4 is
+    also "found no collectors", when the mutated code fails to import: that is a catch."""
+    return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)
 
 
 def main() -> int:

@@ -231,3 +231,5 @@ def test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught():
     mutate = mutate_module()
     with pytest.raises(mutate.NamedTestsError, match="not found"):
         mutate.run_tests(REPO, ("tests/test_wiring.py::test_no_such_test",))
+    # a mutation that breaks the import makes pytest exit 4 too: that one is caught
+    assert not mutate.named_tests_missing(4, "ERROR: found no collectors for /tmp/copy/tests/test_x.py::test_y")
