@@ -6,7 +6,7 @@ import torch
 from pipeline.models.baseline import BaselineCNN
 from pipeline.report.runs import uniform_metrics
 from pipeline.training.evaluate import accuracy_by_bins, confusion_matrix, error_pct, evaluate_split
-from pipeline.training.experiment import predict
+from pipeline.training.experiment import predict, to_float
 
 RANGES = {"max_rotation_deg": 20.0, "max_shear": 0.2, "min_scale": 0.8, "max_scale": 1.2}
 
@@ -66,7 +66,7 @@ def test_predictions_are_made_with_dropout_off_and_leave_the_model_training():
     assert model.training
     again, _ = predict(model, images, batch_size=4)
     with torch.no_grad():
-        expected = model.eval()(images.unsqueeze(1).float() / 255)
+        expected = model.eval()(to_float(images))
     torch.testing.assert_close(scores, again)
     torch.testing.assert_close(scores, expected)
 

@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 
+from conftest import REPO
+from pipeline.core.params import load_params
 from pipeline.models.baseline import MultiMNISTCNN
 from pipeline.models.capsnet import CapsNet, CapsNetOutput, PrimaryCaps, capsnet_loss, dynamic_routing, squash
-from pipeline.training.config import ADAM_EPS
+from pipeline.training.config import ADAM_EPS, run_config
 from pipeline.training.train import make_optimizer, schedule
 
 
@@ -143,10 +145,8 @@ def test_paper_recipe_is_unchanged():
 
 
 def schedule_config(**changes):
-    """What make_optimizer and schedule read of a RunConfig: the paper protocol's optimiser settings."""
-    settings = {"lr": 1e-3, "lr_min": 1e-6, "lr_decay_rate": 0.96, "lr_decay_steps": 2000, "lr_schedule_epochs": 0,
-                "epochs": 1, **changes}
-    return type("Cfg", (), settings)()
+    """capsnet_r1's RunConfig under the committed params (the paper protocol's optimiser), with ``changes``."""
+    return run_config(load_params(REPO / "params.yaml"), "capsnet_r1", 0, **changes)
 
 
 def test_adam_is_tf1s_adam():
