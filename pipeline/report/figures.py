@@ -258,7 +258,7 @@ def multimnist_reconstructions(inputs: torch.Tensor, recons: torch.Tensor, title
         grey = inputs[n].float() / 255  # (H, W)
         overlay = torch.stack([torch.maximum(0.35 * grey, recons[n, 0]), torch.maximum(0.35 * grey, recons[n, 1]),
                                0.35 * grey], dim=-1)  # (H, W, 3)
-        axes[0, n].imshow(grey, cmap="gray", vmin=0, vmax=1)
+        axes[0, n].imshow(grey.numpy(), cmap="gray", vmin=0, vmax=1)
         axes[1, n].imshow(overlay.clamp(0, 1).numpy())
         axes[0, n].set_title(titles[n], fontsize=7)
         for ax in axes[:, n]:
