@@ -799,6 +799,37 @@ def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
     assert rp.run_deviations(runs, ADAM_EPS) == [cut]
 
 
+def test_a_schedule_as_long_as_its_training_is_cut_not_compressed_and_each_span_shows_its_range(tmp_path):
+    """train.lr_schedule_epochs equal to the epochs trained decays the schedule uncompressed: short of
+    640 epochs it is a cut, as with 0. Each deviation spans its runs' epochs and last learning rates."""
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0, history=[2.0, 1.0], lr_schedule_epochs=640)
+    fabricate(tmp_path, "capsnet_r3", 0, 1.0, history=[2.0, 1.0, 0.5], lr_schedule_epochs=3)
+    fabricate(tmp_path, "capsnet_r3", 1, 1.0, history=[2.0, 1.0])
+    history = tmp_path / "models" / "capsnet_r1" / "seed1" / "history.csv"
+    pd.read_csv(history).assign(lr=[1e-3, 5e-6]).to_csv(history, index=False)
+    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1])
+    compressed, cut = rp.run_deviations(runs, ADAM_EPS)
+    assert compressed.startswith("2 of 4 runs decay the learning rate of 640 epochs compressed into their 2 ")
+    assert "last epoch ends at lr 5e-06–0.0009;" in compressed
+    assert cut.startswith("2 of 4 runs trained the paper's schedule **cut** at 2–3 epochs, not compressed: "
+                          "their last epoch's learning rate is 0.00081–0.0009 ")
+
+
+def test_the_claims_table_is_read_under_the_first_sections_protocol(tmp_path):
+    """Table 1's section comes first and heads the Claims table; a later section's claims (§5.2's
+    runs can lag a protocol behind) name their own protocol."""
+    def claims(name, protocol):
+        return pd.DataFrame([{"claim": name, "paper": "p", "ours": "o", "status": "s", "evidence": "",
+                              "cost_source": "", "gpu_hours": math.nan, "protocol": protocol}], columns=rc.COLUMNS)
+
+    sections = [rp.Section(lines=["## Table 1"], claims=claims("routing helps", "A"), protocol="A"),
+                rp.Section(lines=["## §5.2"], claims=claims("robust to affine", "B"), protocol="B")]
+    text = rp.render(sections, profile="gpu", figures={}, deviations=[], provenance={})
+    assert "Under the first protocol below (A)." in text
+    assert "| routing helps | p | o | s |" in text and "| robust to affine | p | o, under B | s |" in text
+
+
 def test_report_stage_reads_its_fingerprint_tables(tmp_path, monkeypatch):
     """`capsnet report --fingerprints DIR`: the tables there bridge rows of two commits (effects.csv
     gets the interval); without the option the effect stays confounded."""
