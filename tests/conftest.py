@@ -1,11 +1,14 @@
-"""Shared helpers: tiny synthetic MNIST IDX files written by the tests themselves."""
+"""Shared helpers: tiny synthetic MNIST IDX files written by the tests themselves, and the scripts as
+modules."""
 
 import gzip
+import importlib
 import os
 import struct
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -13,6 +16,16 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
 BIN = Path(sys.executable).parent  # this environment's capsnet, dvc, mlflow
+
+
+def script(name: str) -> ModuleType:
+    """scripts/<name>.py as a module. scripts/ is no package: it is on sys.path only while importing
+    (a script's imports of its siblings resolve then), and a script is imported once per session."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
 
 
 def tool_env(**extra: str) -> dict:

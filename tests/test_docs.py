@@ -3,15 +3,13 @@ Makefile defines, a `capsnet` command the CLI has, a file in the tree (or an out
 declares); a bare `make` lists every target with what it does; and the mutation count the pages
 state is scripts/mutate.py's."""
 
-import importlib.util
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, script
 
 from pipeline.cli import main as capsnet
 
@@ -68,11 +66,8 @@ def test_a_bare_make_lists_every_phony_target_with_what_it_does():
     assert sorted(line.split()[1] for line in listed) == sorted(phony) and all(len(line.split()) > 2 for line in listed), listed
 
 
-def test_the_stated_mutation_count_is_the_lists(monkeypatch):
-    spec = importlib.util.spec_from_file_location("mutate", REPO / "scripts" / "mutate.py")
-    mutate = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "mutate", mutate)  # its dataclass looks its module up
-    spec.loader.exec_module(mutate)
+def test_the_stated_mutation_count_is_the_lists():
+    mutate = script("mutate")
     stated = {page.name: named(r"applies (\d+) plausible bugs", page.read_text())
               for page in (REPO / "README.md", REPO / "docs" / "testing.md")}
     assert stated == {name: {str(len(mutate.MUTATIONS))} for name in stated}

@@ -15,7 +15,7 @@ from pipeline.stages import train as train_stage
 from pipeline.training import fingerprint as fp
 from pipeline.training.config import run_config
 
-from conftest import REPO, tiny_pipeline
+from conftest import REPO, script, tiny_pipeline
 
 # The fingerprint of each family's training code, per environment it was pinned in (fp32 on a CPU
 # depends on torch's release, and the host's processor and C library: the processor's kernels are
@@ -290,8 +290,7 @@ def test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_besi
     """scripts/fingerprint_probe.py: each probe's fingerprint comes from a capped process under CAPPED and that
     probe's settings (never another's), and a window's file, kept under its host's name, says per probe
     whether it computed what each other host's file holds."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import fingerprint_probe as probe
+    probe = script("fingerprint_probe")
 
     recorded = fp.fingerprint_environment()  # what runs record, before and after a probe's other caps
     other = fp.in_capped_process([], caps={"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"})

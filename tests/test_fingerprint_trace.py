@@ -15,12 +15,9 @@ from pipeline.core.params import load_params
 from pipeline.training import fingerprint as fp
 from pipeline.training.config import run_config
 
-from conftest import REPO
+from conftest import REPO, script
 
-sys.path.insert(0, str(REPO / "scripts"))
-import fingerprint_trace as ft  # noqa: E402
-
-sys.path.pop(0)
+ft = script("fingerprint_trace")
 
 
 def test_the_trace_records_each_operations_inputs_and_a_hash_of_its_outputs():

@@ -11,14 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import script
 from test_gpu_window import STUB_GPU, device_tree, python3_on_path
 
-sys.path.insert(0, str(REPO / "scripts"))
-try:
-    import gpu_queue
-finally:
-    sys.path.pop(0)
+gpu_queue = script("gpu_queue")
 
 TRAIN_SECONDS = 40  # the stub's training of capsnet_r3: longer than the first call's deadline below
 

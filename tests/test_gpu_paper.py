@@ -15,18 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, script
 from test_gpu_window import CAPS, STUB_GPU, device_tree, plan_until_the_queue, publish_seed0, python3_on_path
 
-sys.path.insert(0, str(REPO / "scripts"))
-try:
-    import epoch_overhead
-    import gpu_levers
-    import gpu_proof
-    import gpu_queue
-    import gpu_window
-finally:
-    sys.path.pop(0)
+epoch_overhead, gpu_levers, gpu_proof, gpu_queue, gpu_window = (
+    script(name) for name in ("epoch_overhead", "gpu_levers", "gpu_proof", "gpu_queue", "gpu_window"))
 
 
 

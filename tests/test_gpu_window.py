@@ -15,14 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, script
 
-sys.path.insert(0, str(REPO / "scripts"))
-try:
-    import gpu_levers
-    import gpu_queue
-finally:
-    sys.path.pop(0)
+gpu_levers, gpu_queue = script("gpu_levers"), script("gpu_queue")
 
 
 @pytest.fixture(scope="module")
@@ -237,11 +232,7 @@ def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_b
 def test_an_image_costs_its_area_or_its_flop_whichever_is_more_and_the_table_is_what_torch_counts():
     """gpu_queue.image_cost prices a variant nobody timed from the variant timed for its model:
     reports/bench/flop_per_image.json must hold what scripts/flop_table.py counts for every variant."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import flop_table
-    finally:
-        sys.path.pop(0)
+    flop_table = script("flop_table")
     committed = json.loads(gpu_queue.FLOPS.read_text())
     counted = flop_table.count(REPO / "params.yaml")
     assert committed.keys() == counted.keys(), "run .venv/bin/python scripts/flop_table.py"

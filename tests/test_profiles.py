@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, script
 from pipeline import profiles
 from pipeline.core.params import parse_params
 
@@ -238,11 +238,7 @@ def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path)
     from pipeline.report import publish
     from pipeline.training.config import run_config
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import gpu_queue
-    finally:
-        sys.path.pop(0)
+    gpu_queue = script("gpu_queue")
     assert gpu_queue.EARLIER == publish.EARLIER
     params = tmp_path / "params.gpu.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
@@ -356,17 +352,17 @@ def test_the_gpu_scripts_call_capsnet_with_options_it_has():
     from pipeline.cli import main
 
     calls = []
-    for script in ("gpu_session.sh", "gpu_plan.sh", "gpu_import.sh"):
-        text = (REPO / "scripts" / script).read_text().replace("\\\n", " ")
+    for shell in ("gpu_session.sh", "gpu_plan.sh", "gpu_import.sh"):
+        text = (REPO / "scripts" / shell).read_text().replace("\\\n", " ")
         for line in text.splitlines():
             for m in re.finditer(r'(?:\$CLI|pipeline\.cli|capsnet)\s+([a-z][\w-]*)([^|;&]*)', line):
-                calls.append((script, m.group(1), re.findall(r"(--[a-z][\w-]*)", m.group(2))))
+                calls.append((shell, m.group(1), re.findall(r"(--[a-z][\w-]*)", m.group(2))))
     assert any(command == "prepare" for _, command, _ in calls)  # the scan sees the calls
-    for script, command, options in calls:
+    for shell, command, options in calls:
         if command not in main.commands:
             continue  # `capsnet` in prose, or another program's word
         known = {o for p in main.commands[command].params for o in p.opts}
-        assert set(options) <= known, f"{script}: capsnet {command} has no {sorted(set(options) - known)}"
+        assert set(options) <= known, f"{shell}: capsnet {command} has no {sorted(set(options) - known)}"
 
 
 def test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove(tmp_path):
@@ -453,12 +449,7 @@ def test_the_fp32_twin_trains_with_the_fastest_fp32_mode_its_cuda_tests_prove(tm
     params = tmp_path / "params.gpu.yaml"
     subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
                     "--write", str(params)], check=True, cwd=REPO)
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import gpu_levers
-        import gpu_queue
-    finally:
-        sys.path.pop(0)
+    gpu_levers, gpu_queue = script("gpu_levers"), script("gpu_queue")
 
     def key(variant):
         return subprocess.run([sys.executable, "scripts/gpu_levers.py", "--params", str(params), "--key", variant],

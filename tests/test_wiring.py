@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import REPO, Recorder, tiny_data
+from conftest import REPO, Recorder, script, tiny_data
 
 from pipeline.core.params import load_params
 from pipeline.models.capsnet import capsnet_loss
@@ -201,21 +201,10 @@ def test_the_gpu_session_runs_every_cuda_only_test():
             assert skips <= text.count("@pytest.mark.cuda"), f"{path.name}: a CUDA-only test without the cuda mark"
 
 
-def mutate_module():
-    import sys
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import mutate
-    finally:
-        sys.path.pop(0)
-    return mutate
-
-
 def test_every_mutation_still_finds_the_line_it_cuts():
     """scripts/mutate.py's mutations name their code by a line: one a refactor rewrote would report
     STALE only when a sweep runs (one did on 2026-11-26, left behind when costs.speed changed)."""
-    mutate = mutate_module()
+    mutate = script("mutate")
     stale = [m.name for m in mutate.MUTATIONS if m.old not in (REPO / m.path).read_text()]
     assert not stale, f"mutations whose line is gone: {stale}"
     missing = [t for m in mutate.MUTATIONS for t in m.tests if not (REPO / t.split("::")[0]).is_file()]
@@ -228,7 +217,7 @@ def test_every_mutation_still_finds_the_line_it_cuts():
 def test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught():
     """pytest's "not found" exits 4, not 0: read as a failing test it counted a mutation as caught that
     nothing tested (one named a parameter id a test had renamed, until 2026-11-28)."""
-    mutate = mutate_module()
+    mutate = script("mutate")
     with pytest.raises(mutate.NamedTestsError, match="not found"):
         mutate.run_tests(REPO, ("tests/test_wiring.py::test_no_such_test",))
     # a mutation that breaks the import makes pytest exit 4 too: that one is caught
