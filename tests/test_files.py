@@ -1,6 +1,9 @@
+from pathlib import Path
+
 import pytest
 
-from pipeline.core.files import atomic_path, write_text
+from pipeline.core.errors import UserError
+from pipeline.core.files import atomic_path, writable_dir, write_text
 
 
 def test_atomic_path_renames_on_success(tmp_path):
@@ -12,12 +15,21 @@ def test_atomic_path_renames_on_success(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["model.safetensors"]
 
 
-def test_atomic_path_keeps_old_file_and_no_temp_on_failure(tmp_path):
+@pytest.mark.parametrize("stop", [RuntimeError, KeyboardInterrupt])  # Ctrl-C is no Exception
+def test_atomic_path_keeps_old_file_and_no_temp_on_failure(tmp_path, stop):
     target = tmp_path / "metrics.json"
     write_text(target, "old")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(stop):
         with atomic_path(target) as tmp:
             tmp.write_text("half")
-            raise RuntimeError("killed mid-write")
+            raise stop("killed mid-write")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_directory_that_exists_but_takes_no_file_is_refused_before_any_work():
+    """writable_dir writes a probe file: an existing directory that takes none (here /proc, which takes
+    no new file even from root, as a read-only mount would) fails before training, not hours into it."""
+    with pytest.raises(UserError, match="cannot write the output directory /proc/self"):
+        writable_dir("/proc/self", "output")
