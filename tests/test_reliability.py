@@ -117,7 +117,7 @@ def test_a_stale_running_run_is_closed_when_the_stage_runs_again(stage):
     assert status[stale].info.status == "FAILED" and "closed_as_stale_by" in status[stale].data.tags
     assert status[other].info.status == "RUNNING"  # another (variant, seed) is not touched
     [new] = [r for r in status.values() if r.info.run_id not in (stale, other)]
-    assert new.info.status == "FINISHED"
+    assert new.info.status == "FINISHED" and "closed_as_stale_by" not in new.data.tags  # it closes others, not itself
     assert {"image_size": "28", "n_train": "32", "n_test": "12", "recipe": "paper"}.items() <= new.data.params.items()
     assert new.data.tags["git_commit"]
 
@@ -165,8 +165,9 @@ def test_a_batch_larger_than_the_data_stops_before_any_run(stage):
     assert runs(root) == []
 
 
-def test_non_finite_weights_are_never_checkpointed(tmp_path):
-    weights = {"w": torch.tensor([1.0, float("nan")]), "steps": torch.tensor([3])}
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_weights_are_never_checkpointed(tmp_path, bad):
+    weights = {"w": torch.tensor([1.0, bad]), "steps": torch.tensor([3])}
     with pytest.raises(NonFiniteLossError, match="non-finite weights in w"):
         save_checkpoint(tmp_path / "c.pt", {"stack": weights}, weights)
     assert list(tmp_path.iterdir()) == []

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.cli import main
 from pipeline.core import provenance, tracking
-from pipeline.core.journal import JournalTracker
+from pipeline.core.journal import JournalTracker, read_journal
 
 PARAMS = {k: k.upper() for k in provenance.PARAM_KEYS}
 DATASET = {"name": "train", "digest": "0123456789abcdef", "source": "data/prepared/train.safetensors",
@@ -26,7 +26,7 @@ def journal_a_run(folder, root):
     (root / "models" / "config.json").write_text("{}")
     journal.log_artifact(run_id, root / "models" / "config.json")
     journal.log_artifact(run_id, root / "models" / "model.safetensors")  # not brought home: tagged as missing
-    journal.log_datasets(run_id, [DATASET])
+    journal.log_datasets(run_id, [DATASET | {"source": str(root / DATASET["source"])}])  # as the repository names it
     journal.end(run_id)
     assert journal.start("capsnet_r1-seed0", PARAMS, run_id=run_id) == run_id  # a resumed run appends
     journal.log_metrics(run_id, {"test_error_pct": 2.5}, step=3)
@@ -41,6 +41,7 @@ def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
     lines = [json.loads(line) for line in (tmp_path / "journal" / f"{journal_id}.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "start" and lines[0]["params"] == PARAMS
     assert {"event": "artifact", "path": "models/config.json", "folder": None}.items() <= lines[3].items()
+    assert [e["datasets"][0]["source"] for e in lines if e["event"] == "datasets"] == [DATASET["source"]]
 
     result = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "journal")])
     assert result.exit_code == 0, result.output
@@ -54,8 +55,10 @@ def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
     assert run.data.tags["missing_artifact.model.safetensors"] == "models/model.safetensors"
     history = client.get_metric_history(run.info.run_id, "test_error_pct")
     assert [(m.step, m.value) for m in history] == [(1, 4.0), (2, 3.0), (3, 2.5)]
+    assert [m.timestamp for m in history] == [e["time_ms"] for e in lines if "test_error_pct" in e.get("metrics", {})]
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.json"]
     assert run.info.start_time == lines[0]["time_ms"]  # the original timestamps, not the sync's
+    assert lines[-1]["event"] == "end" and run.info.end_time == lines[-1]["time_ms"]
     (dataset_input,) = run.inputs.dataset_inputs
     dataset = dataset_input.dataset
     assert (dataset.name, dataset.digest, json.loads(dataset.profile)) == ("train", DATASET["digest"], DATASET["profile"])
@@ -64,6 +67,108 @@ def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
 
     again = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "journal")])
     assert again.exit_code == 0 and "0 run(s) added" in again.output and "synced before" in again.output
+
+
+def test_a_stage_run_again_logs_its_metrics_once_and_a_failed_run_stays_failed(tmp_path, monkeypatch):
+    """`capsnet evaluate` run twice logs each metric once per step, in a journal and in a store; a run
+    that ended failed is FAILED in the journal, after its replay, and in a store it logs to directly."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    journal = JournalTracker(tmp_path / "journal")
+    run_id = journal.start("capsnet_r1-seed0", PARAMS)
+    journal.log_metrics_once(run_id, {"error_pct": 0.5}, step=3)
+    journal.log_metrics_once(run_id, {"error_pct": 0.5, "transformed_error_pct": 9.0}, step=3)
+    journal.log_datasets(run_id, [DATASET])
+    journal.end(run_id, failed=True)
+    events = read_journal(tmp_path / "journal" / f"{run_id}.jsonl")
+    assert [e["metrics"] for e in events if e["event"] == "metrics"] == [{"error_pct": 0.5}, {"transformed_error_pct": 9.0}]
+    assert events[-1]["status"] == "FAILED"
+
+    tracker = tracking.Tracker(profile=PARAMS["profile"])
+    replayed = tracker.client.get_run(tracker.replay(tmp_path / "journal" / f"{run_id}.jsonl"))
+    assert replayed.info.status == "FAILED"
+    direct = tracker.start("capsnet_r1-seed0", PARAMS)
+    for _ in range(2):
+        tracker.log_metrics_once(direct, {"error_pct": 0.5}, step=3)
+    tracker.end(direct, failed=True)
+    for run in (replayed.info.run_id, direct):
+        assert [(m.step, m.value) for m in tracker.client.get_metric_history(run, "error_pct")] == [(3, 0.5)]
+    assert tracker.client.get_run(direct).info.status == "FAILED"
+
+
+def test_the_report_run_files_its_figures_apart_from_its_tables(tmp_path, monkeypatch):
+    """`capsnet report`'s own run, journalled or in a store: its files under report/, the figures under
+    report/figures/, its headline numbers as metrics, tagged as the report."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    files = [tmp_path / "ablation.md", tmp_path / "table1.png"]
+    for path in files:
+        path.write_text("x")
+    journal = JournalTracker(tmp_path / "journal")
+    run_id = journal.log_report(files, "gpu", {"capsnet_r3_recon.error_pct": 0.3})
+    events = read_journal(tmp_path / "journal" / f"{run_id}.jsonl")
+    assert events[0]["tags"]["kind"] == "report" and events[0]["tags"]["profile"] == "gpu"
+    assert [(e["path"], e["folder"]) for e in events if e["event"] == "artifact"] == [
+        ("ablation.md", "report"), ("table1.png", "report/figures")]
+    tracker = tracking.Tracker(profile="gpu")
+    stored = tracker.log_report(files, "gpu", {"capsnet_r3_recon.error_pct": 0.3})
+    assert [a.path for a in tracker.client.list_artifacts(stored, "report")] == ["report/ablation.md", "report/figures"]
+    assert [a.path for a in tracker.client.list_artifacts(stored, "report/figures")] == ["report/figures/table1.png"]
+    assert tracker.client.get_run(stored).data.metrics == {"capsnet_r3_recon.error_pct": 0.3}
+    def full_disk(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tracker, "log_artifact", full_disk)
+    with pytest.raises(OSError):
+        tracker.log_report(files, "gpu", {})
+    (cut,) = [r for r in tracker.client.search_runs([tracker.experiment_id]) if r.info.run_id != stored]
+    assert cut.info.status == "FAILED"  # not left RUNNING, not FINISHED with files missing
+
+
+def test_a_resumed_run_logs_on_into_its_run_and_one_the_store_lost_starts_anew(tmp_path, monkeypatch):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    tracker = tracking.Tracker(profile="gpu")
+    first = tracker.start("capsnet_r1-seed0", PARAMS)
+    tracker.end(first, failed=True)  # stopped by a call's time limit
+    assert tracker.start("capsnet_r1-seed0", PARAMS, run_id=first) == first
+    assert tracker.client.get_run(first).info.status == "RUNNING"
+    fresh = tracker.start("capsnet_r1-seed0", PARAMS, run_id="0" * 32)  # trained against another store
+    assert fresh not in (first, "0" * 32) and tracker.client.get_run(fresh).data.params == PARAMS
+
+
+def test_each_epochs_metrics_are_logged_at_the_epoch_as_their_step(tmp_path):
+    """Training hands each epoch's metrics (1-based `epoch` among them) to the tracker's epoch logger:
+    the epoch is the step, never a metric of its own, so a curve's x axis is the epoch trained."""
+    journal = JournalTracker(tmp_path)
+    run_id = journal.start("capsnet_r1-seed0", PARAMS)
+    logger = journal.epoch_logger(run_id)
+    for epoch in (1, 2):
+        logger.log_epoch(epoch, {"epoch": epoch, "train_loss": 1.0 / epoch})
+    events = [e for e in read_journal(tmp_path / f"{run_id}.jsonl") if e["event"] == "metrics"]
+    assert [(e["step"], e["metrics"]) for e in events] == [(1, {"train_loss": 1.0}), (2, {"train_loss": 0.5})]
+
+
+def test_published_runs_open_on_the_experiment_with_the_most_and_every_experiment_is_model_training(
+        tmp_path, monkeypatch):
+    """`capsnet ui` opens the experiment holding most of the published runs (mark_published's first);
+    an experiment an older version made without MLflow's model-training kind gets it."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    MlflowClient(f"sqlite:///{tmp_path}/m.db").create_experiment(tracking.experiment_name("smoke"))
+    journal = JournalTracker(tmp_path / "journal")
+    ids = []
+    for profile in ("smoke", "gpu", "gpu"):
+        ids.append(journal.start("capsnet_r1-seed0", PARAMS | {"profile": profile}))
+        journal.log_datasets(ids[-1], [DATASET])
+        journal.end(ids[-1])
+    tracker = tracking.Tracker(profile="gpu")
+    for run_id in ids:
+        tracker.replay(tmp_path / "journal" / f"{run_id}.jsonl")
+    by_name = {e.name: e for e in tracker.client.search_experiments()}
+    smoke, gpu = by_name["capsnet-repro-smoke"], by_name["capsnet-repro-gpu"]
+    assert tracker.mark_published(set(ids)) == [gpu.experiment_id, smoke.experiment_id]
+    assert smoke.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_open_tracker_defers_when_a_journal_folder_is_named(tmp_path, monkeypatch):
@@ -102,9 +207,22 @@ def test_git_commit_is_dirty_for_code_changes_but_not_for_report_outputs(tmp_pat
     subprocess.run([*git, "commit", "-qm", "c"], cwd=tmp_path, check=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     (tmp_path / "reports" / "ablation.md").write_text("rewritten by the report stage\n")
+    (tmp_path / "notes.txt").write_text("a file git does not track is no code the run ran\n")
     assert provenance.git_commit(tmp_path) == head
     (tmp_path / "train.py").write_text("x = 2\n")
     assert provenance.git_commit(tmp_path) == head + "-dirty"
+
+
+def test_a_tree_without_git_records_the_commit_it_was_told_or_unknown(tmp_path, monkeypatch):
+    """A GPU box gets the working tree without .git: its runs record $CAPSNET_GIT_COMMIT (set by the
+    window's scripts), and 'unknown' without it, never a commit guessed from elsewhere."""
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above tmp_path
+    monkeypatch.delenv("CAPSNET_GIT_COMMIT", raising=False)
+    assert provenance.git_commit(tmp_path) == "unknown"
+    monkeypatch.setenv("CAPSNET_GIT_COMMIT", "abc1234")
+    assert provenance.git_commit(tmp_path) == "abc1234"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # what config.json and the run's tags record
+    assert provenance.environment()["git_commit"] == provenance.run_tags()["git_commit"] == "abc1234"
 
 
 def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses(tmp_path, monkeypatch):
