@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import UserError
-from pipeline.core.files import atomic_path, writable_dir, write_text
+from pipeline.core.files import atomic_path, writable_dir, write_json, write_text
 
 
 def test_atomic_path_renames_on_success(tmp_path):
@@ -33,3 +33,9 @@ def test_a_directory_that_exists_but_takes_no_file_is_refused_before_any_work():
     no new file even from root, as a read-only mount would) fails before training, not hours into it."""
     with pytest.raises(UserError, match="cannot write the output directory /proc/self"):
         writable_dir("/proc/self", "output")
+
+
+def test_json_is_written_with_sorted_keys_and_a_final_newline(tmp_path):
+    """Records written twice from the same numbers are the same bytes (the published runs diff cleanly)."""
+    write_json(tmp_path / "a.json", {"b": 1, "a": {"d": 2, "c": 3}})
+    assert (tmp_path / "a.json").read_text() == '{\n  "a": {\n    "c": 3,\n    "d": 2\n  },\n  "b": 1\n}\n'
