@@ -274,6 +274,15 @@ def test_a_group_checkpoint_does_not_resume_another_group(tmp_path):
         assert checkpoint.load_checkpoint(tmp_path / "g.pt", [dataclasses.replace(cfg, seed=s) for s in (0, 2)]) is None
 
 
+def test_a_checkpoint_of_the_trainer_before_stacks_starts_afresh(tmp_path):
+    """A checkpoint with the group's key but no stack (one seed's model, as trainers wrote before
+    stacked seeds) is not resumed: what it holds is not what the loop restores."""
+    cfg = config("capsnet_r1", epochs=1)
+    torch.save({"digest": checkpoint.group_digest([cfg]), "epoch": 0, "model": {}}, tmp_path / "old.pt")
+    with pytest.warns(UserWarning, match="older trainer"):
+        assert checkpoint.load_checkpoint(tmp_path / "old.pt", cfg) is None
+
+
 def test_a_group_must_share_everything_but_the_seed():
     cfg = config("capsnet_r1")
     with pytest.raises(ValueError, match="every setting but the seed"):
