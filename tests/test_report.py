@@ -12,7 +12,7 @@ import yaml
 from safetensors.torch import save_file
 from scipy import stats as sp
 
-from pipeline.core import lineage
+from pipeline.core import lineage, protocol
 from pipeline.experiments import affnist_report as ra
 from pipeline.experiments import table1_figures as t1_figures
 from pipeline.experiments import table1_report as t1
@@ -814,6 +814,10 @@ def test_a_schedule_as_long_as_its_training_is_cut_not_compressed_and_each_span_
     assert "last epoch ends at lr 5e-06–0.0009;" in compressed
     assert cut.startswith("2 of 4 runs trained the paper's schedule **cut** at 2–3 epochs, not compressed: "
                           "their last epoch's learning rate is 0.00081–0.0009 ")
+    assert "0.96^(step/2000) ≥" in runs[2].schedule  # no "· 3/3": its protocol is the uncompressed one
+    cfg = {"profile": "gpu", "epochs": 3, "batch_size": 128, "lr": 1e-3}
+    assert protocol.protocol_key(cfg | {"lr_schedule_epochs": 3}, "cpu") == protocol.protocol_key(cfg, "cpu")
+    assert protocol.protocol_key(cfg | {"lr_schedule_epochs": 640}, "cpu") != protocol.protocol_key(cfg, "cpu")
 
 
 def test_the_claims_table_is_read_under_the_first_sections_protocol(tmp_path):

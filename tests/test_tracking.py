@@ -16,6 +16,14 @@ DATASET = {"name": "train", "digest": "0123456789abcdef", "source": "data/prepar
            "context": "training", "profile": {"num_rows": 60000, "source": "MNIST train set"}}
 
 
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> str:
+    """A sqlite MLflow store in tmp_path, which is also the repository root that runs name paths by."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    return f"sqlite:///{tmp_path}/m.db"
+
+
 def journal_a_run(folder, root):
     """The calls `capsnet train` and `evaluate` make, against a journal; returns the journal run id."""
     journal = JournalTracker(folder)
@@ -34,9 +42,7 @@ def journal_a_run(folder, root):
     return run_id
 
 
-def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+def test_journal_replays_into_mlflow_once(tmp_path, store):
     journal_id = journal_a_run(tmp_path / "journal", tmp_path)
     lines = [json.loads(line) for line in (tmp_path / "journal" / f"{journal_id}.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "start" and lines[0]["params"] == PARAMS
@@ -46,7 +52,7 @@ def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "journal")])
     assert result.exit_code == 0, result.output
     assert "1 run(s) added" in result.output
-    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    client = MlflowClient(store)
     experiment = client.get_experiment_by_name(tracking.experiment_name(PARAMS["profile"]))  # its profile's own
     assert experiment.name == "capsnet-repro-PROFILE" and tracking.experiment_name("paper") == "capsnet-repro"
     (run,) = client.search_runs([experiment.experiment_id])
@@ -69,11 +75,9 @@ def test_journal_replays_into_mlflow_once(tmp_path, monkeypatch):
     assert again.exit_code == 0 and "0 run(s) added" in again.output and "synced before" in again.output
 
 
-def test_a_stage_run_again_logs_its_metrics_once_and_a_failed_run_stays_failed(tmp_path, monkeypatch):
+def test_a_stage_run_again_logs_its_metrics_once_and_a_failed_run_stays_failed(tmp_path, store):
     """`capsnet evaluate` run twice logs each metric once per step, in a journal and in a store; a run
     that ended failed is FAILED in the journal, after its replay, and in a store it logs to directly."""
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
     journal = JournalTracker(tmp_path / "journal")
     run_id = journal.start("capsnet_r1-seed0", PARAMS)
     journal.log_metrics_once(run_id, {"error_pct": 0.5}, step=3)
@@ -96,11 +100,9 @@ def test_a_stage_run_again_logs_its_metrics_once_and_a_failed_run_stays_failed(t
     assert tracker.client.get_run(direct).info.status == "FAILED"
 
 
-def test_the_report_run_files_its_figures_apart_from_its_tables(tmp_path, monkeypatch):
+def test_the_report_run_files_its_figures_apart_from_its_tables(tmp_path, store, monkeypatch):
     """`capsnet report`'s own run, journalled or in a store: its files under report/, the figures under
     report/figures/, its headline numbers as metrics, tagged as the report."""
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
     files = [tmp_path / "ablation.md", tmp_path / "table1.png"]
     for path in files:
         path.write_text("x")
@@ -126,9 +128,7 @@ def test_the_report_run_files_its_figures_apart_from_its_tables(tmp_path, monkey
     assert cut.info.status == "FAILED"  # not left RUNNING, not FINISHED with files missing
 
 
-def test_a_resumed_run_logs_on_into_its_run_and_one_the_store_lost_starts_anew(tmp_path, monkeypatch):
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+def test_a_resumed_run_logs_on_into_its_run_and_one_the_store_lost_starts_anew(tmp_path, store):
     tracker = tracking.Tracker(profile="gpu")
     first = tracker.start("capsnet_r1-seed0", PARAMS)
     tracker.end(first, failed=True)  # stopped by a call's time limit
@@ -151,14 +151,12 @@ def test_each_epochs_metrics_are_logged_at_the_epoch_as_their_step(tmp_path):
 
 
 def test_published_runs_open_on_the_experiment_with_the_most_and_every_experiment_is_model_training(
-        tmp_path, monkeypatch):
+        tmp_path, store):
     """`capsnet ui` opens the experiment holding most of the published runs (mark_published's first);
     an experiment an older version made without MLflow's model-training kind gets it. (mark_published
     counts runs in a set's order, so an unsorted answer would pass here by chance: scripts/mutate.py
     has no entry for it.)"""
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
-    MlflowClient(f"sqlite:///{tmp_path}/m.db").create_experiment(tracking.experiment_name("smoke"))
+    MlflowClient(store).create_experiment(tracking.experiment_name("smoke"))
     journal = JournalTracker(tmp_path / "journal")
     ids = []
     for profile in ("smoke", "gpu", "gpu"):
@@ -228,12 +226,10 @@ def test_a_tree_without_git_records_the_commit_it_was_told_or_unknown(tmp_path, 
     assert provenance.environment()["git_commit"] == provenance.run_tags()["git_commit"] == "abc1234"
 
 
-def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses(tmp_path, monkeypatch):
+def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses(tmp_path, store):
     """A trainer killed mid-write leaves a partial last line: its complete epochs are still replayed,
     with a one-line warning naming the file and the line; a malformed line before the end is not a
     torn tail, and the file is refused naming that line."""
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
     journal_id = journal_a_run(tmp_path / "journal", tmp_path)
     path = tmp_path / "journal" / f"{journal_id}.jsonl"
     lines = path.read_text().splitlines()
@@ -241,7 +237,7 @@ def test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses
     result = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "journal")])
     assert result.exit_code == 0, result.output
     assert f"warning: {path}: line {len(lines)} is torn" in result.output
-    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    client = MlflowClient(store)
     experiment = client.get_experiment_by_name(tracking.experiment_name(PARAMS["profile"]))  # its profile's own
     (run,) = client.search_runs([experiment.experiment_id])
     history = client.get_metric_history(run.info.run_id, "test_error_pct")

@@ -29,10 +29,16 @@ def precision(cfg: Mapping, device: str) -> str:
     return "TF32" if cfg["tf32"] else "fp32"
 
 
+def compressed(cfg: Mapping) -> bool:
+    """Whether a run decays a longer schedule than it trains (train.lr_schedule_epochs E compressed
+    into its epochs): E 0, unrecorded, or the run's own epochs is the schedule at its own pace."""
+    return cfg.get("lr_schedule_epochs", 0) not in (0, cfg["epochs"])
+
+
 def schedule(cfg: Mapping) -> tuple:
-    """Every learning-rate setting (an uncompressed schedule, lr_schedule_epochs 0, is the same
-    whether recorded or not)."""
-    return tuple(sorted((k, cfg[k]) for k in cfg if k.startswith("lr") and not (k == "lr_schedule_epochs" and not cfg[k])))
+    """Every learning-rate setting (a schedule at its own pace is the same whether lr_schedule_epochs
+    is 0, the run's epochs or not recorded)."""
+    return tuple(sorted((k, cfg[k]) for k in cfg if k.startswith("lr") and (k != "lr_schedule_epochs" or compressed(cfg))))
 
 
 def protocol_key(cfg: Mapping, device: str) -> tuple:

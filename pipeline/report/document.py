@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.core import protocol
 from pipeline.core.errors import UserError
 from pipeline.core.files import write_text
 from pipeline.core.params import Params
@@ -163,12 +164,12 @@ def run_deviations(runs: list[Run], adam_eps: float) -> list[str]:
     if other:
         out.append(f"Adam ε = {_recorded([r.adam_eps for r in other])} in {len(other)} of {len(runs)} runs "
                    f"({', '.join(dict.fromkeys(r.variant for r in other))}), not today's {adam_eps:g}.")
-    compressed = [r for r in runs if _compressed(r)]
+    compressed = [r for r in runs if protocol.compressed(r.cfg)]
     for (length, epochs), group_ in _by(compressed, lambda r: (r.cfg["lr_schedule_epochs"], r.cfg["epochs"])).items():
         out.append(f"{len(group_)} of {len(runs)} runs decay the learning rate of {length} epochs compressed into their "
                    f"{epochs} (lr · rate^(step/decay_steps · {length}/{epochs}), train.lr_schedule_epochs), so their last "
                    f"epoch ends at lr {_span([r.final_lr for r in group_])}; the paper decays over its own 640 epochs.")
-    cut = [r for r in runs if not _compressed(r) and r.cfg["epochs"] < PAPER_EPOCHS
+    cut = [r for r in runs if not protocol.compressed(r.cfg) and r.cfg["epochs"] < PAPER_EPOCHS
            and r.config.get("stop_reason") != "target"]  # §5.2's early stops end where they reach the target
     if cut:
         out.append(f"{len(cut)} of {len(runs)} runs trained the paper's schedule **cut** at {_span([r.cfg['epochs'] for r in cut])} "
@@ -184,12 +185,6 @@ def run_deviations(runs: list[Run], adam_eps: float) -> list[str]:
                    "weights, optimizer, schedule and every generator, so it is meant to change nothing; with "
                    "non-deterministic kernels it is not bit-identical.")
     return out
-
-
-def _compressed(run: Run) -> bool:
-    """Whether the run decays a longer schedule than it trains (train.lr_schedule_epochs): 0, or its
-    own epochs, is the schedule uncompressed."""
-    return run.cfg.get("lr_schedule_epochs", 0) not in (0, run.cfg["epochs"])
 
 
 def _by(runs: list[Run], key) -> dict:

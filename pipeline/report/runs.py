@@ -170,7 +170,7 @@ class Run:
         """Profile, length and learning-rate schedule in words, e.g. `gpu profile: 50 epochs × batch 128,
         lr 0.001·0.96^(step/2000) ≥ 1e-06`; a compressed schedule reads `0.96^(step/2000 · 640/50)`."""
         cfg = self.cfg
-        pace = f" · {cfg['lr_schedule_epochs']}/{cfg['epochs']}" if cfg.get("lr_schedule_epochs") else ""
+        pace = f" · {cfg['lr_schedule_epochs']}/{cfg['epochs']}" if protocol.compressed(cfg) else ""
         lr = f"lr {cfg['lr']:g}·{cfg['lr_decay_rate']:g}^(step/{cfg['lr_decay_steps']}{pace}) ≥ {cfg['lr_min']:g}"
         extra = [f"{k} {cfg[k]}" for k in sorted(cfg) if k.startswith("lr")
                  and k not in ("lr", "lr_decay_rate", "lr_decay_steps", "lr_min", "lr_schedule_epochs")]
