@@ -172,3 +172,27 @@ def test_a_datasets_digest_is_its_tensors_and_nothing_else(tmp_path):
                                                   (images, labels, {"shifts": torch.zeros(6, 2)})):
         save_split(tmp_path / "x.safetensors", changed_images, changed_labels, **extra)
         assert digest_of(tmp_path / "x.safetensors", "training")["digest"] != base["digest"]
+
+
+def test_a_split_that_is_absent_torn_or_not_a_split_is_one_line_naming_the_command_that_rebuilds_it(tmp_path):
+    """What a stage reads first: each bad file is a UserError (the CLI's one line) that says what is
+    wrong and which `dvc repro` makes it again, never safetensors' own exception or a KeyError later."""
+    from safetensors.torch import save_file
+
+    from pipeline.core.errors import UserError
+
+    images, labels = synthetic_digits(4)
+    save_split(tmp_path / "good.safetensors", images, labels)
+    whole = (tmp_path / "good.safetensors").read_bytes()
+    (tmp_path / "torn.safetensors").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "noise.safetensors").write_bytes(b"\xff" * 64)
+    save_file({"images": images}, str(tmp_path / "unlabelled.safetensors"))
+    save_file({"images": images, "labels": labels[:3]}, str(tmp_path / "uneven.safetensors"))
+    for name, message in (("absent", r"not found; build it with `dvc repro prepare`"),
+                          ("torn", r"is truncated or corrupt .*; rebuild it with `dvc repro -f prepare`"),
+                          ("noise", r"is truncated or corrupt .*; rebuild it with `dvc repro -f prepare`"),
+                          ("unlabelled", r"is not a prepared split \(images and labels of one length\)"),
+                          ("uneven", r"is not a prepared split \(images and labels of one length\)")):
+        with pytest.raises(UserError, match=message):
+            load_split(tmp_path / f"{name}.safetensors")
+    assert torch.equal(load_split(tmp_path / "good.safetensors")["labels"], labels)

@@ -87,3 +87,33 @@ def test_reading_params_imports_no_experiment_and_no_torch():
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('pipeline.experiments')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_registry_answers_for_a_plugin_by_what_the_plugin_says_and_refuses_a_name_nobody_gave():
+    """A registered module is its own source (its image size and models, not a built-in's), one
+    registered under a built-in's name replaces it and is listed once, and a name nothing registered
+    is one clear line at every door (load, entry, a record's image size), never a KeyError."""
+    import types
+
+    from pipeline.core.errors import UserError
+
+    wide = types.ModuleType("tests.wide_bars")
+    wide.NAME, wide.IMAGE_SIZE, wide.MODELS = "wide_bars", 32, ["capsnet"]
+    shadow = types.ModuleType("tests.shadow_table1")
+    shadow.NAME, shadow.IMAGE_SIZE, shadow.MODELS = "table1", 28, ["capsnet"]
+    registry.register(wide)
+    registry.register(shadow)
+    try:
+        assert registry.entry("wide_bars") == registry.Entry("tests.wide_bars", 32, ("capsnet",))
+        assert registry.load("table1") is shadow and registry.entry("table1").module == "tests.shadow_table1"
+        assert registry.names() == ["table1", "affnist", "multimnist", "wide_bars"]
+    finally:
+        registry.unregister("wide_bars")
+        registry.unregister("table1")
+    assert registry.names() == ["table1", "affnist", "multimnist"]
+    for door in (registry.load, registry.entry):
+        with pytest.raises(UserError, match="unknown experiment 'fashion'; known: table1, affnist, multimnist"):
+            door("fashion")
+    assert registry.of_record(None, 40) == "affnist" and registry.of_record("wide_bars", 40) == "wide_bars"
+    with pytest.raises(UserError, match="its image size 32 is none of the built-in ones .*add `experiment:`"):
+        registry.of_record(None, 32)
