@@ -155,8 +155,8 @@ def digest_of(path, context):
 
 
 def test_a_datasets_digest_is_its_tensors_and_nothing_else(tmp_path):
-    """MLflow's Dataset column: the digest follows every pixel and label of the split (and any other
-    tensor in it), not where the file lies or what its header says."""
+    """MLflow's Dataset column: the digest follows every pixel and label of the split, each tensor's
+    shape and dtype (and any other tensor in it), not where the file lies or what its metadata says."""
     images, labels = synthetic_digits(6)
     save_split(tmp_path / "train.safetensors", images, labels, {"source": "MNIST train set"})
     base = digest_of(tmp_path / "train.safetensors", "training")
@@ -168,8 +168,10 @@ def test_a_datasets_digest_is_its_tensors_and_nothing_else(tmp_path):
     pixel, label = images.clone(), labels.clone()
     pixel[5, 27, 27] ^= 1
     label[0] = (label[0] + 1) % 10
+    same_bytes = (images.reshape(6, -1), images.view(torch.int8))  # the same bytes as another shape, another dtype
     for changed_images, changed_labels, extra in ((pixel, labels, {}), (images, label, {}),
-                                                  (images, labels, {"shifts": torch.zeros(6, 2)})):
+                                                  (images, labels, {"shifts": torch.zeros(6, 2)}),
+                                                  *((same, labels, {}) for same in same_bytes)):
         save_split(tmp_path / "x.safetensors", changed_images, changed_labels, **extra)
         assert digest_of(tmp_path / "x.safetensors", "training")["digest"] != base["digest"]
 
