@@ -4,7 +4,7 @@ import torch
 
 from conftest import idx_bytes, synthetic_digits, write_mnist
 from pipeline.data.idx import IdxError, read_idx, read_split
-from pipeline.data.splits import dataset_input, load_split, prepare_mnist, save_split
+from pipeline.data.splits import dataset_input, load_split, prepare_mnist, save_split, split_metadata
 from pipeline.data.transforms import (AffineRanges, _linear_part, apply_affine, make_affine_set, random_shift,
                                       translation_bounds)
 from pipeline.experiments.table1 import prepare_affine
@@ -116,6 +116,7 @@ def test_apply_affine_rotation_direction():
 
 
 def test_prepare_writes_subsets_and_affine_set(tmp_path):
+    """A subset is the first digits of each split in file order, and says so in its header."""
     raw = tmp_path / "raw"
     write_mnist(raw, n_train=40, n_test=20)
     mnist = prepare_mnist(raw, tmp_path / "out", train_subset=16, test_subset=8)
@@ -125,6 +126,13 @@ def test_prepare_writes_subsets_and_affine_set(tmp_path):
     assert train["images"].shape == (16, 28, 28) and train["images"].dtype == torch.uint8
     assert affine["images"].shape == (8, 28, 28) and affine["affine_params"].shape == (8, 6)
     assert torch.equal(affine["labels"], load_split(tmp_path / "out" / "test.safetensors")["labels"])
+    raw_train, raw_test = read_split(raw, "train"), read_split(raw, "test")
+    assert torch.equal(train["images"], raw_train[0][:16]) and torch.equal(train["labels"], raw_train[1][:16])
+    assert split_metadata(tmp_path / "out" / "train.safetensors")["source"] == (
+        "MNIST train set (first 16 digits, in file order)")  # what MLflow's Dataset column shows as its source
+    prepare_mnist(raw, tmp_path / "whole", train_subset=0, test_subset=0)
+    assert torch.equal(load_split(tmp_path / "whole" / "test.safetensors")["labels"], raw_test[1])
+    assert split_metadata(tmp_path / "whole" / "test.safetensors")["source"] == "MNIST test set (every digit, in file order)"
 
 
 def test_random_shift_moves_at_most_max_shift_and_keeps_range():
