@@ -142,3 +142,44 @@ def test_prepare_refuses_a_raw_file_changed_after_download(tmp_path, monkeypatch
     assert result.exit_code == 1 and result.output.count("\n") == 1  # one line, no traceback
     assert "t10k-images-idx3-ubyte changed after download" in result.output and "dvc repro -f download" in result.output
     assert not (tmp_path / "prepared").exists()
+
+
+def test_train_reads_its_seeds_and_gives_each_seed_its_own_directory(tmp_path, monkeypatch):
+    """SEEDS is one seed, several (stacked) or all (params.yaml's ablation.seeds); text, a repeated or
+    negative seed, or several seeds into one directory is a usage error (status 2) before anything
+    trains. Each seed's directory is OUT_DIR with {seed} filled in, and each seed's line says where it
+    stopped early."""
+    from types import SimpleNamespace
+
+    from pipeline.stages import train as train_stage
+
+    calls = []
+
+    def run_group(params, variant, seeds, data_dir, out_dirs, checkpoint):
+        calls.append((variant, seeds, out_dirs))
+        return [SimpleNamespace(cfg=SimpleNamespace(seed=s), history=[{"test_error_pct": 0.5 + s}] * (3 if s else 5),
+                                stop_reason="target" if s else "epochs", eval_set="test") for s in seeds]
+
+    monkeypatch.setattr(train_stage, "run_group", run_group)
+    (tmp_path / "data").mkdir()
+
+    def train(seeds: str, out: str):
+        return CliRunner().invoke(main, ["train", "capsnet_r1", seeds, str(tmp_path / "data"), out, "--checkpoint",
+                                         str(tmp_path / "c.pt"), "--params", str(REPO / "params.yaml")])
+
+    each = str(tmp_path / "m" / "seed{seed}")
+    result = train("0,2", each)
+    assert result.exit_code == 0, result.output
+    assert calls == [("capsnet_r1", [0, 2], [tmp_path / "m" / "seed0", tmp_path / "m" / "seed2"])]
+    assert result.output.splitlines() == [
+        f"capsnet_r1 seed 0: final test error 0.50% -> {tmp_path / 'm' / 'seed0'}",
+        f"capsnet_r1 seed 2: final test error 2.50%, early stop at epoch 3 -> {tmp_path / 'm' / 'seed2'}"]
+    assert train("all", each).exit_code == 0 and calls[-1][1] == [0, 1, 2]  # the committed ablation.seeds
+    for seeds, out, message in (("0,x", each, "'0,x': give a seed (0), comma-separated seeds (0,1,2) or all"),
+                                ("1,1", each, "'1,1': seeds are distinct integers >= 0"),
+                                ("0,-1", each, "'0,-1': seeds are distinct integers >= 0"),
+                                ("0,1", str(tmp_path / "m"), "with several seeds, name each seed's directory with "
+                                                             "{seed}")):
+        result = train(seeds, out)
+        assert result.exit_code == 2 and message in result.output, (seeds, result.output)
+    assert len(calls) == 2  # nothing trained on a usage error
