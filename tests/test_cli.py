@@ -183,3 +183,25 @@ def test_train_reads_its_seeds_and_gives_each_seed_its_own_directory(tmp_path, m
         result = train(seeds, out)
         assert result.exit_code == 2 and message in result.output, (seeds, result.output)
     assert len(calls) == 2  # nothing trained on a usage error
+
+
+def test_evaluate_needs_no_params_but_names_the_train_stage_where_they_load(tmp_path):
+    """A model folder without its config: the hint names the train stage params.yaml's ablation makes;
+    where --params does not load, evaluation (which needs none) still gives its own error, with the
+    command that lists every stage instead of params.yaml's complaint."""
+    model = tmp_path / "models" / "capsnet_r1" / "seed0"
+    model.mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    for params, hint in ((REPO / "params.yaml", "retrain it with `dvc repro -f train_stacked@capsnet_r1`"),
+                         (tmp_path / "none.yaml", "retrain it with the train stage of capsnet_r1 seed 0 (`capsnet "
+                                                  "stages --kind stages` lists every stage)")):
+        result = CliRunner().invoke(main, ["evaluate", str(model), str(tmp_path / "data"), str(tmp_path / "out"),
+                                           "--params", str(params)])
+        assert result.exit_code == 1 and f"config.json is missing; {hint}" in result.output, result.output
+
+
+def test_fingerprint_of_an_unknown_variant_is_one_line_before_any_work(tmp_path):
+    result = CliRunner().invoke(main, ["fingerprint", str(tmp_path / "table.json"), "--variant", "capsnet_r9",
+                                       "--params", str(REPO / "params.yaml")])
+    assert result.exit_code == 1 and "Error: unknown variant 'capsnet_r9'; params.yaml defines [" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "table.json").exists()
