@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from conftest import REPO
 from pipeline.cli import main
 from pipeline.report import publish
-from pipeline.report.document import readme_block_of
+from pipeline.report.document import README_BEGIN, README_END, readme_block_of
 
 PUBLISHED = REPO / "reports"
 OWN_LINES = re.compile(r"^- \*\*(report commit|report software|date)\*\*: .*$", re.M)  # the regeneration's own
@@ -33,7 +33,9 @@ def regenerate(runs, out, readme):
 def test_the_published_report_regenerates_byte_for_byte(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     readme = tmp_path / "README.md"
-    readme.write_text((REPO / "README.md").read_text())
+    committed = (REPO / "README.md").read_text()
+    outdated = README_BEGIN + "\nstale\n" + README_END  # what --readme must write over
+    readme.write_text(committed.replace(readme_block_of(committed), outdated))
     out = tmp_path / "reports"
     result = regenerate(PUBLISHED / "runs", out, readme)
     assert result.exit_code == 0, result.output
@@ -49,7 +51,7 @@ def test_the_published_report_regenerates_byte_for_byte(tmp_path, monkeypatch):
             assert filecmp.cmp(out / name, PUBLISHED / name, shallow=False), f"reports/{name} differs"
     stale = {p.relative_to(PUBLISHED) for p in (PUBLISHED / "metrics").iterdir()} - set(written)
     assert not stale, f"published metrics the report no longer writes: {sorted(map(str, stale))}"
-    assert readme_block_of(readme.read_text()) == readme_block_of((REPO / "README.md").read_text())
+    assert readme.read_text() == committed  # the block rewritten as committed, the rest untouched
 
 
 OTHER_PROTOCOLS = {  # what a later window may train seed 0 under: the paper's length, or its own again
