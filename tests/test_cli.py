@@ -205,3 +205,13 @@ def test_fingerprint_of_an_unknown_variant_is_one_line_before_any_work(tmp_path)
                                        "--params", str(REPO / "params.yaml")])
     assert result.exit_code == 1 and "Error: unknown variant 'capsnet_r9'; params.yaml defines [" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "table.json").exists()
+
+
+def test_publish_of_folders_without_a_complete_run_is_an_error_not_an_empty_copy(tmp_path):
+    for folder in ("models", "results/capsnet_r1/seed0"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "results" / "capsnet_r1" / "seed0" / "metrics.json").write_text("{}")  # no predictions, no config
+    result = CliRunner().invoke(main, ["publish", str(tmp_path / "models"), str(tmp_path / "results"),
+                                       str(tmp_path / "dest")])
+    assert result.exit_code == 1, result.output
+    assert f"Error: {tmp_path / 'results'} holds no complete run (metrics.json + predictions + config)" in result.output

@@ -331,6 +331,11 @@ def test_ui_on_a_taken_port_says_so_before_loading_anything(tmp_path, monkeypatc
     assert not (tmp_path / "ui.db").exists()
     result = CliRunner().invoke(main, ["ui", "--port", "99999"])
     assert result.exit_code == 2 and "99999 is not in the range" in result.output
+    monkeypatch.setattr(tracking, "port_problem", lambda port: "is taken (another `mlflow ui`?)")
+    for taken in (65535, 80):  # the next port does not exist, or is a privileged one: the default's neighbour
+        result = CliRunner().invoke(main, ["ui", "--port", str(taken)])
+        assert result.exit_code == 1 and "serve on another one: `capsnet ui --port 5001` (make ui PORT=5001)" in (
+            result.output), result.output
 
 
 def test_two_writers_logging_one_new_dataset_at_once_both_get_it(tmp_path, monkeypatch):
