@@ -275,6 +275,7 @@ def test_ui_loads_the_published_journals_once_and_serves_them(tmp_path, monkeypa
     first = CliRunner().invoke(main, ["ui", "--journal", str(tmp_path / "journal"), "--dry-run"])
     assert first.exit_code == 0, first.output
     assert "2 published run(s) loaded, 0 already" in first.stdout and "/#/experiments/" in first.stdout
+    assert "-> run" not in first.stdout  # a count, not a line per journal
     url = first.stdout.split("the published runs (experiment capsnet-repro-gpu): ")[1].split()[0]
     experiment_id = url.split("/#/experiments/")[1].split("/")[0]
     assert url == tracking.runs_url(5000, experiment_id, "tags.published = 'true'")
@@ -336,6 +337,25 @@ def test_ui_on_a_taken_port_says_so_before_loading_anything(tmp_path, monkeypatc
         result = CliRunner().invoke(main, ["ui", "--port", str(taken)])
         assert result.exit_code == 1 and "serve on another one: `capsnet ui --port 5001` (make ui PORT=5001)" in (
             result.output), result.output
+
+
+def test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c(tmp_path, monkeypatch, store):
+    import subprocess
+
+    def mlflow_ui(status):
+        def run(command, check):
+            assert command[1:4] == ["-m", "mlflow", "ui"] and check
+            if status is None:
+                raise KeyboardInterrupt
+            raise subprocess.CalledProcessError(status, command)
+        return run
+
+    monkeypatch.setattr(tracking, "port_problem", lambda port: None)
+    for status, code, line in ((3, 1, "Error: mlflow ui stopped with status 3 (is port 5000 taken? use --port)"),
+                               (None, 0, "Ctrl-C stops the UI")):
+        monkeypatch.setattr(subprocess, "run", mlflow_ui(status))
+        result = CliRunner().invoke(main, ["ui", "--journal", str(tmp_path / "none")])
+        assert result.exit_code == code and line in result.output, result.output
 
 
 def test_two_writers_logging_one_new_dataset_at_once_both_get_it(tmp_path, monkeypatch):
