@@ -92,6 +92,17 @@ def test_a_record_from_before_stacking_reads_as_separate_variants():
                          "write 1.0e-3"),
     ("prepare.train_subset", 512, "base.profile is 'paper' but prepare.train_subset is set: data subsets are for "
                                   "the smoke profile only"),
+    ("prepare.test_subset", 100, "base.profile is 'paper' but prepare.test_subset is set"),
+    ("variants.capsnet_r1.model", "resnet", "variants.capsnet_r1.model must be one of ('baseline_cnn', 'capsnet',"),
+    ("ablation.seeds", [], "ablation.seeds must list at least one seed"),
+    ("ablation.seeds", [0, -1], "ablation.seeds must be distinct integers >= 0, got [0, -1]"),
+    ("ablation.seeds", 3, "ablation.seeds must be a list, got 3"),
+    ("train.epochs", True, "train.epochs must be of type int, got True"),  # YAML's true is no number
+    ("train.lr", True, "train.lr must be of type float, got True"),
+    ("train", [1], "train must be a mapping of keys, got [1]"),
+    ("prepare", KeyError, "missing section 'prepare' in params.yaml"),
+    ("variants", {}, "variants must map each variant name to its model settings"),
+    ("variants", ["capsnet_r1"], "variants must map each variant name to its model settings"),
 ])
 def test_bad_params_fail_naming_the_key(path, value, message):
     with pytest.raises(ParamsError) as err:
@@ -148,3 +159,36 @@ def test_the_captured_step_refuses_a_compile_mode_with_cuda_graphs_of_its_own():
     for compile_, mode in ((False, "reduce-overhead"), (True, "max-autotune-no-cudagraphs"), (True, "default")):
         raw["train"].update(compile=compile_, compile_mode=mode)
         assert parse_params(raw).train.cuda_graph is True
+
+
+def test_what_params_accept_is_what_they_mean():
+    """The other side of the refusals: cuda:N is a device, an integer learning rate is a float, and the
+    whole file must be a mapping; a YAML error names the file."""
+    raw = with_change("train.device", "cuda:1")
+    raw["train"]["lr"] = 1
+    p = parse_params(raw)
+    assert p.train.device == "cuda:1" and p.train.lr == 1.0 and isinstance(p.train.lr, float)
+    raw = with_change("ablation.stacked", [])
+    raw["ablation"]["separate"] = []
+    with pytest.raises(ParamsError, match="ablation.stacked and ablation.separate list no variant between them"):
+        parse_params(raw)
+    with pytest.raises(ParamsError, match="params.yaml must be a mapping with sections base, prepare, train"):
+        parse_params(["base"])
+
+
+def test_a_params_file_that_is_not_yaml_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("base: {seed: 0\n")
+    with pytest.raises(ParamsError, match=f"{path} is not valid YAML: "):
+        load_params(path)
+
+
+def test_precision_twins_pair_a_variant_only_with_its_own_settings_and_bench_modes_name_every_lever():
+    from pipeline.core.params import bench_mode_name, precision_twins
+
+    raw = copy.deepcopy(RAW)
+    raw["variants"]["capsnet_r9_bf16"] = {**raw["variants"]["capsnet_r1"], "routing_iterations": 9, "precision": "bf16"}
+    assert precision_twins(raw) == {"capsnet_r3_recon_fp32": "capsnet_r3_recon"}  # the orphan has no original
+    assert [bench_mode_name(True, None, channels_last=True), bench_mode_name(True, "default", True),
+            bench_mode_name(False, None, cuda_graph=True), bench_mode_name(True, None, True, True)] == [
+        "bf16-cl", "bf16-compile-cl", "capture", None]  # NHWC and captured: no bench mode is both
