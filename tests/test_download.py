@@ -1,5 +1,6 @@
 import gzip
 import hashlib
+import re
 
 import pytest
 
@@ -28,10 +29,26 @@ def test_mirror_file_url_raw(synthetic_mnist, tmp_path):
     assert all((dest / name).read_bytes() == data for name, data in files.items())
 
 
+def test_a_file_is_gzip_by_its_bytes_not_its_name(synthetic_mnist, tmp_path):
+    """A mirror that serves the gzipped files under the raw names (as some do) still decodes."""
+    mirror, files = synthetic_mnist
+    for name in files:
+        (mirror / f"{name}.gz").rename(mirror / name)
+    download_mnist(tmp_path / "raw", sources=[str(mirror)])
+    assert all((tmp_path / "raw" / name).read_bytes() == data for name, data in files.items())
+
+
 def test_falls_through_to_next_source(synthetic_mnist, tmp_path):
+    """An absent folder, a file URL to nowhere and a server that refuses the connection are each
+    passed over for the next source."""
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{closed.getsockname()[1]}/mnist"
     mirror, files = synthetic_mnist
     dest = tmp_path / "raw"
-    download_mnist(dest, sources=[str(tmp_path / "empty"), (tmp_path / "nowhere").as_uri(), str(mirror)])
+    download_mnist(dest, sources=[str(tmp_path / "empty"), (tmp_path / "nowhere").as_uri(), refused, str(mirror)])
     assert sorted(p.name for p in dest.iterdir()) == sorted(files)
 
 
@@ -61,8 +78,12 @@ def test_truncated_gzip_is_an_error_leaving_nothing(synthetic_mnist, tmp_path):
 
 
 def test_no_source_names_the_mirror_variable(tmp_path, monkeypatch):
-    with pytest.raises(DownloadError, match="no source answered.*CAPSNET_MNIST_MIRROR"):
+    """It names every source it tried, and a wrong file already there does not stay to look fetched."""
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "train-images-idx3-ubyte").write_bytes(b"not MNIST")
+    with pytest.raises(DownloadError, match=re.escape(f"no source answered (tried: {tmp_path / 'missing'})") + ".*CAPSNET_MNIST_MIRROR"):
         download_mnist(tmp_path / "raw", sources=[str(tmp_path / "missing")])
+    assert not (tmp_path / "raw" / "train-images-idx3-ubyte").exists()
 
 
 def test_default_sources_put_the_mirror_first(tmp_path, monkeypatch):
