@@ -215,3 +215,29 @@ def test_publish_of_folders_without_a_complete_run_is_an_error_not_an_empty_copy
                                        str(tmp_path / "dest")])
     assert result.exit_code == 1, result.output
     assert f"Error: {tmp_path / 'results'} holds no complete run (metrics.json + predictions + config)" in result.output
+
+
+def test_evaluate_of_a_torn_model_folder_names_the_file_and_the_stage_that_remakes_it(tmp_path):
+    """Torn or foreign config.json, torn weights: one line naming the file and the train stage that
+    remakes it, before any data is read."""
+    import dataclasses
+    import json
+
+    from pipeline.core.params import load_params
+    from pipeline.training.config import run_config
+
+    model = tmp_path / "models" / "capsnet_r1" / "seed0"
+    model.mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    config = {"config": dataclasses.asdict(run_config(load_params(REPO / "params.yaml"), "capsnet_r1", 0))}
+    for config_text, weights, message in (
+            ("{torn", None, f"{model / 'config.json'} is not a train stage's config"),
+            ('{"run_id": "r"}', None, f"{model / 'config.json'} is not a train stage's config ('config')"),
+            (json.dumps(config), b"\x00" * 5, f"{model / 'model.safetensors'} is truncated or corrupt")):
+        (model / "config.json").write_text(config_text)
+        if weights:
+            (model / "model.safetensors").write_bytes(weights)
+        result = CliRunner().invoke(main, ["evaluate", str(model), str(tmp_path / "data"), str(tmp_path / "out"),
+                                           "--params", str(REPO / "params.yaml")])
+        assert result.exit_code == 1 and message in result.output, result.output
+        assert "; retrain it with `dvc repro -f train_stacked@capsnet_r1`" in result.output
