@@ -384,3 +384,24 @@ def test_two_writers_logging_one_new_dataset_at_once_both_get_it(tmp_path, monke
     monkeypatch.setattr(tracker.client, "log_inputs", lambda run, inputs: racing(run, inputs, other))
     with pytest.raises(mlflow.exceptions.MlflowException, match="not found"):
         tracker.log_datasets(run_id, [DATASET])
+
+
+def test_an_evaluation_is_logged_to_its_training_run_at_the_last_epoch_under_evaluation(tmp_path, store):
+    """What `capsnet evaluate` adds to the run its model trained as: the metrics at the epoch training
+    ended (the learning curve's last step), its files under evaluation/, its test sets as datasets."""
+    from pipeline.stages.evaluate import log_evaluation
+
+    run_id = tracking.open_tracker("smoke").start("capsnet_r1-seed0", PARAMS)
+    out = tmp_path / "results"
+    (out / "figures").mkdir(parents=True)
+    (out / "metrics.json").write_text("{}")
+    (out / "figures" / "confusion.png").write_bytes(b"png")
+    saved = {"config": {"profile": "smoke"}, "run_id": run_id, "epochs_trained": 7}
+    log_evaluation(saved, tmp_path / "models", out, {"eval_test_error_pct": 1.5},
+                   ["metrics.json", "figures/confusion.png"], [DATASET | {"source": str(tmp_path / DATASET["source"])}])
+    client = MlflowClient(store)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "eval_test_error_pct")] == [(7, 1.5)]
+    assert [a.path for a in client.list_artifacts(run_id)] == ["evaluation"]
+    assert {a.path for a in client.list_artifacts(run_id, "evaluation")} == {"evaluation/metrics.json",
+                                                                             "evaluation/confusion.png"}  # by name
+    assert [i.dataset.name for i in client.get_run(run_id).inputs.dataset_inputs] == [DATASET["name"]]
