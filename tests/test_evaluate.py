@@ -84,3 +84,32 @@ def test_an_error_rate_is_its_count_over_n_written_and_read():
     read = uniform_metrics(old, "test", "affnist")
     assert (read["error_pct"], read["transformed_error_pct"]) == (0.39, 6.11)
     assert f"{(read['error_pct'] + uniform_metrics({'error_pct': 0.3599999938160181, 'n_test': 10_000}, 'test', 'x')['error_pct']) / 2:.2f}" == "0.38"
+
+
+def test_fig4_perturbs_each_dimension_of_the_winning_capsule_by_the_papers_steps():
+    """PAPER.md, Fig. 4: each of the 16 dimensions of the winning DigitCaps vector, in steps of 0.05
+    over [−0.25, 0.25], decoded. A stub whose decoder returns the masked pose itself shows which
+    dimension of which capsule moved by how much."""
+    from types import SimpleNamespace
+
+    from pipeline.training.evaluate import fig4_grid
+
+    class Stub(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, images):  # capsule 3 wins, its pose all ones; the others are silent
+            poses = torch.zeros(len(images), 10, 16)
+            poses[:, 3] = 1.0
+            return SimpleNamespace(lengths=poses.norm(dim=-1), poses=poses)
+
+        def decoder(self, poses, target):  # (B, K, D) -> (B, 1, 1, D): the target's pose as one image row
+            return poses[torch.arange(len(poses)), target].view(-1, 1, 1, 16)
+
+    grid = fig4_grid(Stub(), torch.zeros(28, 28, dtype=torch.uint8))
+    steps = [round(-0.25 + 0.05 * k, 2) for k in range(11)]
+    expected = torch.ones(16, 11, 1, 16)
+    for dim in range(16):
+        expected[dim, :, 0, dim] += torch.tensor(steps)
+    assert grid.shape == (16, 11, 1, 16) and torch.allclose(grid, expected)
