@@ -113,3 +113,26 @@ def test_fig4_perturbs_each_dimension_of_the_winning_capsule_by_the_papers_steps
     for dim in range(16):
         expected[dim, :, 0, dim] += torch.tensor(steps)
     assert grid.shape == (16, 11, 1, 16) and torch.allclose(grid, expected)
+
+
+def test_the_evaluate_stage_loads_the_trained_weights_in_eval_mode(tmp_path):
+    """load_model: the config and weights train wrote, the model in eval mode (the CNNs' dropout off,
+    so an evaluation is one deterministic pass)."""
+    import dataclasses
+    import json
+
+    from safetensors.torch import save_file
+
+    from conftest import REPO
+    from pipeline.core.params import load_params
+    from pipeline.stages.evaluate import load_model
+    from pipeline.training.config import run_config
+    from pipeline.training.train import build_model
+
+    cfg = dataclasses.replace(run_config(load_params(REPO / "params.yaml"), "capsnet_r1", 0), device="cpu")
+    model = build_model(cfg)
+    save_file({k: t.contiguous() for k, t in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
+    saved, loaded_cfg, loaded = load_model(tmp_path)
+    assert loaded_cfg == cfg and not loaded.training
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
