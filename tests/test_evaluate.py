@@ -16,7 +16,8 @@ def test_accuracy_by_bins_on_a_hand_computed_example():
     params = torch.zeros(6, 6)
     params[:, 0] = torch.tensor([-15.0, -5.0, -5.0, 5.0, 15.0, 19.9])
     params[:, 1] = torch.tensor([-0.19, -0.19, -0.05, 0.05, 0.19, 0.19])
-    params[:, 2:4] = 0.95
+    params[:, 2] = 0.95
+    params[:, 3] = torch.tensor([0.85, 0.85, 0.85, 1.15, 1.15, 1.15])  # scale_y: its own column and span
     correct = torch.tensor([True, False, True, True, False, False])
     bins = accuracy_by_bins(correct, params, RANGES, n_bins=4)
     rot = bins["rotation_deg"]
@@ -26,6 +27,7 @@ def test_accuracy_by_bins_on_a_hand_computed_example():
     assert bins["shear"]["count"] == [2, 1, 1, 2]
     assert bins["shear"]["accuracy_pct"] == pytest.approx([50.0, 100.0, 100.0, 0.0])
     assert bins["scale_x"]["count"] == [0, 6, 0, 0] and bins["scale_x"]["accuracy_pct"][0] is None
+    assert bins["scale_y"]["edges"] == [0.8, 0.9, 1.0, 1.1, 1.2] and bins["scale_y"]["count"] == [3, 0, 0, 3]
 
 
 def test_confusion_matrix_rows_are_true_classes():
@@ -53,7 +55,7 @@ def test_per_class_accuracy_is_each_true_class_s_share_predicted_right():
     images[:, 0, 0] = (10 * answers).to(torch.uint8)
     metrics, arrays = evaluate_split(Answers(3), images, labels, batch_size=3, num_classes=3)
     assert metrics["per_class_accuracy"] == {"0": 0.5, "1": 1.0, "2": 0.0}
-    assert metrics["error_pct"] == 50.0 and arrays["preds"].tolist() == answers.tolist()
+    assert metrics["error_pct"] == 50.0 and arrays["preds"].tolist() == answers.tolist() and metrics["n"] == 4
 
 
 def test_predictions_are_made_with_dropout_off_and_leave_the_model_training():
