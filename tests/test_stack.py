@@ -337,3 +337,16 @@ def test_adam_sees_each_seeds_own_gradient_in_the_stack(tmp_path):
         for i, moments in alone.items():
             for key in ("exp_avg", "exp_avg_sq"):
                 assert_close_in_norm(stacked[i][key][k], moments[key][0], f"seed {c.seed} param {i} {key}")
+
+
+def test_the_train_stage_refuses_seeds_that_would_share_an_output_directory(tmp_path):
+    """run_group writes seed k into out_dirs[k]: two seeds into one directory (or a list of another
+    length) would overwrite one seed's model with the other's, so it is refused before any work."""
+    from pipeline.core.errors import UserError
+    from pipeline.stages import train as train_stage
+
+    params = load_params(REPO / "params.yaml")
+    for out_dirs in ([tmp_path / "m", tmp_path / "m"], [tmp_path / "m"]):
+        with pytest.raises(UserError, match=r"capsnet_r1: 2 seed\(s\) need as many distinct output directories"):
+            train_stage.run_group(params, "capsnet_r1", [0, 1], tmp_path / "data", out_dirs, tmp_path / "c.pt")
+    assert not (tmp_path / "m").exists()
