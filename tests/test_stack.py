@@ -350,3 +350,29 @@ def test_the_train_stage_refuses_seeds_that_would_share_an_output_directory(tmp_
         with pytest.raises(UserError, match=r"capsnet_r1: 2 seed\(s\) need as many distinct output directories"):
             train_stage.run_group(params, "capsnet_r1", [0, 1], tmp_path / "data", out_dirs, tmp_path / "c.pt")
     assert not (tmp_path / "m").exists()
+
+
+def test_the_paper_protocol_on_a_cpu_warns_with_its_hours_before_any_work(tmp_path, monkeypatch):
+    """The variant's own experiment's measured CPU seconds per 60k-image epoch (§5.2's CapsNet: 2,370 s)
+    × 640 epochs × 2 seeds: about 843 h, said before anything trains; the smoke profile is not warned."""
+    import warnings
+
+    from pipeline.core.errors import UserError
+    from pipeline.experiments import affnist
+    from pipeline.stages import train as train_stage
+
+    paper = load_params(REPO / "params.yaml")
+    paper = dataclasses.replace(paper, train=dataclasses.replace(paper.train, device="cpu"))
+    monkeypatch.setattr(affnist, "training_data", lambda data_dir, cfg: ({"train_images": torch.empty(60_000, 0)}, []))
+    (tmp_path / "file").write_text("")
+    out_dirs = [tmp_path / "file" / "seed0", tmp_path / "file" / "seed1"]  # under a file: the output check stops it
+
+    def run_group(params):
+        with pytest.raises(UserError, match="output"):
+            train_stage.run_group(params, "capsnet_affnist", [0, 1], tmp_path, out_dirs, tmp_path / "c.pt")
+
+    with pytest.warns(UserWarning, match=r"capsnet_affnist seed\(s\) \[0, 1\]: 640 epochs on a CPU take about 843 h"):
+        run_group(paper)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_group(dataclasses.replace(paper, base=dataclasses.replace(paper.base, profile="smoke")))
