@@ -156,6 +156,10 @@ def test_an_unwritable_output_directory_is_named(stage):
             "--checkpoint", str(root / "ckpt" / "r1.pt"), "--params", str(root / "params.yaml")]
     one_line_error(CliRunner().invoke(main, args), f"cannot write the output directory {root / 'a-file' / 'models'}")
     assert runs(root) == []
+    args = ["train", "capsnet_r1", "0", str(root / "prepared"), str(root / "models"),
+            "--checkpoint", str(root / "a-file" / "r1.pt"), "--params", str(root / "params.yaml")]
+    one_line_error(CliRunner().invoke(main, args), f"cannot write the checkpoint directory {root / 'a-file'}")
+    assert runs(root) == []
 
 
 def test_a_batch_larger_than_the_data_stops_before_any_run(stage):
@@ -180,3 +184,29 @@ def test_atomic_writes_use_unique_temporary_names(tmp_path):
         b.write_text("2")
     assert (tmp_path / "x.json").read_text() == "1"  # the last rename wins; neither write is torn
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_a_run_picked_up_by_other_training_code_says_so_and_records_both_fingerprints(stage, monkeypatch):
+    """A checkpoint written under one training fingerprint and picked up under another: the same MLflow
+    run goes on (its id from the checkpoint), a warning names both fingerprints and config.json records
+    the earlier one beside the current; picked up by the same code, it records none and logs nothing twice."""
+    import json
+
+    root, train = stage
+    monkeypatch.setattr(train_stage, "training_fingerprint", lambda cfg: "a" * 16)
+    for _ in range(2):  # trained, then found finished by the same code
+        result = train(catch=False)
+        assert result.exit_code == 0, result.output
+        config = json.loads((root / "models" / "config.json").read_text())
+        assert config["training_fingerprint"] == "a" * 16 and "earlier_training_fingerprints" not in config
+    run_id = config["run_id"]
+    monkeypatch.setattr(train_stage, "training_fingerprint", lambda cfg: "b" * 16)
+    with pytest.warns(UserWarning, match=f"capsnet_r1 seed 0 resumes a checkpoint trained by other training code "
+                                         f"\\(fingerprint {'a' * 16}, now {'b' * 16}\\): its config.json records both"):
+        assert train(catch=False).exit_code == 0
+    config = json.loads((root / "models" / "config.json").read_text())
+    assert config["training_fingerprint"] == "b" * 16 and config["earlier_training_fingerprints"] == ["a" * 16]
+    [run] = runs(root)
+    assert config["run_id"] == run.info.run_id == run_id and run.data.tags["training_fingerprint"] == "b" * 16
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    assert [m.step for m in client.get_metric_history(run_id, "epochs_trained")] == [1]  # logged once, not per pick-up
