@@ -194,12 +194,15 @@ def test_a_run_picked_up_by_other_training_code_says_so_and_records_both_fingerp
 
     root, train = stage
     monkeypatch.setattr(train_stage, "training_fingerprint", lambda cfg: "a" * 16)
-    for _ in range(2):  # trained, then found finished by the same code
+    for resumed_from in (0, 1):  # trained, then found finished (its one epoch done) by the same code
         result = train(catch=False)
         assert result.exit_code == 0, result.output
         config = json.loads((root / "models" / "config.json").read_text())
         assert config["training_fingerprint"] == "a" * 16 and "earlier_training_fingerprints" not in config
+        assert config["resumed_from_epoch"] == resumed_from
     run_id = config["run_id"]
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    assert {a.path for a in client.list_artifacts(run_id)} == set(train_stage.ARTIFACTS)
     monkeypatch.setattr(train_stage, "training_fingerprint", lambda cfg: "b" * 16)
     with pytest.warns(UserWarning, match=f"capsnet_r1 seed 0 resumes a checkpoint trained by other training code "
                                          f"\\(fingerprint {'a' * 16}, now {'b' * 16}\\): its config.json records both"):
@@ -208,5 +211,4 @@ def test_a_run_picked_up_by_other_training_code_says_so_and_records_both_fingerp
     assert config["training_fingerprint"] == "b" * 16 and config["earlier_training_fingerprints"] == ["a" * 16]
     [run] = runs(root)
     assert config["run_id"] == run.info.run_id == run_id and run.data.tags["training_fingerprint"] == "b" * 16
-    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
     assert [m.step for m in client.get_metric_history(run_id, "epochs_trained")] == [1]  # logged once, not per pick-up
