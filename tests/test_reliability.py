@@ -212,3 +212,23 @@ def test_a_run_picked_up_by_other_training_code_says_so_and_records_both_fingerp
     [run] = runs(root)
     assert config["run_id"] == run.info.run_id == run_id and run.data.tags["training_fingerprint"] == "b" * 16
     assert [m.step for m in client.get_metric_history(run_id, "epochs_trained")] == [1]  # logged once, not per pick-up
+
+
+def test_sigterm_raises_is_a_no_op_off_the_main_thread():
+    """Python lets only the main thread set signal handlers: a stage run in a thread (a notebook's
+    executor, a test harness) trains without the SIGTERM hook instead of failing at signal.signal."""
+    import threading
+
+    before, errors = signal.getsignal(signal.SIGTERM), []
+
+    def body():
+        try:
+            with train_stage.sigterm_raises():
+                pass
+        except Exception as err:  # noqa: BLE001 - whatever it raises is the failure
+            errors.append(err)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert errors == [] and signal.getsignal(signal.SIGTERM) is before
