@@ -132,7 +132,8 @@ def test_prepare_writes_subsets_and_affine_set(tmp_path):
         "MNIST train set (first 16 digits, in file order)")  # what MLflow's Dataset column shows as its source
     prepare_mnist(raw, tmp_path / "whole", train_subset=0, test_subset=0)
     assert torch.equal(load_split(tmp_path / "whole" / "test.safetensors")["labels"], raw_test[1])
-    assert split_metadata(tmp_path / "whole" / "test.safetensors")["source"] == "MNIST test set (every digit, in file order)"
+    assert split_metadata(tmp_path / "whole" / "test.safetensors")["source"] == (
+        "MNIST test set (every digit, in file order)")
 
 
 def test_random_shift_moves_at_most_max_shift_and_keeps_range():

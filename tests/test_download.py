@@ -81,7 +81,8 @@ def test_no_source_names_the_mirror_variable(tmp_path, monkeypatch):
     """It names every source it tried, and a wrong file already there does not stay to look fetched."""
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "train-images-idx3-ubyte").write_bytes(b"not MNIST")
-    with pytest.raises(DownloadError, match=re.escape(f"no source answered (tried: {tmp_path / 'missing'})") + ".*CAPSNET_MNIST_MIRROR"):
+    tried = re.escape(f"no source answered (tried: {tmp_path / 'missing'})")
+    with pytest.raises(DownloadError, match=tried + ".*CAPSNET_MNIST_MIRROR"):
         download_mnist(tmp_path / "raw", sources=[str(tmp_path / "missing")])
     assert not (tmp_path / "raw" / "train-images-idx3-ubyte").exists()
 
