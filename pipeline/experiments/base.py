@@ -112,7 +112,7 @@ def evaluate_sets(test_sets: tuple[str, str], model: torch.nn.Module, cfg, data_
         m, a = evaluate_split(model, data["images"], data["labels"], cfg.eval_batch_size, cfg.num_classes)
         metrics[error_key], metrics[n_key] = m["error_pct"], m["n"]
         breakdown["per_class"][name] = m["per_class_accuracy"]
-        breakdown["sources"][name] = meta.get("source", name)  # dicts keep order: clean set first
+        breakdown["sources"][name] = meta.get("source", name)  # read by set name (the file sorts its keys)
         if "affine_params" in data and "ranges" in meta:
             correct = a["labels"] == a["preds"]
             breakdown["bins"][name] = accuracy_by_bins(correct, data["affine_params"], json.loads(meta["ranges"]))
