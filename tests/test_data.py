@@ -207,3 +207,131 @@ def test_a_split_that_is_absent_torn_or_not_a_split_is_one_line_naming_the_comma
         with pytest.raises(UserError, match=message):
             load_split(tmp_path / f"{name}.safetensors")
     assert torch.equal(load_split(tmp_path / "good.safetensors")["labels"], labels)
+
+
+def test_training_data_is_the_train_split_and_the_per_epoch_test_set_under_their_contexts(tmp_path):
+    """`base.training_data`: the train split, the named per-epoch test set with the further tensors asked
+    for (MultiMNIST's recipes) as test_<name>, the two as MLflow dataset inputs (training, testing); a
+    batch larger than the training split is one line naming both ways out."""
+    from types import SimpleNamespace
+
+    from pipeline.core.errors import UserError
+    from pipeline.experiments import base
+
+    images, labels = synthetic_digits(6)
+    pairs = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    save_split(tmp_path / "train.safetensors", images, labels)
+    save_split(tmp_path / "clean.safetensors", images[:3].flip(0), labels[:3], pairs=pairs, shifts=torch.ones(3, 2))
+    data, inputs = base.training_data("clean", tmp_path, SimpleNamespace(batch_size=6), test_extras=("pairs",))
+    assert sorted(data) == ["test_images", "test_labels", "test_pairs", "train_images", "train_labels"]
+    assert torch.equal(data["train_images"], images) and torch.equal(data["test_images"], images[:3].flip(0))
+    assert torch.equal(data["test_pairs"], pairs)
+    assert [(d["name"], d["context"]) for d in inputs] == [("train", "training"), ("clean", "testing")]
+    refusal = r"batch_size 7 exceeds the 6 training images in .*; lower train.batch_size or raise prepare.train_subset"
+    with pytest.raises(UserError, match=refusal):
+        base.training_data("clean", tmp_path, SimpleNamespace(batch_size=7))
+
+
+@pytest.mark.parametrize("name", ["table1", "affnist"])
+def test_synthetic_data_has_the_shapes_the_experiment_trains_and_tests_on_and_every_class(name):
+    """What the bench and the fingerprint train on: 28×28 training digits, test images of the experiment's
+    own size (affNIST's 40×40 canvas), labels through every class."""
+    from types import SimpleNamespace
+
+    from pipeline.core import registry
+
+    module = registry.load(name)
+    data = module.synthetic_data(SimpleNamespace(num_classes=10), 20, torch.device("cpu"))
+    assert data["train_images"].shape == (20, 28, 28) and data["train_images"].dtype == torch.uint8
+    assert data["test_images"].shape == (20, module.IMAGE_SIZE, module.IMAGE_SIZE)
+    assert sorted(set(data["train_labels"].tolist())) == list(range(10)) == sorted(set(data["test_labels"].tolist()))
+
+
+def test_a_runs_steps_are_its_epochs_of_what_its_experiment_draws_per_epoch():
+    """MLflow's `steps` param: epochs × whole batches of an epoch, an epoch being the training split
+    (Table 1) or train.multimnist_epoch_size fresh pairs (MultiMNIST)."""
+    import dataclasses
+
+    from conftest import REPO
+    from pipeline.core.params import load_params
+    from pipeline.stages.train import run_params
+    from pipeline.training.config import run_config
+
+    params = load_params(REPO / "params.yaml")
+    data = {"train_images": torch.zeros(100, 28, 28), "test_images": torch.zeros(7, 28, 28)}
+    env, cpu = {"torch_version": torch.__version__}, torch.device("cpu")
+    table1 = dataclasses.replace(run_config(params, "capsnet_r1", 0), epochs=3, batch_size=16)
+    assert run_params(table1, data, cpu, env)["steps"] == 18  # 3 × (100 // 16)
+    pairs = dataclasses.replace(run_config(params, "multimnist_r1_recon", 0), epochs=2, batch_size=16,
+                                multimnist_epoch_size=200)
+    logged = run_params(pairs, data, cpu, env)
+    assert (logged["steps"], logged["n_train"], logged["n_test"]) == (24, 100, 7)  # 2 × (200 // 16)
+
+
+def test_table1_draws_whole_shifted_batches_of_its_order_and_scores_the_clean_test_set(tmp_path):
+    """Table 1's training: the clean test set each epoch (not the affine-shifted one), whole batches only
+    (50 digits at batch 16: 3 steps), each a slice of the epoch's order with its own labels, every digit
+    shifted by its own (dy, dx) within ±max_shift px, some of them moved; the test error in percent."""
+    from types import SimpleNamespace
+
+    from pipeline.data.transforms import translate
+    from pipeline.experiments import table1
+    from pipeline.training.experiment import to_float
+
+    images, labels = synthetic_digits(50, seed=1)
+    for name, n in (("train", 50), ("test", 20), ("affine_test", 10)):
+        save_split(tmp_path / f"{name}.safetensors", images[:n], labels[:n])
+    cfg = SimpleNamespace(batch_size=16, max_shift=2, image_size=28)
+    data, inputs = table1.training_data(tmp_path, cfg)
+    assert [d["name"] for d in inputs] == ["train", "test"] and len(data["test_images"]) == 20
+    exp = table1.Training(cfg, data, torch.device("cpu"))
+    assert (exp.steps_per_epoch, exp.examples_per_epoch) == (3, 50)
+    g = torch.Generator().manual_seed(0)
+    order = exp.epoch_order(g)
+    moved = 0
+    for step in range(exp.steps_per_epoch):
+        idx = order[16 * step:16 * (step + 1)]
+        batch = exp.batch(order, step, g)
+        assert torch.equal(batch.labels, labels[idx].long()) and batch.targets is None
+        shifts = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)]
+        shifted = {d: to_float(translate(images[idx], torch.tensor([d] * 16), 28)) for d in shifts}
+        found = [[d for d in shifts if torch.equal(batch.x[i], shifted[d][i])] for i in range(16)]
+        assert all(found)
+        moved += sum((0, 0) not in f for f in found)
+    assert moved > 0
+
+    class Zeros(torch.nn.Module):  # answers class 0 for every image
+        def __init__(self):
+            super().__init__()
+            self.anchor = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, x):
+            return torch.zeros(len(x), 10) + torch.nn.functional.one_hot(torch.zeros(len(x), dtype=torch.long), 10)
+
+    assert exp.test_error(Zeros(), batch_size=8, amp=False) == 90.0  # 2 of the 20 test digits are zeros
+
+
+def test_table1_prepares_its_affine_set_from_params_and_draws_a_montage_of_montage_count(tmp_path, monkeypatch):
+    """prepare.affine_seed, the four ranges (min_scale below max_scale, as given) and montage_count are
+    what Table 1's prepare uses: the set is `make_affine_set` under them, its header records them."""
+    import dataclasses
+    import json
+
+    from conftest import REPO
+    from pipeline.core.params import load_params
+    from pipeline.experiments import table1
+
+    params = load_params(REPO / "params.yaml")
+    params = dataclasses.replace(params, prepare=dataclasses.replace(
+        params.prepare, affine_seed=5, max_rotation_deg=10.0, max_shear=0.1, min_scale=0.7, max_scale=1.1,
+        montage_count=3))
+    images, labels = synthetic_digits(12, seed=3)
+    drawn = []
+    monkeypatch.setattr(table1.figures, "affine_montage", lambda originals, *rest: drawn.append(originals))
+    summary = table1.prepare(params, {"test_images": images, "test_labels": labels}, tmp_path, tmp_path)
+    ranges = AffineRanges(10.0, 0.1, 0.7, 1.1)
+    affine = load_split(tmp_path / "affine_test.safetensors")
+    expected, transforms = make_affine_set(images, 5, ranges)
+    assert torch.equal(affine["images"], expected) and torch.equal(affine["affine_params"], transforms)
+    assert json.loads(split_metadata(tmp_path / "affine_test.safetensors")["ranges"]) == dataclasses.asdict(ranges)
+    assert [len(originals) for originals in drawn] == [3] and summary == "12 affine-shifted"

@@ -138,3 +138,65 @@ def test_the_evaluate_stage_loads_the_trained_weights_in_eval_mode(tmp_path):
     saved, loaded_cfg, loaded = load_model(tmp_path)
     assert loaded_cfg == cfg and not loaded.training
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+def test_an_evaluation_scores_each_set_under_its_own_keys_and_writes_what_the_report_reads(tmp_path, monkeypatch):
+    """`evaluate_sets` with the `Answers` stand-in on a clean set (12 digits, 3 wrong) and a transformed
+    one (5 digits, 3 wrong, with transforms, ranges and source digits): each set's error and count
+    under its own keys, per-class accuracy, source and transform bins by set name (bins from the right
+    answers), the per-image predictions, one confusion panel per set, and for a reconstruction variant
+    the first 10 clean digits reconstructed and the first one perturbed (Fig. 4) at the paper's steps."""
+    import json
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    from pipeline.data.splits import save_split
+    from pipeline.experiments import base
+
+    def write(name, labels, answers, meta, **extra):
+        images = torch.zeros(len(labels), 28, 28, dtype=torch.uint8)
+        images[:, 0, 0] = (10 * torch.tensor(answers)).to(torch.uint8)
+        save_split(tmp_path / f"{name}.safetensors", images, torch.tensor(labels, dtype=torch.uint8), meta, **extra)
+        return images
+
+    labels = [0, 1, 2] * 4
+    clean = write("test", labels, [*labels[:3], 1, 2, 0, *labels[6:]], {"source": "MNIST test set"})
+    params = torch.zeros(5, 6)
+    params[:, 0] = torch.tensor([-15.0, -5.0, 5.0, 15.0, 15.0])
+    params[:, 2:4] = 1.0
+    digits = torch.tensor([7, 3, 3, 0, 9], dtype=torch.int64)
+    write("affine_test", [0, 0, 1, 1, 2], [0, 1, 1, 0, 0], {"source": "affine", "ranges": json.dumps(RANGES)},
+          affine_params=params, digit_index=digits)
+    drawn = []
+    monkeypatch.setattr(base.figures, "confusion",
+                        lambda panels, title, path: drawn.append(("confusion", panels, title)))
+    monkeypatch.setattr(base.figures, "image_grid", lambda rows, labels, title, path, col_labels=None:
+                        drawn.append((path.name, rows, col_labels)))
+    monkeypatch.setattr(base, "reconstructions", lambda model, images: images + 1)
+    monkeypatch.setattr(base, "fig4_grid", lambda model, image: image.expand(16, 11, 28, 28))
+    cfg = SimpleNamespace(variant="v", seed=3, eval_batch_size=2, num_classes=3, reconstruction=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    ev = base.evaluate_sets(("test", "affine_test"), Answers(3), cfg, tmp_path, out)
+
+    assert ev.metrics == {"error_pct": 25.0, "n_test": 12, "transformed_error_pct": 60.0, "n_transformed": 5}
+    assert ev.logged == {"eval_test_error_pct": 25.0, "eval_affine_test_error_pct": 60.0}
+    assert ev.artifacts == ["breakdown.json"]
+    assert [(d["name"], d["context"]) for d in ev.datasets] == [("test", "evaluation"), ("affine_test", "evaluation")]
+    breakdown = json.loads((out / "breakdown.json").read_text())
+    assert breakdown["per_class"] == {"test": {"0": 0.75, "1": 0.75, "2": 0.75},
+                                      "affine_test": {"0": 0.5, "1": 0.5, "2": 0.0}}
+    assert breakdown["sources"] == {"test": "MNIST test set", "affine_test": "affine"}
+    right = torch.tensor([True, False, True, False, False])
+    assert breakdown["bins"] == {"affine_test": json.loads(json.dumps(accuracy_by_bins(right, params, RANGES)))}
+    saved = load_file(str(out / "predictions.safetensors"))
+    assert saved["affine_test_preds"].tolist() == [0, 1, 1, 0, 0] and saved["test_labels"].tolist() == labels
+    assert saved["affine_test_digit_index"].tolist() == digits.tolist() and "test_digit_index" not in saved
+
+    (_, panels, title), (recon, rows, _), (fig4, grid, steps) = drawn
+    assert [name for _, name in panels] == ["test", "affine_test"] and title == "v seed 3"
+    assert recon == "reconstructions.png" and torch.equal(rows[0], clean[:10]) and torch.equal(rows[1], clean[:10] + 1)
+    assert fig4 == "fig4.png" and len(grid) == 16 and all(torch.equal(g, clean[0].expand(11, 28, 28)) for g in grid)
+    assert steps == [f"{s:+.2f}".replace("-0.00", "+0.00") for s in torch.linspace(-0.25, 0.25, 11).tolist()]
+    assert steps[0] == "-0.25" and steps[5] == "+0.00"
