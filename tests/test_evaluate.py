@@ -152,7 +152,7 @@ def test_an_evaluation_scores_each_set_under_its_own_keys_and_writes_what_the_re
     from safetensors.torch import load_file
 
     from pipeline.data.splits import save_split
-    from pipeline.experiments import base
+    from pipeline.experiments import base, table1
 
     def write(name, labels, answers, meta, **extra):
         images = torch.zeros(len(labels), 28, 28, dtype=torch.uint8)
@@ -200,3 +200,4 @@ def test_an_evaluation_scores_each_set_under_its_own_keys_and_writes_what_the_re
     assert fig4 == "fig4.png" and len(grid) == 16 and all(torch.equal(g, clean[0].expand(11, 28, 28)) for g in grid)
     assert steps == [f"{s:+.2f}".replace("-0.00", "+0.00") for s in torch.linspace(-0.25, 0.25, 11).tolist()]
     assert steps[0] == "-0.25" and steps[5] == "+0.00"
+    assert table1.evaluate(Answers(3), cfg, tmp_path, out).metrics == ev.metrics  # Table 1's sets, clean first

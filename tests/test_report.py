@@ -1039,3 +1039,41 @@ def test_each_protocol_has_its_own_learning_curve_panel(tmp_path, monkeypatch):
     monkeypatch.undo()
     report_stage.learning_curves([("MNIST", compressed + cut)], tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_table1s_section_leaves_its_summary_for_multimnist_and_writes_its_outputs_with_or_without_runs(tmp_path):
+    """Table 1's section, called as the report stage calls it: with runs, its summary is left in
+    ``ctx.shared`` (MultiMNIST's column stands beside it), the montage prepare drew is among its figures,
+    and its deviations are the Table 1 ones; without a run, its figures are placeholders, its plot data
+    and CSVs exist but hold no row, and the deviations are there all the same."""
+    from conftest import REPO
+    from pipeline.core.params import load_params
+    from pipeline.experiments import table1
+
+    params = load_params(REPO / "params.yaml")
+    for seed, err in enumerate([0.3, 0.4]):
+        fabricate(tmp_path, "capsnet_r3", seed, err, recon=False)
+    runs = load(tmp_path, ["capsnet_r3"], [0, 1])
+    expected_deviations = t1.deviations(params, REFERENCE)
+    assert expected_deviations
+
+    ctx = rp.Context(params, REFERENCE, [], tmp_path / "results", tmp_path / "with")
+    ctx.fig_dir.mkdir(parents=True)
+    (ctx.fig_dir / table1.MONTAGE).write_bytes(b"\x89PNG")
+    section = table1.report(runs, ctx)
+    pd.testing.assert_frame_equal(ctx.shared["table1"], t1.summarize(runs, REFERENCE, []))
+    assert section.figures["Affine-shifted test set"] == "figures/affine_montage.png"
+    assert section.deviations == expected_deviations and section.tables["results.csv"].count("\n") == 2
+
+    empty = rp.Context(params, REFERENCE, [], tmp_path / "results", tmp_path / "without")
+    empty.fig_dir.mkdir(parents=True)
+    section = table1.report([], empty)
+    assert "table1" not in empty.shared and section.deviations == expected_deviations
+    assert section.tables == {"results.csv": "", "effects.csv": ""} and not section.lines
+    for name in ("table1_errors", "table1_effects", "reconstructions", "fig4"):
+        assert (empty.fig_dir / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (empty.out / "plots" / "learning_curves.csv").read_text() == "variant,epoch,test_error_pct\n"
+    assert (empty.out / "plots" / "confusion.csv").read_text() == "actual,predicted\n"
+    for name, text in section.tables.items():
+        (empty.out / name).write_text(text)
+    assert table1.readme(empty.out) == []  # no README lines from CSVs without a row

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, tiny_pipeline, write_mnist
@@ -59,14 +60,15 @@ def test_a_warm_stage_is_the_cold_one(server, tmp_path):
 
 def test_signals_reach_the_stage_and_a_killed_capsnet_takes_it_down(server, tmp_path):
     """SIGTERM to `capsnet` reaches the stage (the trainer's Terminated path: status 143, from the
-    client, not a client killed by the signal); SIGKILL of `capsnet` (nothing to forward) ends the
-    stage too. Each stage is held at the MLflow store's lock, which the test holds."""
+    client, not a client killed by the signal); SIGINT (a Ctrl-C) reaches it as KeyboardInterrupt (click's
+    "Aborted!", status 1); SIGKILL of `capsnet` (nothing to forward) ends the stage too. Each stage is
+    held at the MLflow store's lock, which the test holds."""
     address, log = server
     tiny_pipeline(tmp_path)
     env = {**os.environ, warm.WARM_ENV: address, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
            "DVC_ROOT": str(tmp_path)}
     with file_lock(tmp_path / "mlflow.db.lock", wait=False):
-        for sig, seed in ((signal.SIGTERM, "0"), (signal.SIGKILL, "1")):
+        for sig, seed in ((signal.SIGTERM, "0"), (signal.SIGKILL, "1"), (signal.SIGINT, "2")):
             args = ("train", "capsnet_r1", seed, "prepared", f"models{seed}", "--checkpoint", f"ckpt/{seed}.pt")
             client = subprocess.Popen([CAPSNET, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True)
@@ -75,7 +77,9 @@ def test_signals_reach_the_stage_and_a_killed_capsnet_takes_it_down(server, tmp_
             assert os.path.exists(f"/proc/{pid}")  # held at the lock
             client.send_signal(sig)
             _, err = client.communicate(timeout=60)
-            assert client.returncode == (143 if sig == signal.SIGTERM else -signal.SIGKILL), err
+            expected = {signal.SIGTERM: 143, signal.SIGKILL: -signal.SIGKILL, signal.SIGINT: 1}[sig]
+            assert client.returncode == expected, err
+            assert sig != signal.SIGINT or err.endswith("Aborted!\n")  # a Ctrl-C: click's KeyboardInterrupt path
             for _ in range(100):
                 if not os.path.exists(f"/proc/{pid}"):  # ended and reaped by the server
                     break
@@ -123,3 +127,45 @@ def test_without_a_server_capsnet_starts_cold_silently(tmp_path):
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
     status, out, err = capsnet(tmp_path, "stages", "--count", address=str(tmp_path / "no-socket"))
     assert (status, err) == (0, "") and out.strip().isdigit()
+
+
+def test_a_stage_whose_warm_interpreter_dies_fails_saying_so(tmp_path):
+    """The server gone before its stage ended (killed, say): `capsnet` fails (status 1, so DVC never
+    records the stage as done) and says why. The stage is held at the MLflow store's lock, which the
+    test holds; this test runs its own server, as it kills it."""
+    tiny_pipeline(tmp_path)
+    with warm.running(tmp_path / "warm.log") as address, file_lock(tmp_path / "mlflow.db.lock", wait=False):
+        env = {**os.environ, warm.WARM_ENV: address, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+               "DVC_ROOT": str(tmp_path)}
+        args = ("train", "capsnet_r1", "0", "prepared", "models", "--checkpoint", "ckpt/0.pt")
+        client = subprocess.Popen([CAPSNET, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        stage = forked(tmp_path / "warm.log", *args)
+        server = int(Path(f"/proc/{stage}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the stage's parent
+        os.kill(server, signal.SIGKILL)
+        client.wait(timeout=60)
+        os.kill(stage, signal.SIGKILL)  # the orphan, which nobody is left to end, holds the client's streams
+        _, err = client.communicate(timeout=60)
+    assert client.returncode == 1 and "the warm interpreter stopped before the stage ended" in err
+
+
+def test_the_server_hashes_every_file_of_the_package_and_refuses_one_added_since_it_started():
+    """`fingerprint` covers pipeline/**/*.py, nested packages included, by content; a file that is there
+    now but was not when the server started is a change too (the server never imported it)."""
+    import hashlib
+
+    code, env = warm.fingerprint(), dict(os.environ)
+    train = warm.PACKAGE / "training" / "train.py"
+    assert code["training/train.py"] == hashlib.sha256(train.read_bytes()).hexdigest()
+    assert {"cli.py", "experiments/table1.py", "report/runs.py"} <= set(code)
+    request = {"package": str(warm.PACKAGE), "env": env}
+    started_without = {name: digest for name, digest in code.items() if name != "experiments/table1.py"}
+    assert "pipeline/experiments/table1.py changed" in warm.refusal(request, started_without, env)
+
+
+def test_a_server_that_does_not_start_leaves_every_stage_cold_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(warm.sys, "executable", "/bin/false")  # an interpreter that exits at once
+    with warm.running(tmp_path / "warm.log") as address:
+        assert address is None
+    err = capsys.readouterr().err
+    assert err == f"warm: the server did not start (see {tmp_path / 'warm.log'}); every stage starts cold\n"
