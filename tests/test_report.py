@@ -1077,3 +1077,35 @@ def test_table1s_section_leaves_its_summary_for_multimnist_and_writes_its_output
     for name, text in section.tables.items():
         (empty.out / name).write_text(text)
     assert table1.readme(empty.out) == []  # no README lines from CSVs without a row
+
+
+@pytest.mark.parametrize("missing", ["metrics.json", "predictions.safetensors", "breakdown.json", "config.json",
+                                     "history.csv"])
+def test_a_run_missing_any_of_its_five_files_is_listed_as_missing_and_named_when_loaded(tmp_path, missing):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0)
+    folder = "models" if missing in ("config.json", "history.csv") else "results"
+    (tmp_path / folder / "capsnet_r1" / "seed0" / missing).unlink()
+    assert rr.missing_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r1"], [0]) == [("capsnet_r1", 0)]
+    with pytest.raises(rr.ReportError, match=f"variant capsnet_r1 seed 0 has no evaluation: missing .*/{missing}"):
+        load(tmp_path, ["capsnet_r1"], [0])
+
+
+def test_a_run_reads_its_device_and_epochs_as_recorded_and_a_pair_right_only_as_a_whole(tmp_path):
+    """The device the run resolved (params.device, not the config's `auto`) with its name; the epochs it
+    recorded, its history's length where it recorded none (a record's history may be the shorter);
+    a MultiMNIST prediction (two sorted digits) is right only when both digits are."""
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, device="auto", history=[3.0, 2.0, 1.0])
+    model_dir = tmp_path / "models" / "capsnet_r1" / "seed0"
+    record = json.loads((model_dir / "config.json").read_text())
+    record.update(params={"device": "cuda:0"}, environment={**record["environment"], "device_name": "NVIDIA H200"},
+                  epochs_trained=640)
+    (model_dir / "config.json").write_text(json.dumps(record))
+    pairs = torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.uint8)
+    save_file({"test_labels": pairs, "test_preds": torch.tensor([[1, 2], [3, 5], [0, 6]], dtype=torch.uint8)},
+              str(tmp_path / "results" / "capsnet_r1" / "seed0" / "predictions.safetensors"))
+    [run] = load(tmp_path, ["capsnet_r1"], [0])
+    assert run.device == "cuda:0 (NVIDIA H200)" and run.epochs_trained == 640
+    assert run.correct["test"].tolist() == [True, False, False]
+    del record["epochs_trained"]
+    (model_dir / "config.json").write_text(json.dumps(record))
+    assert load(tmp_path, ["capsnet_r1"], [0])[0].epochs_trained == 3

@@ -169,3 +169,48 @@ def test_a_server_that_does_not_start_leaves_every_stage_cold_and_says_so(tmp_pa
         assert address is None
     err = capsys.readouterr().err
     assert err == f"warm: the server did not start (see {tmp_path / 'warm.log'}); every stage starts cold\n"
+
+
+@pytest.mark.parametrize("name", ["OMP_SCHEDULE", "MKL_NUM_THREADS", "KMP_AFFINITY", "OPENBLAS_NUM_THREADS",
+                                  "GOMP_SPINCOUNT", "PYTHONHASHSEED", "TORCH_SHOW_CPP_STACKTRACES", "MPLBACKEND",
+                                  "LD_PRELOAD", "CUBLAS_WORKSPACE_CONFIG"])
+def test_every_kind_of_import_time_setting_that_differs_is_refused(name):
+    """Each family of settings a library reads once, when it loads (OpenMP's, BLAS', Python's, torch's,
+    matplotlib's, the loader's, cuBLAS'): set for the stage and not for the server, it starts cold."""
+    request = {"package": str(warm.PACKAGE), "env": {name: "1"}}
+    assert warm.refusal(request, warm.fingerprint(), {}) == f"{name} differ from the warm interpreter's"
+    assert warm.refusal({**request, "env": {"CAPSNET_SOMETHING": "1"}}, warm.fingerprint(), {}) is None
+
+
+def test_a_stage_started_with_its_standard_input_closed_runs_warm(server, tmp_path):
+    """DVC may start a stage with a stream closed: the stage gets /dev/null in its place, as the server
+    needs three descriptors to send."""
+    address, log = server
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    env = {**os.environ, warm.WARM_ENV: address}
+    done = subprocess.run([CAPSNET, "stages", "--count"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300, preexec_fn=lambda: os.close(0))
+    assert (done.returncode, done.stderr) == (0, "") and done.stdout.strip().isdigit()
+    forked(log, "stages", "--count")  # it did run warm
+
+
+def test_a_stopped_server_ends_the_stages_still_running(tmp_path):
+    """The server stopped (the end of `make smoke`'s block, or a Ctrl-C there) terminates its stages: none
+    outlives it, held as it is at the MLflow store's lock, which the test holds."""
+    tiny_pipeline(tmp_path)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "DVC_ROOT": str(tmp_path)}
+    args = ("train", "capsnet_r1", "0", "prepared", "models", "--checkpoint", "ckpt/0.pt")
+    with file_lock(tmp_path / "mlflow.db.lock", wait=False):
+        with warm.running(tmp_path / "warm.log") as address:
+            client = subprocess.Popen([CAPSNET, *args], cwd=tmp_path, env={**env, warm.WARM_ENV: address},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stage = forked(tmp_path / "warm.log", *args)
+        client.communicate(timeout=60)
+        stat = Path(f"/proc/{stage}/stat")
+        for _ in range(100):
+            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":  # gone, or ended unreaped
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the stage {stage} outlived its server")
+    assert client.returncode != 0
