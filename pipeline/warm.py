@@ -92,6 +92,9 @@ def running(log: Path) -> Iterator[str | None]:
 
 def forward(address: str, argv: list[str]) -> int | None:
     """Run ``argv`` in the warm server at ``address``: its exit status, or None to start cold."""
+    # which of stdin/stdout/stderr are open, asked before anything here opens a descriptor: a closed
+    # one's number is the lowest free, and the socket would take it and reach the stage in its place
+    is_open = [_is_open(fd) for fd in (0, 1, 2)]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(address)
@@ -99,7 +102,7 @@ def forward(address: str, argv: list[str]) -> int | None:
         sock.close()
         return None  # no server (it was stopped, or never started): cold, as without $CAPSNET_WARM
     with sock, open(os.devnull, "rb+") as devnull:
-        streams = [fd if _is_open(fd) else devnull.fileno() for fd in (0, 1, 2)]
+        streams = [fd if there else devnull.fileno() for fd, there in zip((0, 1, 2), is_open)]
         socket.send_fds(sock, [b"F"], streams)
         request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "package": str(PACKAGE)}
         sock.sendall(json.dumps(request).encode() + b"\n")

@@ -182,16 +182,23 @@ def test_every_kind_of_import_time_setting_that_differs_is_refused(name):
     assert warm.refusal({**request, "env": {"CAPSNET_SOMETHING": "1"}}, warm.fingerprint(), {}) is None
 
 
-def test_a_stage_started_with_its_standard_input_closed_runs_warm(server, tmp_path):
-    """DVC may start a stage with a stream closed: the stage gets /dev/null in its place, as the server
-    needs three descriptors to send."""
+def test_a_stage_started_with_its_standard_input_closed_reads_dev_null_there(server, tmp_path):
+    """DVC may start a stage with a stream closed: the stage gets /dev/null in its place (as the server
+    needs three descriptors to send), not the socket `capsnet` opened in the free descriptor. The stage is
+    held at the MLflow store's lock, which the test holds, while its descriptors are read."""
     address, log = server
-    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
-    env = {**os.environ, warm.WARM_ENV: address}
-    done = subprocess.run([CAPSNET, "stages", "--count"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300, preexec_fn=lambda: os.close(0))
-    assert (done.returncode, done.stderr) == (0, "") and done.stdout.strip().isdigit()
-    forked(log, "stages", "--count")  # it did run warm
+    tiny_pipeline(tmp_path)
+    env = {**os.environ, warm.WARM_ENV: address, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+           "DVC_ROOT": str(tmp_path)}
+    args = ("train", "capsnet_r1", "0", "prepared", "models", "--checkpoint", "ckpt/0.pt")
+    with file_lock(tmp_path / "mlflow.db.lock", wait=False):
+        client = subprocess.Popen([CAPSNET, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(0))
+        stage = forked(log, *args)
+        stdin, stdout = (os.readlink(f"/proc/{stage}/fd/{fd}") for fd in (0, 1))
+        client.send_signal(signal.SIGTERM)
+        client.communicate(timeout=60)
+    assert stdin == os.devnull and stdout.startswith("pipe:")
 
 
 def test_a_stopped_server_ends_the_stages_still_running(tmp_path):
