@@ -9,7 +9,7 @@ import torch
 
 from conftest import REPO
 from pipeline.core.params import load_params
-from pipeline.core.provenance import git_commit, repo_root
+from pipeline.core.provenance import repo_root
 from pipeline.training import bench
 from pipeline.training.config import run_config
 
@@ -35,24 +35,26 @@ def test_each_row_is_its_configuration_and_its_ratios_are_over_the_rows_they_nam
     monkeypatch.setattr(bench, "bench_step", step)
     monkeypatch.setattr(bench, "bench_reference", reference)
     monkeypatch.setattr(bench, "flop_per_image", lambda cfg, dev: 2e9)
-    rows = list(bench.run(PARAMS, "capsnet_r1", (4, 8), ("fp32", "bf16-compile-capture"), 1, 0, True, "off", "cpu",
-                          seeds=(1, 3), layouts=("fused", "bmm")))
+    monkeypatch.setattr(bench, "git_commit", lambda root: "c0ffee1" if root == repo_root() else None)
+    modes = ("fp32", "bf16-compile-capture", "bf16-cl")
+    rows = list(bench.run(PARAMS, "capsnet_r1", (4, 8), modes, 1, 0, True, "off", "cpu", seeds=(1, 3),
+                          layouts=("fused", "bmm")))
 
     assert [(r["batch"], r["mode"], r.get("seeds"), r.get("stack")) for r in rows] == [
         (batch, mode, seeds, stack) for batch in (4, 8) for mode, seeds, stack in
-        [("reference", None, None)] + [(m, *s) for m in ("fp32", "bf16-compile-capture")
-                                       for s in ((1, None), (3, "fused"), (3, "bmm"))]]
+        [("reference", None, None)] + [(m, *s) for m in modes for s in ((1, None), (3, "fused"), (3, "bmm"))]]
     assert referenced == [4, 8]
     cfgs = {(c.batch_size, c.compile, c.amp, c.channels_last, c.cuda_graph, c.deterministic, mode)
             for c, mode, _, _ in timed}
-    assert cfgs == {(b, False, False, False, False, False, "default") for b in (4, 8)} | {
-        (b, True, False, False, True, False, "default") for b in (4, 8)}
+    assert cfgs == {(b, compiled, False, channels_last, captured, False, "default") for b in (4, 8)
+                    for compiled, channels_last, captured in ((False, False, False), (True, False, True),
+                                                              (False, True, False))}
     stacked = [r for r in rows if r.get("seeds") == 3]
-    assert [r["speedup_vs_separate"] for r in stacked] == [3.0, 6.0] * 4
+    assert [r["speedup_vs_separate"] for r in stacked] == [3.0, 6.0] * 6
     assert [r["speedup_vs_reference"] for r in rows if r["mode"] != "reference"][:3] == [3.333, 10.0, 20.0]
     assert rows[1]["tflop_per_s"] == 0.2 and "speedup_vs_separate" not in rows[1]
     assert {(r["device"], r["commit"], r["deterministic"], r["flop_per_image_train"]) for r in rows} == {
-        (f"cpu ({torch.get_num_threads()} threads)", git_commit(repo_root()), False, 2e9)}
+        (f"cpu ({torch.get_num_threads()} threads)", "c0ffee1", False, 2e9)}
 
 
 def test_a_timed_step_reports_its_figures_consistently_for_the_seeds_and_layout_it_ran(monkeypatch):
