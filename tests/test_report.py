@@ -1109,3 +1109,22 @@ def test_a_run_reads_its_device_and_epochs_as_recorded_and_a_pair_right_only_as_
     del record["epochs_trained"]
     (model_dir / "config.json").write_text(json.dumps(record))
     assert load(tmp_path, ["capsnet_r1"], [0])[0].epochs_trained == 3
+
+
+def test_runs_that_record_no_commit_share_no_commit(tmp_path):
+    """Two variants' rows whose runs record no commit (neither config.json nor a journal names one) are of
+    unknown training code: "not recorded" is no commit they share, so their effect is confounded; in the
+    report's cohorts of rows by shared commit, such a row is a group of its own, not left out."""
+    from pipeline.report.rows import cohorts, commits_of, shared_commit
+
+    for seed in (0, 1, 2):
+        fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed / 10, n=1000, commit=None)
+        fabricate(tmp_path, "capsnet_r3", seed, 0.9 + seed / 10, n=1000, commit=None)
+    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1, 2])
+    r1, r3 = runs[:3], runs[3:]
+    assert {r.commit for r in runs} == {protocol.NOT_RECORDED} and commits_of(r1) == []
+    assert shared_commit(r1, r3) is None
+    effect = routing_effect(runs, [])
+    assert math.isnan(effect.ci_low) and effect.status.endswith("no commit in common")
+    assert cohorts({"a": ["c1"], "b": ["c2", "c1"], "c": ["c2"], "old": []}) == [  # such a row: a group of its own
+        ("c1", ["a", "b"]), ("c2", ["c"]), ("old", ["old"])]
