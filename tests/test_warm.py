@@ -41,6 +41,18 @@ def forked(log, *args) -> int:
     raise AssertionError(f"no stage {line!r} in the warm log:\n{log.read_text()}")
 
 
+def held_stage(root, address, log, seed="0", **popen):
+    """`capsnet train` of one seed of ``root``'s tiny pipeline, forked warm by the server at ``address``
+    and held at the MLflow store's lock, which the caller holds: (its `capsnet` client, the stage's pid)."""
+    env = {**os.environ, warm.WARM_ENV: address, "MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlflow.db",
+           "DVC_ROOT": str(root)}
+    # absolute paths: the command, as the server's log shows it, is this test's alone
+    args = ("train", "capsnet_r1", seed, "prepared", f"{root}/models{seed}", "--checkpoint", f"{root}/ckpt/{seed}.pt")
+    client = subprocess.Popen([CAPSNET, *args], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, **popen)
+    return client, forked(log, *args)
+
+
 def test_a_warm_stage_is_the_cold_one(server, tmp_path):
     """Same stdout, stderr and exit status as a cold `capsnet`, for a command that succeeds and for
     one that fails; relative paths resolve in the caller's directory and the caller's environment
@@ -65,14 +77,9 @@ def test_signals_reach_the_stage_and_a_killed_capsnet_takes_it_down(server, tmp_
     held at the MLflow store's lock, which the test holds."""
     address, log = server
     tiny_pipeline(tmp_path)
-    env = {**os.environ, warm.WARM_ENV: address, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
-           "DVC_ROOT": str(tmp_path)}
     with file_lock(tmp_path / "mlflow.db.lock", wait=False):
         for sig, seed in ((signal.SIGTERM, "0"), (signal.SIGKILL, "1"), (signal.SIGINT, "2")):
-            args = ("train", "capsnet_r1", seed, "prepared", f"models{seed}", "--checkpoint", f"ckpt/{seed}.pt")
-            client = subprocess.Popen([CAPSNET, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True)
-            pid = forked(log, *args)
+            client, pid = held_stage(tmp_path, address, log, seed)
             time.sleep(1)  # the client has its forwarding handlers once it has read the pid
             assert os.path.exists(f"/proc/{pid}")  # held at the lock
             client.send_signal(sig)
@@ -135,12 +142,7 @@ def test_a_stage_whose_warm_interpreter_dies_fails_saying_so(tmp_path):
     test holds; this test runs its own server, as it kills it."""
     tiny_pipeline(tmp_path)
     with warm.running(tmp_path / "warm.log") as address, file_lock(tmp_path / "mlflow.db.lock", wait=False):
-        env = {**os.environ, warm.WARM_ENV: address, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
-               "DVC_ROOT": str(tmp_path)}
-        args = ("train", "capsnet_r1", "0", "prepared", "models", "--checkpoint", "ckpt/0.pt")
-        client = subprocess.Popen([CAPSNET, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        stage = forked(tmp_path / "warm.log", *args)
+        client, stage = held_stage(tmp_path, address, tmp_path / "warm.log")
         server = int(Path(f"/proc/{stage}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the stage's parent
         os.kill(server, signal.SIGKILL)
         client.wait(timeout=60)
@@ -188,13 +190,8 @@ def test_a_stage_started_with_its_standard_input_closed_reads_dev_null_there(ser
     held at the MLflow store's lock, which the test holds, while its descriptors are read."""
     address, log = server
     tiny_pipeline(tmp_path)
-    env = {**os.environ, warm.WARM_ENV: address, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
-           "DVC_ROOT": str(tmp_path)}
-    args = ("train", "capsnet_r1", "0", "prepared", "models", "--checkpoint", "ckpt/0.pt")
     with file_lock(tmp_path / "mlflow.db.lock", wait=False):
-        client = subprocess.Popen([CAPSNET, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(0))
-        stage = forked(log, *args)
+        client, stage = held_stage(tmp_path, address, log, preexec_fn=lambda: os.close(0))
         stdin, stdout = (os.readlink(f"/proc/{stage}/fd/{fd}") for fd in (0, 1))
         client.send_signal(signal.SIGTERM)
         client.communicate(timeout=60)
@@ -205,13 +202,9 @@ def test_a_stopped_server_ends_the_stages_still_running(tmp_path):
     """The server stopped (the end of `make smoke`'s block, or a Ctrl-C there) terminates its stages: none
     outlives it, held as it is at the MLflow store's lock, which the test holds."""
     tiny_pipeline(tmp_path)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "DVC_ROOT": str(tmp_path)}
-    args = ("train", "capsnet_r1", "0", "prepared", "models", "--checkpoint", "ckpt/0.pt")
     with file_lock(tmp_path / "mlflow.db.lock", wait=False):
         with warm.running(tmp_path / "warm.log") as address:
-            client = subprocess.Popen([CAPSNET, *args], cwd=tmp_path, env={**env, warm.WARM_ENV: address},
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            stage = forked(tmp_path / "warm.log", *args)
+            client, stage = held_stage(tmp_path, address, tmp_path / "warm.log")
         client.communicate(timeout=60)
         stat = Path(f"/proc/{stage}/stat")
         for _ in range(100):
