@@ -16,6 +16,12 @@ from pipeline.training.config import run_config
 PARAMS = load_params(REPO / "params.yaml")
 
 
+def on_cpu(variant: str):
+    """``variant``'s configuration as `capsnet bench` times it, at batch 2 on the CPU, eager fp32."""
+    return run_config(PARAMS, variant, 0, profile="bench", epochs=1, batch_size=2, amp=False, compile=False,
+                      device="cpu")
+
+
 def test_each_row_is_its_configuration_and_its_ratios_are_over_the_rows_they_name(monkeypatch):
     """bench.run with the timing stubbed: per batch the reference loop first, then per mode one seed
     and the stacked rows (one per layout; one seed has no layout); each configuration carries its batch,
@@ -64,8 +70,7 @@ def test_a_timed_step_reports_its_figures_consistently_for_the_seeds_and_layout_
     built = []
     group = bench.build_group
     monkeypatch.setattr(bench, "build_group", lambda cfgs, device: built.append(cfgs) or group(cfgs, device))
-    cfg = run_config(PARAMS, "capsnet_r1", 0, profile="bench", epochs=1, batch_size=2, amp=False, compile=False,
-                     device="cpu")
+    cfg = on_cpu("capsnet_r1")
     row = bench.bench_step(cfg, steps=2, warmup=1, seeds=2, layout="bmm")
     assert [(c.seed, c.stack_layout) for c in built[0]] == [(0, "bmm"), (1, "bmm")]
     ips = row["train_images_per_s"]
@@ -79,8 +84,7 @@ def test_a_timed_step_reports_its_figures_consistently_for_the_seeds_and_layout_
 
 def test_multimnist_is_benched_on_its_canvas_and_a_device_name_becomes_a_folder_name():
     """MultiMNIST's test digits are 28×28 and its models 36×36: inference pads them onto the canvas."""
-    cfg = run_config(PARAMS, "multimnist_r1_recon", 0, profile="bench", epochs=1, batch_size=2, amp=False,
-                     compile=False, device="cpu")
+    cfg = on_cpu("multimnist_r1_recon")
     assert bench.bench_step(cfg, steps=1, warmup=0)["inference_images_per_s"] > 0
     assert bench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     assert bench.device_slug("cpu (2 threads)") == "cpu-2-threads"
@@ -90,8 +94,7 @@ def test_multimnist_is_benched_on_its_canvas_and_a_device_name_becomes_a_folder_
 def test_the_reference_loop_times_its_own_steps_and_places_a_digit_on_a_larger_canvas(variant):
     """The popular implementations' loop, really run: ms per step and seconds per 60k-image epoch follow
     from its rate; on §5.2's 40×40 canvas the random crop places the 28×28 digit anywhere on it."""
-    cfg = run_config(PARAMS, variant, 0, profile="bench", epochs=1, batch_size=2, amp=False, compile=False,
-                     device="cpu")
+    cfg = on_cpu(variant)
     row = bench.bench_reference(cfg, steps=2, warmup=1)
     ips = row["train_images_per_s"]
     assert row["ms_per_step"] == pytest.approx(1000 * 2 / ips) and row["s_per_epoch"] == pytest.approx(60_000 / ips)

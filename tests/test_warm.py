@@ -41,6 +41,11 @@ def forked(log, *args) -> int:
     raise AssertionError(f"no stage {line!r} in the warm log:\n{log.read_text()}")
 
 
+def proc_stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command's name: [state, parent pid, ...]."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def held_stage(root, address, log, seed="0", **popen):
     """`capsnet train` of one seed of ``root``'s tiny pipeline, forked warm by the server at ``address``
     and held at the MLflow store's lock, which the caller holds: (its `capsnet` client, the stage's pid)."""
@@ -143,7 +148,7 @@ def test_a_stage_whose_warm_interpreter_dies_fails_saying_so(tmp_path):
     tiny_pipeline(tmp_path)
     with warm.running(tmp_path / "warm.log") as address, file_lock(tmp_path / "mlflow.db.lock", wait=False):
         client, stage = held_stage(tmp_path, address, tmp_path / "warm.log")
-        server = int(Path(f"/proc/{stage}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the stage's parent
+        server = int(proc_stat(stage)[1])  # the stage's parent
         os.kill(server, signal.SIGKILL)
         client.wait(timeout=60)
         os.kill(stage, signal.SIGKILL)  # the orphan, which nobody is left to end, holds the client's streams
@@ -206,9 +211,8 @@ def test_a_stopped_server_ends_the_stages_still_running(tmp_path):
         with warm.running(tmp_path / "warm.log") as address:
             client, stage = held_stage(tmp_path, address, tmp_path / "warm.log")
         client.communicate(timeout=60)
-        stat = Path(f"/proc/{stage}/stat")
         for _ in range(100):
-            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":  # gone, or ended unreaped
+            if not os.path.exists(f"/proc/{stage}") or proc_stat(stage)[0] == "Z":  # gone, or ended unreaped
                 break
             time.sleep(0.1)
         else:
