@@ -47,9 +47,6 @@ class Interval:
     def known(self) -> bool:
         return not math.isnan(self.lo)
 
-    def excludes_zero(self) -> bool:
-        return self.known and (self.lo > 0 or self.hi < 0)
-
 
 def satterthwaite(terms: list[tuple[float, float]]) -> float:
     """Welch–Satterthwaite degrees of freedom of a sum of variance terms [(variance, its df)]."""
@@ -202,9 +199,3 @@ def effect_words(interval: Interval) -> str:
     if interval.lo > 0:
         return "A higher, beyond seed and test noise"
     return "not distinguishable from noise"
-
-
-def fmt_interval(interval: Interval, digits: int = 2) -> str:
-    if not interval.known:
-        return "–"
-    return f"[{interval.lo:+.{digits}f}, {interval.hi:+.{digits}f}]"
