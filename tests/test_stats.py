@@ -119,3 +119,35 @@ def test_verdict_boundary_is_the_interval_edge():
     assert stats.verdict(stats.Interval(-0.1, -0.2, -1e-9, 0.05, 4)) == "better"
     assert stats.effect_words(stats.Interval(-0.1, -0.2, -1e-9, 0.05, 4)) == "A lower, beyond seed and test noise"
     assert stats.effect_words(iv) == "not distinguishable from noise"
+
+
+def test_seeds_that_agree_exactly_give_an_interval_of_one_point_not_none():
+    """Zero spread is a measurement (three seeds at one error), not a missing one: its interval is the
+    estimate itself, so the verdict reads it."""
+    tight = stats.t_interval(0.05, [(0.0, 2)])
+    assert (tight.lo, tight.hi, tight.se) == (0.05, 0.05, 0.0) and tight.known
+    assert stats.verdict(stats.against_paper([0.30, 0.30, 0.30], 0.25, None)) == "not reproduced"
+
+
+def test_the_test_term_counts_the_groups_present_not_the_largest_id():
+    """Source digits numbered 0 and 5 are two resampled units, as 0 and 1 are; one group is no unit to
+    resample (no term, not a division by zero)."""
+    diff = np.array([1.0, 3.0, 0.0, 2.0])
+    assert stats.test_variance(diff, np.array([0, 0, 5, 5])) == stats.test_variance(diff, np.array([0, 0, 1, 1]))
+    assert stats.test_variance(diff, np.array([0, 0, 1, 1]))[1] == 2
+    assert stats.test_variance(diff, np.zeros(4, dtype=int)) == (0.0, 1)
+
+
+def test_an_effect_refuses_arms_scored_on_different_images_and_one_seed_has_no_variance():
+    with pytest.raises(ValueError, match="same test images"):
+        stats.effect_parts(nested_errors([1, 2], 100), nested_errors([1, 2], 99))
+    parts = stats.effect_parts(nested_errors([1, 2, 3], 100), nested_errors([1], 100))
+    assert math.isnan(parts.var_b) and parts.n_b == 1 and not stats.interval_of(parts).known
+
+
+def test_against_the_paper_honours_its_level():
+    wide = stats.against_paper([0.5, 1.0, 1.5], 0.25, 0.005)
+    narrow = stats.against_paper([0.5, 1.0, 1.5], 0.25, 0.005, level=0.80)
+    assert narrow.estimate == wide.estimate and narrow.se == wide.se
+    ratio = sp.t.ppf(0.9, wide.df) / sp.t.ppf(0.975, wide.df)  # the same SE and df, the 80 % quantile
+    assert narrow.hi - narrow.lo == pytest.approx((wide.hi - wide.lo) * ratio)
