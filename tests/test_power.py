@@ -139,6 +139,30 @@ def test_costs_come_from_each_variants_own_row_on_its_device(tmp_path):
     assert math.isnan(hours) and "NVIDIA A100" in why
 
 
+def test_a_runs_speed_settings_name_its_bench_row_and_only_well_formed_gpu_rows_are_read(tmp_path):
+    """A compile mode, channels-last or capture names its lever's row (scripts/bench_table.py's labels);
+    plain settings the two-word configurations. A missing benchmarks file, a row that is not a speed
+    and a table before its section's first variant heading give no row."""
+    assert costs.configuration({"amp": True, "compile": True}) == "bf16 + compile"
+    compiled = {"amp": True, "compile": True}
+    assert costs.configuration(compiled | {"compile_mode": "max-autotune-no-cudagraphs"}) == "bf16-autotune"
+    assert costs.configuration(compiled | {"compile_mode": "reduce-overhead"}) == "bf16-graphs"
+    assert costs.configuration({"amp": True, "compile": False, "channels_last": True}) == "bf16-cl"
+    assert costs.configuration({"amp": False, "compile": True, "cuda_graph": True}) == "compile-capture"
+    assert costs.bench_rows(tmp_path / "absent.md") == []
+    (tmp_path / "benchmarks.md").write_text(BENCH + "| capsnet-repro bf16-capture | failed: out of memory |\n"
+                                            "## GPU: one NVIDIA H200 (device tool, 2026-11-28)\n"
+                                            "| capsnet-repro eager fp32 | 30,000 |\n")
+    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    assert [(r.variant, r.images_per_s) for r in rows] == [
+        ("capsnet_r3_recon", 21_096.0), ("capsnet_r3_recon", 24_000.0), ("baseline_cnn", 12_000.0)]
+    h100 = "NVIDIA H100 80GB HBM3"
+    captured = "compile-capture: fp32, compile default, the whole step as one CUDA graph"  # starts with "compile"
+    levers = [costs.BenchRow("baseline_cnn", h100, f"capsnet-repro {name}", speed, "GPU: one H100")
+              for name, speed in ((captured, 50_000.0), ("compile (model+loss)", 20_000.0))]
+    assert costs.speed(levers, "baseline_cnn", h100, {"amp": False, "compile": True}).images_per_s == 20_000.0
+
+
 def test_a_variant_never_benched_takes_the_row_of_one_with_its_layers_or_more_and_says_so(tmp_path):
     """costs.with_stand_ins: on a device where a variant has no row, a recipe twin takes its paper
     recipe's row (the same layers), a lighter CapsNet the row of the closest one that does more work on
@@ -223,8 +247,104 @@ def test_claims_are_supported_contradicted_or_say_what_would_settle_them():
     assert "GPU time from reports/benchmarks.md, GPU: one H100: capsnet_r3_recon bf16: 24,000 images/s." in lines
 
 
+def test_a_recipe_claim_is_contradicted_beyond_the_noise_and_supported_only_within_the_margin():
+    """"Matches": an interval wholly off 0 contradicts it; one within ±EQUIVALENCE_PP supports it; a wider
+    margin is not resolvable, with the seeds that would see the margin and their GPU time (the claim's
+    hours are the equivalence plan's, not the paper effect's)."""
+    def claim(lo, hi, margin):
+        effect = _effect("official vs paper recipe, routing 3, with reconstruction", math.nan, lo, hi, hours=9.0,
+                         equivalence_margin=margin, equivalence_seeds="30", equivalence_hours=2.5)
+        return rc.effect_claims(pd.DataFrame([effect]), "p").iloc[0]
+    assert claim(0.01, 0.05, 0.05).status == "contradicted (the recipes differ beyond the noise)"
+    assert claim(-0.05, -0.01, 0.05).status == "contradicted (the recipes differ beyond the noise)"
+    assert claim(-0.04, 0.04, 0.04).status == "supported: within ±0.04 pp"
+    wide = claim(-0.06, 0.06, 0.06)
+    assert wide.status == ("not resolvable at 3 seeds (within ±0.06 pp only) — needs 30 per arm to detect a 0.04 pp "
+                           "difference (Table 1's smallest effect) at 80 % power, about 2.5 GPU-hours")
+    assert wide.gpu_hours == 2.5
+
+
+def test_a_claim_without_an_interval_says_why_and_the_readme_names_a_protocol_not_the_headline():
+    """An effect or §5.2 gap without an interval carries its own reason; GPU time is cited only where
+    it was estimated; the README's headline protocol is the first claim's."""
+    confounded = _effect("routing 3 vs 1, with reconstruction", -0.04, math.nan, math.nan,  # its plan priced: 24,000
+                         status="confounded: no commit in common", our_delta=-0.04)
+    no_interval = rc.effect_claims(pd.DataFrame([confounded]), "p")
+    assert no_interval.status[0] == "not resolvable: confounded: no commit in common"
+    gap = {"gap": 5.0, "ci_low": math.nan, "ci_high": math.nan, "paper_gap": 13.0, "n_seeds": 1, "seeds_needed": "–",
+           "gpu_hours": math.nan, "cost_source": "GPU: one H100 | capsnet_affnist bf16: 9,000 images/s",
+           "set": "affNIST-style set", "verdict": "one seed: no verdict", "protocol": "q"}
+    gap_claim = rc.gap_claim(gap)
+    assert gap_claim.status[0] == "not resolvable: one seed: no verdict"
+    table = pd.concat([no_interval, gap_claim], ignore_index=True)
+    cited = [line for line in rc.render_claims(table, "p") if line.startswith("GPU time from")]
+    assert len(cited) == 1 and "24,000" in cited[0] and "9,000" not in cited[0]  # the gap's row priced nothing
+    readme = rc.readme_lines(table)
+    assert readme[0].endswith("ours -0.04 pp (no interval), paper -0.04 pp.")
+    assert readme[1].endswith("ours +5.00 pp (no interval) (affNIST-style set), under q, paper +13 pp (real affNIST).")
+
+
+def test_seeds_needed_count_up_to_the_budget_itself_and_a_margin_bounds_either_side():
+    """The seed budget is inclusive; a difference of zero needs no seeds ('–'); a negative estimate's
+    equivalence margin is its lower end's distance from 0."""
+    reached_at_5 = lambda n: [(0.0 if n >= 5 else 100.0, 4)]  # noiseless from 5 seeds on
+    assert power.seeds_needed(1.0, reached_at_5, max_seeds=5) == 5
+    assert power.seeds_needed(1.0, reached_at_5, max_seeds=4) is None
+    assert power.seeds_phrase(None, 0.0) == "–" and power.seeds_phrase(None, math.nan) == "–"
+    assert power.equivalence_margin(-0.05, [(0.01, math.inf)]) == pytest.approx(0.05 + 1.644854 * 0.1, rel=1e-5)
+
+
+def test_without_noise_any_difference_is_detected_and_none_is_not():
+    """Seeds that agree exactly and no test-set term: SE 0, so the detectable effect is 0 and power is
+    1 for any difference, 0 for none (the report prints ±0.00, never ±nan)."""
+    assert power.detectable([(0.0, 2), (0.0, 2)]) == 0.0
+    assert (power.power(0.01, [(0.0, 2)]), power.power(0.0, [(0.0, 2)])) == (1.0, 0.0)
+
+
+def test_a_claim_not_resolvable_says_whether_more_seeds_would_settle_it_and_what_they_cost():
+    """Beyond the seed budget, beyond any seed count, or a count with its GPU time: whole hours from
+    10 on, and why where there is no estimate."""
+    def status(seeds, hours=math.nan, why=""):
+        return rc.effect_claims(pd.DataFrame([_effect("routing 3 vs 1, with reconstruction", -0.04, -0.30, 0.20,
+                                                      seeds=seeds, hours=hours, cost_source=why)]), "p").status[0]
+    goal = "detect the paper's -0.04 pp at 80 % power"
+    assert status(rc.NONE_SUFFICES) == ("not resolvable at 3 seeds, nor by more: no number of seeds would "
+                                        f"{goal} on this test set")
+    assert status("more than 100") == f"not resolvable at 3 seeds — would need more than 100 seeds per arm to {goal}"
+    assert status("40", 1234.4) == f"not resolvable at 3 seeds — needs 40 per arm to {goal}, about 1,234 GPU-hours"
+    unpriced = status("40", why="no bench row for capsnet_r1")
+    assert unpriced == (f"not resolvable at 3 seeds — needs 40 per arm to {goal}, GPU time not estimated "
+                        "(no bench row for capsnet_r1)")
+
+
 def test_far_tails_of_the_noncentral_t_give_0_or_1_not_nan():
     """Two smoke seeds (1 degree of freedom) with a tiny spread: scipy's noncentral t returns NaN far in
     its tail, which stopped the smoke run's report; there the power is 1."""
     assert power.power(79.4, [(1e-6, 1.0)]) == 1.0
     assert math.isfinite(power.detectable([(1e-6, 1.0)]))
+
+
+def test_a_cost_that_cannot_be_estimated_says_which_arm_and_why(tmp_path):
+    """No recorded training length, no bench row for the run's configuration (named), either arm alone
+    or both: the pair's GPU time is NaN and says why for each arm that has none, and only those."""
+    (tmp_path / "benchmarks.md").write_text(BENCH)
+    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    hours, why = rc.run_cost([FakeRun("baseline_cnn", images=0)], 10, rows)
+    assert math.isnan(hours) and why == "baseline_cnn: training length not recorded"
+    hours, why = rc.run_cost([FakeRun("baseline_cnn", amp=False)], 10, rows)
+    assert math.isnan(hours)
+    assert why == "no bench row for baseline_cnn (compile) on NVIDIA H100 80GB HBM3 in reports/benchmarks.md"
+    unpriced, priced = FakeRun("baseline_cnn", images=0), FakeRun("capsnet_r3_recon")
+    hours, why = rc.pair_cost([priced], [unpriced], 4, rows)
+    assert math.isnan(hours) and why == "baseline_cnn: training length not recorded"
+    hours, why = rc.pair_cost([FakeRun("capsnet_r1")], [unpriced], 4, rows)
+    assert math.isnan(hours) and why.startswith("no bench row for capsnet_r1 (")
+    assert why.endswith("in reports/benchmarks.md; baseline_cnn: training length not recorded")
+
+
+def test_the_paper_protocols_cost_is_priced_while_either_arm_trained_fewer_than_640_epochs(tmp_path):
+    (tmp_path / "benchmarks.md").write_text(BENCH)
+    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    full, short = FakeRun("capsnet_r3_recon", images=38_400_000, epochs=640), FakeRun("baseline_cnn", images=3_000_000)
+    assert rc.paper_protocol_cost([full], [short], 4, rows) == pytest.approx(
+        4 * 60_000 * 640 / 24_000 / 3600 + 4 * 60_000 * 640 / 12_000 / 3600)
