@@ -16,7 +16,7 @@ import pandas as pd
 
 from pipeline.report import figures
 from pipeline.report import stats
-from pipeline.report.document import fmt_ci
+from pipeline.report.document import fmt_ci, fmt_pct
 from pipeline.report.rows import ordered_rows, row_commit
 from pipeline.report.runs import Run, run_figure, short
 
@@ -99,9 +99,11 @@ def render_both_columns(table1: pd.DataFrame, multi: pd.DataFrame, reference: di
     lines += ["", "| MultiMNIST variant | protocol | commit | n | per seed (%) | paper (%) | Δ (pp) | interval of Δ "
               "| parameters (ours / paper) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in multi.itertuples():
-        lines.append(f"| {r.variant} | {r.protocol} | {short(r.commit)} | {r.n_seeds} | {r.errors} | {r.paper_error:.1f} "
-                     f"| {r.delta:+.2f} | {fmt_ci(r.delta_ci_low, r.delta_ci_high)} | "
-                     f"{r.n_params:,} / {r.paper_n_params / 1e6:.2f}M |")
+        known = not math.isnan(r.paper_error)  # a variant the paper has no number for: dashes, never nan
+        lines.append(f"| {r.variant} | {r.protocol} | {short(r.commit)} | {r.n_seeds} | {r.errors} | "
+                     f"{fmt_pct(r.paper_error, 1)} | {f'{r.delta:+.2f}' if known else '–'} | "
+                     f"{fmt_ci(r.delta_ci_low, r.delta_ci_high)} | {r.n_params:,} / "
+                     f"{f'{r.paper_n_params / 1e6:.2f}M' if not math.isnan(r.paper_n_params) else '–'} |")
     return lines
 
 
