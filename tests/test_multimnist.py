@@ -1,9 +1,12 @@
 """MultiMNIST (§6): recipes, composition, the two-digit losses, the pair rule, models, training, report."""
 
 import json
+import math
 
+import pandas as pd
 import pytest
 import torch
+from scipy import stats as sp
 
 from pipeline.experiments import multimnist as mm
 from pipeline.models.baseline import MultiMNISTCNN
@@ -187,3 +190,68 @@ def test_the_multimnist_column_reads_its_first_protocols_rows_and_names_it(tmp_p
     text = "\n".join(rm.render_both_columns(t1.summarize([cut], REFERENCE), table, REFERENCE))
     assert "| CapsNet | 3 | yes | 0.30 | 0.25 | 5.20 ± 0.28 | 5.2 | consistent |" in text
     assert f"from the first rows of the table below ({cut.protocol})" in text
+
+
+def _multimnist_runs(tmp_path, errors: dict) -> list:
+    """MultiMNIST runs of one fingerprinted Table 1 run's record: {variant: [pair error % per seed]}."""
+    from test_report import fabricate
+
+    from pipeline.report import runs as rr
+
+    fabricate(tmp_path, "capsnet_r3_recon", 0, 0.3, fingerprint="1234abcd5678ef90")
+    run = rr.load_runs(tmp_path / "models", tmp_path / "results", ["capsnet_r3_recon"], [0])[0]
+    return [rr.Run(variant, seed, {"error_pct": err, "n_params": 11_361_808}, run.config, run.history, {}, {}, {},
+                   commit=run.commit) for variant, seeds in errors.items() for seed, err in enumerate(seeds)]
+
+
+def test_the_multimnist_tables_name_each_rows_seeds_origin_and_parameters(tmp_path):
+    """The both-columns table reads the headline protocol's first MNIST row of a variant (a variant only
+    another protocol ran is not run there); one seed has no ± and no verdict; the detail table gives each
+    row's fingerprint and commit, per-seed errors, Δ against the paper and both parameter counts, and
+    dashes for a variant the paper has no number for."""
+    from test_report import REFERENCE
+
+    from pipeline.experiments import multimnist_report as rm
+
+    errors = {"multimnist_r3_recon": [5.0, 5.6], "multimnist_r1_recon": [7.0], "multimnist_r3": [6.0, 6.2]}
+    multi = rm.multimnist_summary(_multimnist_runs(tmp_path, errors), REFERENCE)
+    assert list(multi.verdict) == ["consistent", "one seed: no verdict", "no paper value"]
+    table1 = pd.DataFrame({"protocol": ["p", "p", "q"],  # r3 + recon at two commits under p, the baseline under q
+                           "variant": ["capsnet_r3_recon", "capsnet_r3_recon", "baseline_cnn"],
+                           "test_error_mean": [0.35, 0.9, 0.5], "test_error_std": [0.07, math.nan, math.nan]})
+    lines = rm.render_both_columns(table1, multi, REFERENCE)
+    text = "\n".join(lines)
+    assert "MNIST from the paper-recipe rows of the first Table 1 above (p);" in text
+    assert "| CapsNet | 3 | yes | 0.35 ± 0.07 | 0.25 | 5.30 ± 0.42 | 5.2 | consistent |" in lines
+    assert "| CapsNet | 1 | yes | not run | 0.29 | 7.00 | 7.5 | one seed: no verdict |" in lines
+    assert "| Baseline | – | – | not run | 0.39 | not run | 8.1 | – |" in lines  # baseline_cnn ran under q alone
+    protocol = multi.protocol[0]
+    half = sp.t.ppf(0.975, 1) * 0.6 / math.sqrt(2) / math.sqrt(2)  # t(1)·s/√n, s = 0.6/√2
+    assert (f"| multimnist_r3_recon | {protocol} | fp 1234abcd: c0ffee0 | 2 | 5.00 5.60 | 5.2 | +0.10 | "
+            f"[{0.1 - half:+.2f}, {0.1 + half:+.2f}] | 11,361,808 / 11.36M |") in lines
+    no_paper = f"| multimnist_r3 | {protocol} | fp 1234abcd: c0ffee0 | 2 | 6.00 6.20 | – | – | – | 11,361,808 / – |"
+    assert no_paper in lines
+    assert "500 partners per test digit, 50,000 pairs" in rm.test_size_deviation(500, test_subset=100)[0]
+
+
+def test_the_multimnist_figure_is_the_best_seed_of_the_lowest_error_reconstruction_variant(tmp_path):
+    from test_report import REFERENCE
+
+    from pipeline.experiments import multimnist_report as rm
+    from pipeline.report.runs import run_figure
+
+    runs = _multimnist_runs(tmp_path, {"multimnist_r1_recon": [4.9, 9.0], "multimnist_r3_recon": [5.6, 5.0]})
+    for r in runs:
+        drawn = run_figure(tmp_path / "results" / r.variant / f"seed{r.seed}", "reconstructions.png")
+        drawn.parent.mkdir(parents=True)
+        drawn.write_bytes(f"{r.variant} seed {r.seed}".encode())
+    (tmp_path / "figures").mkdir()
+    shown = rm.figure(runs, rm.multimnist_summary(runs, REFERENCE), tmp_path / "results", tmp_path / "figures")
+    assert (tmp_path / "figures" / "multimnist_reconstructions.png").read_bytes() == b"multimnist_r3_recon seed 1"
+    assert list(shown) == ["MultiMNIST reconstructions (multimnist_r3_recon, seed 1; red and green: the two predicted "
+                           "capsules)"]
+    baseline = [r for r in runs if r.variant == "multimnist_r1_recon"]
+    for r in baseline:
+        r.config["config"]["reconstruction"] = False
+    assert rm.figure(baseline, None, tmp_path / "results", tmp_path / "figures") == {}
+    assert (tmp_path / "figures" / "multimnist_reconstructions.png").read_bytes().startswith(b"\x89PNG")  # placeholder
