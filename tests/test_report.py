@@ -1013,6 +1013,37 @@ def test_the_effects_figure_plots_the_headline_protocols_effects_with_what_would
     assert (tmp_path / "table1_effects.png").read_bytes()[:4] == b"\x89PNG"  # the placeholder
 
 
+def test_the_error_figure_and_curves_tell_a_variants_commits_apart_and_one_seed_has_no_interval(tmp_path, monkeypatch):
+    """table1_errors.png labels each row of a variant trained at two commits with its commit, gives each
+    row its own seeds, and draws our mean's interval where a row has seeds to spread (t over their std);
+    learning_curves.csv has one line per row, named with its commit; a recipe effect with an interval
+    notes the seeds that would see Table 1's smallest effect in table1_effects.png."""
+    from pipeline.report import figures
+
+    drawn = {}
+    monkeypatch.setattr(figures, "seed_errors", lambda *args: drawn.update(errors=args))
+    monkeypatch.setattr(figures, "effect_intervals", lambda *args: drawn.update(effects=args))
+    for seed, err, commit in ((0, 1.0, COMMIT), (1, 2.0, COMMIT), (2, 0.5, "abcdef0" + "1" * 33)):
+        fabricate(tmp_path, "capsnet_r3", seed, err, recon=False, commit=commit)
+    runs = load(tmp_path, ["capsnet_r3"], [0, 1, 2])
+    summary = t1.summarize(runs, REFERENCE)
+    (tmp_path / "figures").mkdir()
+    t1_figures.figures_of(runs, summary, tmp_path / "results", tmp_path / "figures")
+    labels, per_seed, intervals, *_ = drawn["errors"]
+    assert labels == ["capsnet_r3 (c0ffee0)", "capsnet_r3 (abcdef0)"] and per_seed == [[1.0, 2.0], [0.5]]
+    half = sp.t.ppf(0.975, 1) * 0.5  # s = √0.5 over 2 seeds: SE 0.5, 1 degree of freedom
+    assert intervals[0] == pytest.approx((1.5 - half, 1.5 + half)) and all(math.isnan(v) for v in intervals[1])
+    t1_figures.dvc_plot_data(runs, summary, tmp_path / "results", tmp_path)
+    curves = pd.read_csv(tmp_path / "learning_curves.csv")
+    assert list(curves.variant) == ["capsnet_r3 (1 ep, c0ffee0)", "capsnet_r3 (1 ep, abcdef0)"]
+    assert list(curves.test_error_pct) == [1.5, 0.5]
+    recipe = {"protocol": "p", "effect": "official vs paper recipe, routing 3, no reconstruction",
+              "paper_delta": math.nan, "our_delta": 0.01, "ci_low": -0.05, "ci_high": 0.07, "seeds_needed": "–",
+              "equivalence_seeds": "30"}
+    t1_figures.effects_figure(pd.DataFrame([recipe]), "p", tmp_path)
+    assert drawn["effects"][4] == ["±0.04 pp: 30 seeds/arm"]
+
+
 def test_each_protocol_has_its_own_learning_curve_panel(tmp_path, monkeypatch):
     """A cut and a compressed schedule never share a panel, as they never share a table (headline protocol
     first); a variant trained by two codes under one protocol is two lines there, told apart by their
