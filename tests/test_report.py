@@ -582,6 +582,52 @@ def test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_
     assert line.endswith("capsnet_affnist 78.5 ± 0.7 %; cnn_affnist 63.5 ± 0.7 %."), line
 
 
+def test_affnist_gap_reads_one_variant_per_model_and_names_every_seed_and_the_real_set(tmp_path):
+    """§5.2's gap compares the first CapsNet variant with the first CNN (a second CapsNet variant stays
+    out), names every seed of both, counts the seeds of the model with fewer, and calls the real affNIST
+    by its name; its rows name their fingerprint and commit, a row with one seed has no std, and
+    all_reached_target needs every seed at the target. Without a gap the table is as it was."""
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_affnist", seed, 1.0, n=400, affine_pct=21.0, image_size=40, stop_reason="target",
+                  fingerprint="1111aaaa1111aaaa")
+    for seed in (0, 1, 2):
+        fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0, model="pooling_cnn", recon=False,
+                  image_size=40, stop_reason="budget" if seed == 2 else "target", fingerprint="2222bbbb2222bbbb")
+    fabricate(tmp_path, "capsnet_affnist_wide", 0, 2.0, n=400, affine_pct=90.0, image_size=40)
+    runs = (load(tmp_path, ["capsnet_affnist"], [0, 1]) + load(tmp_path, ["capsnet_affnist_wide"], [0])
+            + load(tmp_path, ["cnn_affnist"], [0, 1, 2]))
+    for r in runs:
+        r.breakdown["sources"]["affnist_test"] = "affNIST test set (the real one)"
+    gap = ra.affnist_gap(runs, REFERENCE)
+    assert (gap["capsnet"], gap["cnn"], gap["gap"]) == ("capsnet_affnist", "cnn_affnist", pytest.approx(15.0))
+    assert gap["seeds"] == [0, 1, 2] and gap["n_seeds"] == 2 and gap["set"] == "real affNIST"
+    table = ra.affnist_summary(runs, REFERENCE).set_index("variant")
+    assert table.loc["capsnet_affnist", "commit"] == f"fp 1111aaaa: {COMMIT[:7]}"
+    assert math.isnan(table.loc["capsnet_affnist_wide", "expanded_acc_std"])
+    assert math.isnan(table.loc["capsnet_affnist_wide", "affnist_acc_std"])
+    assert table.all_reached_target.to_dict() == {"capsnet_affnist": True, "capsnet_affnist_wide": False,
+                                                  "cnn_affnist": False}
+    assert ra.with_gap(table, None) is table
+
+
+def test_affnist_gap_reads_a_protocol_both_models_trained_under_or_calls_the_gap_confounded(tmp_path):
+    """A protocol only the CapsNet trained under, however many its runs, is not the gap's; where no
+    protocol has both models the gap reads them all and is confounded, though one commit trained both."""
+    for seed in (0, 1, 2):
+        fabricate(tmp_path / "long", "capsnet_affnist", seed, 1.0, affine_pct=21.0, image_size=40,
+                  lr_schedule_epochs=640)
+    fabricate(tmp_path / "both", "capsnet_affnist", 3, 1.0, affine_pct=21.0, image_size=40)
+    fabricate(tmp_path / "both", "cnn_affnist", 3, 1.0, affine_pct=36.0, model="pooling_cnn", recon=False,
+              image_size=40)
+    long = load(tmp_path / "long", ["capsnet_affnist"], [0, 1, 2])
+    both = load(tmp_path / "both", ["capsnet_affnist", "cnn_affnist"], [3])
+    gap = ra.affnist_gap(long + both, REFERENCE)
+    assert gap["seeds"] == [3] and gap["protocol"] == both[0].protocol and gap["verdict"] == "one seed: no verdict"
+    apart = ra.affnist_gap(long + both[1:], REFERENCE)  # the CNN's only protocol is not the CapsNet's
+    assert apart["gap"] == pytest.approx(15.0) and math.isnan(apart["ci_low"])
+    assert apart["verdict"] == f"confounded (protocols or training code differ: {COMMIT[:7]})"
+
+
 def test_transform_bins_average_over_seeds(tmp_path):
     def bins(acc):
         return {"affnist_test": {"rotation_deg": {"edges": [-20, 0, 20], "count": [5, 5], "accuracy_pct": acc}}}
