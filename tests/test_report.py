@@ -183,6 +183,28 @@ def test_the_precision_check_compares_bf16_with_its_fp32_twin_across_the_precisi
     assert t1.effects(arms(tmp_path / "long", [1.0, 1.5, 2.0], [1.5, 1.0, 2.0], epochs=640), REFERENCE).empty
 
 
+def test_the_precision_check_needs_a_bf16_arm_and_a_confounded_effect_names_every_commit_of_each_arm(tmp_path):
+    """Both arms in fp32 (a CPU profile) make no precision effect; a decision quotes the equivalence bound
+    where there is one; a confounded effect names each commit its arm's rows trained at."""
+    for seed in (0, 1, 2):
+        fabricate(tmp_path / "fp32", "capsnet_r3_recon", seed, 1.0 + seed / 2, tf32=False)
+        fabricate(tmp_path / "fp32", "capsnet_r3_recon_fp32", seed, 1.0 + seed / 2, tf32=False)
+    both_fp32 = load(tmp_path / "fp32", ["capsnet_r3_recon", "capsnet_r3_recon_fp32"], [0, 1, 2])
+    assert t1.effects(both_fp32, REFERENCE).empty
+    row = pd.Series({"ci_low": -0.1, "ci_high": 0.1, "n_seeds": 3, "our_delta": 0.0, "equivalence_margin": 0.08,
+                     "status": "not distinguishable from noise"})
+    assert t1.precision_decision(row) == ("bf16 − fp32 = +0.00 pp [-0.10, +0.10] over 3 seeds a side (two one-sided "
+                                          "tests at 5 % bound it within ±0.08 pp): within the seed noise, so the "
+                                          "paper protocol may train in bf16 autocast")
+    fabricate(tmp_path / "apart", "capsnet_r3_recon", 0, 1.0, commit="aaaaaaa1111")
+    fabricate(tmp_path / "apart", "capsnet_r3_recon", 1, 3.0, commit="ccccccc3333")
+    fabricate(tmp_path / "apart", "capsnet_r1_recon", 0, 1.0, commit="bbbbbbb2222")
+    runs = load(tmp_path / "apart", ["capsnet_r3_recon"], [0, 1]) + load(tmp_path / "apart", ["capsnet_r1_recon"], [0])
+    effect = t1.effects(runs, REFERENCE).set_index("effect").loc["routing 3 vs 1, with reconstruction"]
+    assert effect.status.startswith("confounded: capsnet_r3_recon trained at aaaaaaa; ccccccc (Adam ε 1e-08), "
+                                    "capsnet_r1_recon at bbbbbbb")
+
+
 def test_rows_never_pool_protocols_or_commits(tmp_path):
     """A row is (variant, protocol, commit): a variant's seeds at two commits are two rows; each protocol
     gets its own Table 1 (the one with most runs first); an effect across commits is confounded, without interval."""
@@ -448,6 +470,25 @@ def test_end_of_training_columns_are_labelled_a_diagnostic(tmp_path):
     assert "| capsnet_r1 | c0ffee0 | 0.50 | 0.50 | 0.40 0.60 | 0.00053 | 7 7 | 0.40 | 0.20@3 0.60@3 |" in text
 
 
+def test_the_last_learning_rate_is_the_mean_over_a_rows_seeds(tmp_path):
+    """A seed that stopped early (its history shorter than the epochs asked) ends at a higher rate."""
+    fabricate(tmp_path, "capsnet_r1", 0, 0.4, history=[9, 9, 0.2, 0.6, 0.3, 0.5, 0.4])
+    fabricate(tmp_path, "capsnet_r1", 1, 0.6, history=[9, 9, 0.6], epochs=7)
+    [row] = t1.summarize(load(tmp_path, ["capsnet_r1"], [0, 1]), REFERENCE).itertuples()
+    assert row.final_lr == pytest.approx(1e-3 * (0.9 ** 6 + 0.9 ** 2) / 2) and row.final_epochs == "7 3"
+
+
+def test_a_row_lists_every_adam_eps_its_seeds_recorded_and_a_variant_the_paper_lacks_has_no_verdict(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 0.4)
+    fabricate(tmp_path, "capsnet_r1", 1, 0.6, adam_eps=1e-7)
+    fabricate(tmp_path, "capsnet_r3_wide", 0, 0.5)
+    fabricate(tmp_path, "capsnet_r3_wide", 1, 0.7)
+    table = t1.summarize(load(tmp_path, ["capsnet_r1", "capsnet_r3_wide"], [0, 1]), REFERENCE).set_index("variant")
+    assert table.loc["capsnet_r1", "adam_eps"] == "1e-08; 1e-07"
+    assert table.loc["capsnet_r3_wide", "verdict"] == "no paper value"
+    assert math.isnan(table.loc["capsnet_r3_wide", "delta_ci_low"])
+
+
 def test_missing_seed_is_named(tmp_path):
     fabricate(tmp_path, "capsnet_r1", 0, 1.0)
     with pytest.raises(rr.ReportError, match="variant capsnet_r1 seed 1 has no evaluation"):
@@ -626,6 +667,8 @@ def test_affnist_gap_reads_a_protocol_both_models_trained_under_or_calls_the_gap
     apart = ra.affnist_gap(long + both[1:], REFERENCE)  # the CNN's only protocol is not the CapsNet's
     assert apart["gap"] == pytest.approx(15.0) and math.isnan(apart["ci_low"])
     assert apart["verdict"] == f"confounded (protocols or training code differ: {COMMIT[:7]})"
+    text = "\n".join(ra.render_affnist(ra.affnist_summary(long + both[1:], REFERENCE), apart, REFERENCE))
+    assert "**CapsNet − CNN on affNIST(-style): +15.00 pp**, no interval (seed-aware" in text
 
 
 def test_transform_bins_average_over_seeds(tmp_path):
@@ -826,6 +869,33 @@ def test_deviations_list_each_recipe_present():
     paper_only = dataclasses.replace(committed, ablation=dataclasses.replace(committed.ablation, stacked=(), separate=("capsnet_r1",)))
     listed = t1.deviations(paper_only, REFERENCE)
     assert capsnet.PAPER_RECIPE_DEVIATIONS[0] in listed and capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] not in listed
+
+
+def test_an_official_recipe_alone_lists_no_paper_recipe_deviation_and_speeds_cite_only_what_priced_a_plan():
+    from conftest import REPO
+    from pipeline.core.params import load_params
+    from pipeline.models import capsnet
+
+    committed = load_params(REPO / "params.yaml")
+    official = dataclasses.replace(committed, ablation=dataclasses.replace(committed.ablation, stacked=(),
+                                                                           separate=("capsnet_r1_official",)))
+    listed = t1.deviations(official, REFERENCE)
+    assert capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] in listed and capsnet.PAPER_RECIPE_DEVIATIONS[0] not in listed
+    row = {"n_seeds": 3, "mde": 0.1, "seeds_needed": "–", "paper_protocol_hours": math.nan,
+           "equivalence_seeds": "–", "equivalence_paper_protocol_hours": math.nan}
+    effects = pd.DataFrame([  # the routing plan has no estimate; the recipes' is priced by its equivalence plan
+        row | {"effect": "routing 3 vs 1, with reconstruction", "paper_delta": -0.04, "gpu_hours": math.nan,
+               "equivalence_hours": math.nan, "cost_source": "S | capsnet_r1_recon eager fp32: 1 images/s"},
+        row | {"effect": "official vs paper recipe, routing 3, with reconstruction", "paper_delta": math.nan,
+               "gpu_hours": math.nan, "equivalence_hours": 2.0, "equivalence_seeds": "30",
+               "cost_source": "S | capsnet_r3_recon bf16: 24,000 images/s"}])
+    lines = t1._effect_power_lines(effects)
+    assert lines[-1] == "Speeds: reports/benchmarks.md, S: capsnet_r3_recon bf16: 24,000 images/s."
+    verdicts = pd.DataFrame([{"variant": "capsnet_r1", "commit": COMMIT, "n_seeds": 3, "delta": 0.5,
+                              "verdict": "consistent", "equivalence_margin": 0.9, "seeds_to_separate": "more than 100",
+                              "gpu_hours_to_separate": math.nan,
+                              "cost_source": "S | capsnet_r1 eager fp32: 1 images/s"}])  # unpriced: no citation
+    assert not any(line.startswith("Speeds:") for line in t1._verdict_power_lines(verdicts))
 
 
 def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
