@@ -46,3 +46,12 @@ def test_rewrite_replaces_only_the_block(tmp_path):
     with pytest.raises(UserError, match="has no generated results block"):
         rp.rewrite_readme(readme, "x")
     assert readme.read_text() == "no markers\n"
+
+
+def test_a_block_begun_but_never_ended_is_refused_and_read_as_none(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{rp.README_BEGIN}\nold numbers, the end marker deleted\n")
+    with pytest.raises(UserError, match="has no generated results block"):
+        rp.rewrite_readme(readme, "x")
+    assert rp.readme_block_of(readme.read_text()) == ""
+    assert readme.read_text() == f"intro\n{rp.README_BEGIN}\nold numbers, the end marker deleted\n"

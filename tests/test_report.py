@@ -727,6 +727,13 @@ def test_missing_runs_are_listed_not_estimated(tmp_path):
     assert "| capsnet_r3 |" not in text.split("## Not run")[0]  # no row, no estimate
 
 
+def test_an_empty_run_table_adds_no_section_and_a_value_not_there_prints_as_a_dash():
+    text = rp.render([], profile="gpu", figures={}, deviations=[], provenance={},
+                     run_table=pd.DataFrame(columns=["variant", "seed"]))
+    assert "Each run as it recorded itself" not in text
+    assert (rp.fmt_pct(None), rp.fmt_pct(math.nan), rp.fmt_pct(0.254, 1)) == ("–", "–", "0.3")
+
+
 def test_published_copies_rewrite_the_same_report_without_scores(tmp_path):
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_r1", seed, 1.5 + seed)
@@ -744,6 +751,21 @@ def test_published_copies_rewrite_the_same_report_without_scores(tmp_path):
     published = rr.load_runs(tmp_path / "pub" / "models", tmp_path / "pub" / "results", ["capsnet_r1", "capsnet_r3"], [0, 1])
     pd.testing.assert_frame_equal(t1.effects(original, REFERENCE), t1.effects(published, REFERENCE))
     pd.testing.assert_frame_equal(t1.summarize(original, REFERENCE), t1.summarize(published, REFERENCE))
+
+
+def test_published_predictions_keep_only_per_image_labels_predictions_and_source_digits(tmp_path):
+    """A per-image score that is not a prediction, and MultiMNIST's (P, 2) pairs, stay out of git."""
+    from safetensors.torch import load_file
+
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0)
+    path = tmp_path / "results" / "capsnet_r1" / "seed0" / "predictions.safetensors"
+    extra = {"test_margin": torch.rand(200), "pair_labels": torch.zeros(200, 2, dtype=torch.uint8)}
+    save_file(load_file(str(path)) | extra, str(path))
+    publish.publish_runs(tmp_path / "models", tmp_path / "results", tmp_path / "pub")
+    kept = load_file(str(tmp_path / "pub" / "results" / "capsnet_r1" / "seed0" / "predictions.safetensors"))
+    assert sorted(kept) == ["affine_test_labels", "affine_test_preds", "test_labels", "test_preds"]
+    narrowed = [publish.narrowest(torch.tensor(v, dtype=torch.int64)).dtype for v in ([], [-40_000], [2 ** 40])]
+    assert narrowed == [torch.int16, torch.int32, torch.int64]  # an empty index, one below int16, one past int32
 
 
 def test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups(tmp_path):
@@ -913,6 +935,16 @@ def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
         run.config["optimizer"] = {"name": "adam", "adam_eps": 1e-8}
     runs[2].config["resumed_at_epochs"] = []
     assert rp.run_deviations(runs, ADAM_EPS) == [cut]
+
+
+def test_the_papers_length_is_not_cut_a_runs_every_resume_is_named_and_epoch_spans_stay_whole(tmp_path):
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, epochs=640)
+    fabricate(tmp_path, "capsnet_r1", 1, 1.0, epochs=50, resumed=[20, 40])
+    fabricate(tmp_path, "capsnet_r3", 0, 1.0, epochs=300)
+    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1], skip=[("capsnet_r3", 1)])
+    cut, resumed = rp.run_deviations(runs, ADAM_EPS)
+    assert cut.startswith("2 of 3 runs trained the paper's schedule **cut** at 50–300 epochs")
+    assert "capsnet_r1 1@20/40" in resumed
 
 
 def test_a_schedule_as_long_as_its_training_is_cut_not_compressed_and_each_span_shows_its_range(tmp_path):
