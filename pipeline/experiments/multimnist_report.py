@@ -99,11 +99,12 @@ def render_both_columns(table1: pd.DataFrame, multi: pd.DataFrame, reference: di
     lines += ["", "| MultiMNIST variant | protocol | commit | n | per seed (%) | paper (%) | Δ (pp) | interval of Δ "
               "| parameters (ours / paper) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in multi.itertuples():
-        known = not math.isnan(r.paper_error)  # a variant the paper has no number for: dashes, never nan
+        # a variant the paper has no number for shows dashes, never nan
+        delta = "–" if math.isnan(r.paper_error) else f"{r.delta:+.2f}"
+        paper_params = "–" if math.isnan(r.paper_n_params) else f"{r.paper_n_params / 1e6:.2f}M"
         lines.append(f"| {r.variant} | {r.protocol} | {short(r.commit)} | {r.n_seeds} | {r.errors} | "
-                     f"{fmt_pct(r.paper_error, 1)} | {f'{r.delta:+.2f}' if known else '–'} | "
-                     f"{fmt_ci(r.delta_ci_low, r.delta_ci_high)} | {r.n_params:,} / "
-                     f"{f'{r.paper_n_params / 1e6:.2f}M' if not math.isnan(r.paper_n_params) else '–'} |")
+                     f"{fmt_pct(r.paper_error, 1)} | {delta} | {fmt_ci(r.delta_ci_low, r.delta_ci_high)} | "
+                     f"{r.n_params:,} / {paper_params} |")
     return lines
 
 
