@@ -113,6 +113,12 @@ BENCH = """# Benchmarks
 """
 
 
+def bench_rows(tmp_path, text: str = BENCH) -> list:
+    """costs.bench_rows of a benchmarks file holding ``text``."""
+    (tmp_path / "benchmarks.md").write_text(text)
+    return costs.bench_rows(tmp_path / "benchmarks.md")
+
+
 class FakeRun:
     def __init__(self, variant, images=6_000_000, amp=True, compiled=True, device="NVIDIA H100 80GB HBM3", epochs=50,
                  stop_reason="epochs"):
@@ -122,8 +128,7 @@ class FakeRun:
 
 
 def test_costs_come_from_each_variants_own_row_on_its_device(tmp_path):
-    (tmp_path / "benchmarks.md").write_text(BENCH)
-    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    rows = bench_rows(tmp_path)
     assert [(r.variant, r.images_per_s) for r in rows] == [
         ("capsnet_r3_recon", 21_096.0), ("capsnet_r3_recon", 24_000.0), ("baseline_cnn", 12_000.0)]  # GPU rows only
     hours, source = rc.run_cost([FakeRun("baseline_cnn")], 10, rows)
@@ -150,10 +155,9 @@ def test_a_runs_speed_settings_name_its_bench_row_and_only_well_formed_gpu_rows_
     assert costs.configuration({"amp": True, "compile": False, "channels_last": True}) == "bf16-cl"
     assert costs.configuration({"amp": False, "compile": True, "cuda_graph": True}) == "compile-capture"
     assert costs.bench_rows(tmp_path / "absent.md") == []
-    (tmp_path / "benchmarks.md").write_text(BENCH + "| capsnet-repro bf16-capture | failed: out of memory |\n"
-                                            "## GPU: one NVIDIA H200 (device tool, 2026-11-28)\n"
-                                            "| capsnet-repro eager fp32 | 30,000 |\n")
-    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    rows = bench_rows(tmp_path, BENCH + "| capsnet-repro bf16-capture | failed: out of memory |\n"
+                                "## GPU: one NVIDIA H200 (device tool, 2026-11-28)\n"
+                                "| capsnet-repro eager fp32 | 30,000 |\n")
     assert [(r.variant, r.images_per_s) for r in rows] == [
         ("capsnet_r3_recon", 21_096.0), ("capsnet_r3_recon", 24_000.0), ("baseline_cnn", 12_000.0)]
     h100 = "NVIDIA H100 80GB HBM3"
@@ -167,13 +171,12 @@ def test_a_variant_never_benched_takes_the_row_of_one_with_its_layers_or_more_an
     """costs.with_stand_ins: on a device where a variant has no row, a recipe twin takes its paper
     recipe's row (the same layers), a lighter CapsNet the row of the closest one that does more work on
     them (an upper bound), a CNN never a CapsNet's, a CapsNet never a lighter one's; the citation names it."""
-    (tmp_path / "benchmarks.md").write_text(BENCH)
     net = costs.Network
     networks = {"capsnet_r1": net("capsnet", "table1", 1, False), "capsnet_r1_recon": net("capsnet", "table1", 1, True),
                 "capsnet_r3_recon": net("capsnet", "table1", 3, True), "capsnet_r3_recon_official": net("capsnet", "table1", 3, True),
                 "baseline_cnn": net("baseline_cnn", "table1", 0, False), "cnn_affnist": net("pooling_cnn", "affnist", 0, False),
                 "capsnet_affnist": net("capsnet", "affnist", 3, True)}
-    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    rows = bench_rows(tmp_path)
     stood = {r.variant: r for r in costs.with_stand_ins(rows, networks) if r.stand_in and r.images_per_s == 24_000.0}
     assert sorted(stood) == ["capsnet_r1", "capsnet_r1_recon", "capsnet_r3_recon_official"]  # not the CNNs, not §5.2's
     assert stood["capsnet_r3_recon_official"].relation == "the same layers"
@@ -195,8 +198,7 @@ def test_the_paper_protocols_cost_is_the_same_seeds_for_640_epochs_of_the_runs_i
     """What settling a claim would take under the authors' protocol: each arm's images per epoch (as its
     runs recorded them) for 640 epochs at its own speed; nothing for arms that trained 640 epochs
     already (the first estimate is that) or trained to a target accuracy (no number of epochs)."""
-    (tmp_path / "benchmarks.md").write_text(BENCH)
-    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    rows = bench_rows(tmp_path)
     short = [FakeRun("baseline_cnn", images=3_000_000, epochs=50), FakeRun("baseline_cnn", images=3_000_000, epochs=50)]
     hours, source = rc.run_cost(short, 10, rows, epochs=640)
     assert hours == pytest.approx(10 * 60_000 * 640 / 12_000 / 3600) and "12,000" in source
@@ -327,8 +329,7 @@ def test_far_tails_of_the_noncentral_t_give_0_or_1_not_nan():
 def test_a_cost_that_cannot_be_estimated_says_which_arm_and_why(tmp_path):
     """No recorded training length, no bench row for the run's configuration (named), either arm alone
     or both: the pair's GPU time is NaN and says why for each arm that has none, and only those."""
-    (tmp_path / "benchmarks.md").write_text(BENCH)
-    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    rows = bench_rows(tmp_path)
     hours, why = rc.run_cost([FakeRun("baseline_cnn", images=0)], 10, rows)
     assert math.isnan(hours) and why == "baseline_cnn: training length not recorded"
     hours, why = rc.run_cost([FakeRun("baseline_cnn", amp=False)], 10, rows)
@@ -343,8 +344,7 @@ def test_a_cost_that_cannot_be_estimated_says_which_arm_and_why(tmp_path):
 
 
 def test_the_paper_protocols_cost_is_priced_while_either_arm_trained_fewer_than_640_epochs(tmp_path):
-    (tmp_path / "benchmarks.md").write_text(BENCH)
-    rows = costs.bench_rows(tmp_path / "benchmarks.md")
+    rows = bench_rows(tmp_path)
     full, short = FakeRun("capsnet_r3_recon", images=38_400_000, epochs=640), FakeRun("baseline_cnn", images=3_000_000)
     assert rc.paper_protocol_cost([full], [short], 4, rows) == pytest.approx(
         4 * 60_000 * 640 / 24_000 / 3600 + 4 * 60_000 * 640 / 12_000 / 3600)
