@@ -651,6 +651,24 @@ def test_affnist_gap_reads_one_variant_per_model_and_names_every_seed_and_the_re
     assert ra.with_gap(table, None) is table
 
 
+def test_the_readme_line_of_52_names_the_set_the_models_were_tested_on(tmp_path):
+    from pipeline.experiments import affnist
+
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_affnist", seed, 1.0, n=400, affine_pct=21.0, image_size=40)
+        fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0, model="pooling_cnn", recon=False,
+                  image_size=40)
+    runs = load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1])
+    for source, named in (("affnist_test (fabricated)", "the affNIST-style set"),
+                          ("affNIST test set (320,000 images from test.mat)", "the real affNIST")):
+        for r in runs:
+            r.breakdown["sources"]["affnist_test"] = source
+        table = ra.with_gap(ra.affnist_summary(runs, REFERENCE), ra.affnist_gap(runs, REFERENCE))
+        (tmp_path / "affnist.csv").write_text(table.to_csv(index=False))
+        [line] = affnist.readme(tmp_path)
+        assert line.startswith(f"§5.2, CapsNet − CNN accuracy on {named}: +15.00 pp ["), line
+
+
 def test_affnist_gap_reads_a_protocol_both_models_trained_under_or_calls_the_gap_confounded(tmp_path):
     """A protocol only the CapsNet trained under, however many its runs, is not the gap's; where no
     protocol has both models the gap reads them all and is confounded, though one commit trained both."""
