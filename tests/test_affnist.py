@@ -1,5 +1,9 @@
 """§5.2 data: canvas placement, expanded MNIST, the affNIST-style set and the .mat loader."""
 
+import dataclasses
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +12,7 @@ from scipy.io import savemat
 from conftest import synthetic_digits
 from pipeline.data.splits import load_split, split_metadata
 from pipeline.data.transforms import AffineRanges, translation_bounds
+from pipeline.experiments import affnist
 from pipeline.experiments.affnist import (
     CANVAS, AffnistError, affnist_style, expanded_mnist, load_affnist_mat, place_on_canvas, prepare_affnist,
     random_offsets, random_place,
@@ -118,3 +123,58 @@ def test_prepare_uses_the_real_affnist_when_a_mirror_is_given(tmp_path):
     split = load_split(tmp_path / "real" / "affnist_test.safetensors")
     assert torch.equal(split["images"], real) and "affine_params" not in split
     assert split_metadata(tmp_path / "real" / "affnist_test.safetensors")["source"].startswith("affNIST test set (7 images")
+
+
+def test_prepare_writes_the_offsets_source_digits_and_ranges_that_evaluation_and_the_report_read(tmp_path):
+    images, labels = synthetic_digits(6)
+    ranges = AffineRanges()
+    prepare_affnist(tmp_path, images, labels, expanded_seed=1, affnist_seed=2, transforms_per_digit=3, ranges=ranges)
+    expanded, offsets = expanded_mnist(images, 1)  # its own seed, not the affNIST-style set's
+    written = load_split(tmp_path / "expanded_test.safetensors")
+    assert torch.equal(written["images"], expanded) and torch.equal(written["offsets"], offsets)
+    affine = load_split(tmp_path / "affnist_test.safetensors")
+    assert torch.equal(affine["digit_index"], torch.arange(6).repeat_interleave(3))  # the gap resamples whole digits
+    assert json.loads(split_metadata(tmp_path / "affnist_test.safetensors")["ranges"]) == dataclasses.asdict(ranges)
+
+
+def test_the_mirror_variable_is_a_path_with_home_expanded_and_blank_means_unset(monkeypatch):
+    monkeypatch.setenv(affnist.AFFNIST_MIRROR_ENV, "  ")
+    assert affnist.affnist_mirror() is None
+    monkeypatch.setenv(affnist.AFFNIST_MIRROR_ENV, "~/affnist/test.mat ")
+    assert affnist.affnist_mirror() == Path.home() / "affnist" / "test.mat"
+
+
+def test_prepare_draws_the_first_transform_of_montage_count_digits_and_says_what_it_wrote(tmp_path, monkeypatch):
+    from conftest import REPO
+    from pipeline.core.params import load_params
+
+    drawn = {}
+    monkeypatch.setattr(affnist.figures, "affine_montage", lambda *args, **kw: drawn.update(args=args, kw=kw))
+    monkeypatch.delenv(affnist.AFFNIST_MIRROR_ENV, raising=False)
+    committed = load_params(REPO / "params.yaml")
+    params = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=3,
+                                                                        montage_count=4))
+    images, labels = synthetic_digits(6)
+    said = affnist.prepare(params, {"test_images": images, "test_labels": labels}, tmp_path, tmp_path)
+    assert said == ("6 expanded (40×40); affNIST-style set (generated: 3 transform(s) per test digit, seed 2; not the "
+                    "real affNIST): 18 images")
+    originals, shown, transforms, path = drawn["args"]
+    affine = load_split(tmp_path / "affnist_test.safetensors")
+    assert torch.equal(originals, load_split(tmp_path / "expanded_test.safetensors")["images"][:4])
+    assert torch.equal(shown, affine["images"][::3][:4]) and torch.equal(transforms, affine["affine_params"][::3][:4])
+    assert path == tmp_path / affnist.MONTAGE
+
+
+def test_a_report_without_runs_keeps_the_sets_deviation(tmp_path):
+    from conftest import REPO
+    from pipeline.core.params import load_params
+    from pipeline.report.document import Context
+    from pipeline.report.runs import paper_reference
+
+    committed = load_params(REPO / "params.yaml")
+    params = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=3))
+    (tmp_path / "figures").mkdir()
+    section = affnist.report([], Context(params, paper_reference(), [], tmp_path / "results", tmp_path))
+    assert section.deviations == ["affNIST-style set: 3 transform(s) per test digit (affNIST has 32; "
+                                  "prepare.affnist_transforms)."]
+    assert section.tables == {"affnist.csv": ""} and (tmp_path / "figures" / "affnist_bins.png").is_file()

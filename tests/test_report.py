@@ -669,6 +669,51 @@ def test_the_readme_line_of_52_names_the_set_the_models_were_tested_on(tmp_path)
         assert line.startswith(f"§5.2, CapsNet − CNN accuracy on {named}: +15.00 pp ["), line
 
 
+def test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_deviation(tmp_path, monkeypatch):
+    from conftest import REPO
+    from pipeline.core.params import load_params
+    from pipeline.experiments import affnist
+
+    def bins(acc):
+        return {"affnist_test": {"rotation_deg": {"edges": [-20, 20], "count": [5], "accuracy_pct": [acc]}}}
+
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_affnist", seed, 1.0, affine_pct=21.0 + seed, image_size=40, bins=bins(50.0))
+        fabricate(tmp_path, "cnn_affnist", seed, 1.0, affine_pct=36.0, model="pooling_cnn", recon=False, image_size=40,
+                  bins=bins(40.0))
+    fabricate(tmp_path, "capsnet_affnist", 2, 1.0, image_size=40, bins=bins(90.0), lr_schedule_epochs=640)  # begun
+    runs = load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1]) + load(tmp_path, ["capsnet_affnist"], [2])
+    drawn = {}
+    monkeypatch.setattr(affnist.figures, "accuracy_by_transform", lambda *args: drawn.update(args=args))
+    committed = load_params(REPO / "params.yaml")
+    params = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=3))
+    (tmp_path / "figures").mkdir()
+    section = affnist.report(runs, rp.Context(params, REFERENCE, [], tmp_path / "results", tmp_path))
+    binned = drawn["args"][0]
+    assert binned["capsnet_affnist"]["rotation_deg"]["accuracy_pct"] == [50.0]  # not the begun protocol's 90
+    assert section.deviations == affnist.deviations_of(params) != []
+    metric = section.headline["affnist_gap_pp"]
+    assert metric["gap"] == 14.5 and all(v == round(v, 4) for v in metric.values())
+
+
+def test_the_52_readme_line_needs_a_gap_and_a_confounded_one_lists_every_row(tmp_path):
+    from pipeline.experiments import affnist
+
+    fabricate(tmp_path, "capsnet_affnist", 0, 1.0, affine_pct=21.0, image_size=40)
+    fabricate(tmp_path, "capsnet_affnist", 1, 1.0, affine_pct=23.0, image_size=40)
+    fabricate(tmp_path, "cnn_affnist", 0, 1.0, affine_pct=36.0, model="pooling_cnn", recon=False, image_size=40,
+              lr_schedule_epochs=640)
+    capsnets, cnn = load(tmp_path, ["capsnet_affnist"], [0, 1]), load(tmp_path, ["cnn_affnist"], [0])
+    one_model = ra.with_gap(ra.affnist_summary(capsnets, REFERENCE), None)
+    (tmp_path / "affnist.csv").write_text(one_model.to_csv(index=False))
+    assert affnist.readme(tmp_path) == []  # one model: no gap to state
+    both = capsnets + cnn
+    table = ra.with_gap(ra.affnist_summary(both, REFERENCE), ra.affnist_gap(both, REFERENCE))
+    (tmp_path / "affnist.csv").write_text(table.to_csv(index=False))
+    [line] = affnist.readme(tmp_path)
+    assert "**confounded" in line and line.endswith("capsnet_affnist 78.0 ± 1.4 %; cnn_affnist 64.0 ± – %.")
+
+
 def test_affnist_gap_reads_a_protocol_both_models_trained_under_or_calls_the_gap_confounded(tmp_path):
     """A protocol only the CapsNet trained under, however many its runs, is not the gap's; where no
     protocol has both models the gap reads them all and is confounded, though one commit trained both."""
