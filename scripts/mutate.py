@@ -119,6 +119,13 @@ EMPTY_RUN_TABLE = f"{REPORT}::test_an_empty_run_table_adds_no_section_and_a_valu
 BLOCK_UNENDED = "tests/test_readme.py::test_a_block_begun_but_never_ended_is_refused_and_read_as_none"
 RUN_SPANS = f"{REPORT}::test_the_papers_length_is_not_cut_a_runs_every_resume_is_named_and_epoch_spans_stay_whole"
 PUBLISHED_KEYS = f"{REPORT}::test_published_predictions_keep_only_per_image_labels_predictions_and_source_digits"
+MIRROR_VAR = "tests/test_affnist.py::test_the_mirror_variable_is_a_path_with_home_expanded_and_blank_means_unset"
+AFFNIST_SPLITS = ("tests/test_affnist.py::"
+                  "test_prepare_writes_the_offsets_source_digits_and_ranges_that_evaluation_and_the_report_read")
+AFFNIST_MONTAGE = ("tests/test_affnist.py::"
+                   "test_prepare_draws_the_first_transform_of_montage_count_digits_and_says_what_it_wrote")
+AFFNIST_SECTION = f"{REPORT}::test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_deviation"
+AFFNIST_README = f"{REPORT}::test_the_52_readme_line_needs_a_gap_and_a_confounded_one_lists_every_row"
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -2526,6 +2533,78 @@ MUTATIONS = [
              "if index.numel() == 0 or (info.min",
              "if (info.min",
              (PUBLISHED_KEYS,)),
+    Mutation("a blank affNIST mirror variable names a folder", "pipeline/experiments/affnist.py",
+             'value = os.environ.get(AFFNIST_MIRROR_ENV, "").strip()',
+             'value = os.environ.get(AFFNIST_MIRROR_ENV, "")',
+             (MIRROR_VAR,)),
+    Mutation("an affNIST mirror under ~ is not found", "pipeline/experiments/affnist.py",
+             "return Path(value).expanduser() if value else None",
+             "return Path(value) if value else None",
+             (MIRROR_VAR,)),
+    Mutation("expanded MNIST drawn with the affNIST-style set's seed", "pipeline/experiments/affnist.py",
+             "expanded, offsets = expanded_mnist(test_images, expanded_seed)",
+             "expanded, offsets = expanded_mnist(test_images, affnist_seed)",
+             (AFFNIST_SPLITS,)),
+    Mutation("expanded MNIST written without its offsets", "pipeline/experiments/affnist.py",
+             "               offsets=offsets)\n    if mirror",
+             "               )\n    if mirror",
+             (AFFNIST_SPLITS,)),
+    Mutation("the affNIST-style set written without its source digits", "pipeline/experiments/affnist.py",
+             'affine_params=out["affine_params"], digit_index=out["digit_index"])',
+             'affine_params=out["affine_params"])',
+             (AFFNIST_SPLITS,)),
+    Mutation("the affNIST-style set written without its ranges", "pipeline/experiments/affnist.py",
+             "ranges_metadata(ranges, source)",
+             '{"source": source}',
+             (AFFNIST_SPLITS,)),
+    Mutation("the §5.2 montage draws every test digit", "pipeline/experiments/affnist.py",
+             'k = min(p.montage_count, len(mnist["test_images"]))',
+             'k = len(mnist["test_images"])',
+             (AFFNIST_MONTAGE,)),
+    Mutation("the §5.2 montage draws one digit's transforms, not each digit's first", "pipeline/experiments/affnist.py",
+             "step = p.affnist_transforms if transforms is not None else 1",
+             "step = 1",
+             (AFFNIST_MONTAGE,)),
+    Mutation("the §5.2 montage leaves out the transforms' parameters", "pipeline/experiments/affnist.py",
+             "None if transforms is None else transforms[::step][:k]",
+             "None",
+             (AFFNIST_MONTAGE,)),
+    Mutation("§5.2's prepare says only the set's source", "pipeline/experiments/affnist.py",
+             'return f"{len(s52[\'expanded\'])} expanded (40×40); {s52[\'source\']}: {len(s52[\'labels\']):,} images"',
+             'return f"{s52[\'source\']}"',
+             (AFFNIST_MONTAGE,)),
+    Mutation("a report without §5.2 runs drops the set's deviation", "pipeline/experiments/affnist.py",
+             '        return Section(tables={"affnist.csv": ""}, deviations=deviations_of(ctx.params))',
+             '        return Section(tables={"affnist.csv": ""})',
+             (f"tests/test_affnist.py::test_a_report_without_runs_keeps_the_sets_deviation",)),
+    Mutation("§5.2's bins pool a protocol a window has only begun", "pipeline/experiments/affnist.py",
+             "figures.accuracy_by_transform(ra.transform_bins(ra.headline_runs(runs), TEST_SETS[1]),",
+             "figures.accuracy_by_transform(ra.transform_bins(runs, TEST_SETS[1]),",
+             (AFFNIST_SECTION,)),
+    Mutation("§5.2's headline metric unrounded", "pipeline/experiments/affnist.py",
+             "{k: round(gap[k], 4) for k in",
+             "{k: gap[k] for k in",
+             (AFFNIST_SECTION,)),
+    Mutation("a report with §5.2 runs drops the set's deviation", "pipeline/experiments/affnist.py",
+             "return Section(lines=ra.render_affnist(table, gap, ctx.reference), deviations=deviations_of(ctx.params),",
+             "return Section(lines=ra.render_affnist(table, gap, ctx.reference), deviations=[],",
+             (AFFNIST_SECTION,)),
+    Mutation("a §5.2 table without a gap stops the README", "pipeline/experiments/affnist.py",
+             '    if not len(table) or "gap_pp" not in table:',
+             "    if not len(table):",
+             (AFFNIST_README,)),
+    Mutation("a confounded §5.2 gap's README line lists no row", "pipeline/experiments/affnist.py",
+             "    shown = shown if len(shown) else table",
+             "",
+             (AFFNIST_README,)),
+    Mutation("a one-seed §5.2 row's README std is nan", "pipeline/experiments/affnist.py",
+             "{fmt_pct(r.affnist_acc_std, 1)} %",
+             "{r.affnist_acc_std:.1f} %",
+             (AFFNIST_README,)),
+    Mutation("§5.2's README line calls the real affNIST the affNIST-style set", "pipeline/experiments/affnist.py",
+             'tested_on = "the real affNIST" if str(g.affnist_source).startswith(REAL_AFFNIST) else "the affNIST-style set"',
+             'tested_on = "the affNIST-style set"',
+             (f"{REPORT}::test_the_readme_line_of_52_names_the_set_the_models_were_tested_on",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts
@@ -2534,8 +2613,8 @@ MUTATIONS = [
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return returncode in (4, 5)\n",  # escaped: this entry's own text is not the line it cuts
              ("tests/test_wiring.py::test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught",)),
-    Mutation("the README's mutation count is not the list's", "README.md", "applies 6", "applies 9",
-             (DOCS,)),  # the count's first digit: stays valid as mutations are added (600-699)
+    Mutation("the README's mutation count is not the list's", "README.md", "applies 7", "applies 9",
+             (DOCS,)),  # the count's first digit: stays valid as mutations are added (700-799)
 ]
 
 
