@@ -1,11 +1,13 @@
 """MultiMNIST (§6): recipes, composition, the two-digit losses, the pair rule, models, training, report."""
 
+import dataclasses
 import json
 import math
 
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file
 from scipy import stats as sp
 
 from pipeline.experiments import multimnist as mm
@@ -255,3 +257,67 @@ def test_the_multimnist_figure_is_the_best_seed_of_the_lowest_error_reconstructi
         r.config["config"]["reconstruction"] = False
     assert rm.figure(baseline, None, tmp_path / "results", tmp_path / "figures") == {}
     assert (tmp_path / "figures" / "multimnist_reconstructions.png").read_bytes().startswith(b"\x89PNG")  # placeholder
+
+
+def test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads(tmp_path, monkeypatch):
+    """With the model's pairs given (`predict_pairs` stubbed): 7 of 10 pairs right, one with one digit
+    right, two with none: 30 % pair error, 80 % with at least one right; predictions hold the true pairs
+    sorted and the predicted ones; the confusion names the seed; a reconstruction variant draws five right
+    pairs and one failure, marked; the error is logged and breakdown.json kept. A split without recipes
+    is refused."""
+    from types import SimpleNamespace
+
+    from pipeline.core.errors import UserError
+    from pipeline.data.splits import save_split
+
+    images, labels = torch.zeros(10, 28, 28, dtype=torch.uint8), torch.arange(10, dtype=torch.uint8)
+    recipes = mm.prepare_multimnist(tmp_path, images, labels, pairs_per_digit=1, max_shift=2, seed=0)
+    truth = labels.long()[recipes["pairs"].long()]  # (10, 2) in recipe order
+    assert bool((truth[:, 0] > truth[:, 1]).any())  # some pair's first digit is the larger: sorting matters
+    truth = truth.sort(dim=1).values
+    predicted = truth.clone()
+    predicted[7] = torch.tensor([int(c) for c in range(10) if c not in truth[7]][:1] + [int(truth[7, 1])]).sort().values
+    predicted[8:] = torch.tensor([[c for c in range(10) if c not in row][:2] for row in truth[8:].tolist()])
+    monkeypatch.setattr(mm, "predict_pairs", lambda *args: predicted)
+    monkeypatch.setattr(mm, "reconstruct_pairs", lambda model, merged, pairs: torch.zeros(len(merged), 2, 36, 36))
+    drawn = {}
+    monkeypatch.setattr(mm.figures, "confusion", lambda panels, title, path: drawn.update(confusion=title))
+    monkeypatch.setattr(mm.figures, "multimnist_reconstructions",
+                        lambda merged, recons, titles, title, path: drawn.update(titles=titles))
+    cfg = SimpleNamespace(variant="multimnist_r3_recon", seed=4, num_classes=10, eval_batch_size=4, reconstruction=True)
+    (tmp_path / "out").mkdir()
+    result = mm.evaluate(None, cfg, tmp_path, tmp_path / "out")
+    assert result.metrics == {"error_pct": 30.0, "n_test": 10}
+    assert result.logged == {"eval_multimnist_test_error_pct": 30.0} and result.artifacts == ["breakdown.json"]
+    breakdown = json.loads((tmp_path / "out" / "breakdown.json").read_text())
+    assert breakdown["at_least_one_right_pct"] == pytest.approx(80.0)
+    source = "MultiMNIST recipes: 1 partners per test digit, shifts ≤ 2 px, seed 0"
+    assert breakdown["sources"] == {"multimnist_test": source}
+    saved = load_file(str(tmp_path / "out" / "predictions.safetensors"))
+    assert torch.equal(saved["multimnist_test_labels"].long(), truth)
+    assert torch.equal(saved["multimnist_test_preds"].long(), predicted)
+    assert drawn["confusion"] == "multimnist_r3_recon seed 4"
+    assert len(drawn["titles"]) == 6 and drawn["titles"][-1].startswith("FAIL true")
+    assert not any(t.startswith("FAIL") for t in drawn["titles"][:5])
+    save_split(tmp_path / "multimnist_test.safetensors", images, labels, {"source": "plain digits"})
+    with pytest.raises(UserError, match="holds no MultiMNIST recipes"):
+        mm.evaluate(None, cfg, tmp_path, tmp_path / "out")
+
+
+def test_multimnist_prepares_its_recipes_draws_fresh_examples_and_pairs_synthetic_digits_of_two_classes(tmp_path):
+    from types import SimpleNamespace
+
+    from conftest import REPO
+    from pipeline.core.params import load_params
+
+    committed = load_params(REPO / "params.yaml")
+    prepare = dataclasses.replace(committed.prepare, multimnist_pairs_per_digit=3)
+    params = dataclasses.replace(committed, prepare=prepare)
+    said = mm.prepare(params, {"test_images": torch.zeros(10, 28, 28, dtype=torch.uint8),
+                               "test_labels": torch.arange(10, dtype=torch.uint8)}, tmp_path, tmp_path)
+    assert said == "MultiMNIST: 30 test recipes"
+    cfg = SimpleNamespace(num_classes=10, multimnist_epoch_size=640)
+    assert mm.examples_per_epoch(cfg, 60_000) == 640  # drawn fresh: not the training split's size
+    data = mm.synthetic_data(cfg, 12, torch.device("cpu"))
+    pairs = data["test_pairs"].long()
+    assert bool((data["test_labels"][pairs[:, 0]] != data["test_labels"][pairs[:, 1]]).all())
