@@ -2579,7 +2579,7 @@ MUTATIONS = [
     Mutation("a report without §5.2 runs drops the set's deviation", "pipeline/experiments/affnist.py",
              '        return Section(tables={"affnist.csv": ""}, deviations=deviations_of(ctx.params))',
              '        return Section(tables={"affnist.csv": ""})',
-             (f"tests/test_affnist.py::test_a_report_without_runs_keeps_the_sets_deviation",)),
+             ("tests/test_affnist.py::test_a_report_without_runs_keeps_the_sets_deviation",)),
     Mutation("§5.2's bins pool a protocol a window has only begun", "pipeline/experiments/affnist.py",
              "figures.accuracy_by_transform(ra.transform_bins(ra.headline_runs(runs), TEST_SETS[1]),",
              "figures.accuracy_by_transform(ra.transform_bins(runs, TEST_SETS[1]),",
