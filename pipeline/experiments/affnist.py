@@ -251,8 +251,7 @@ def readme(out: Path) -> list[str]:
     g = table.iloc[0]
     shown = table[table.protocol == g.gap_protocol]  # the rows the gap reads
     shown = shown if len(shown) else table  # a confounded gap reads several protocols
-    tested_on = "the real affNIST" if str(g.affnist_source).startswith(REAL_AFFNIST) else "the affNIST-style set"
-    return [f"§5.2, CapsNet − CNN accuracy on {tested_on}: {g.gap_pp:+.2f} pp "
+    return [f"§5.2, CapsNet − CNN accuracy on the {ra.set_name(g.affnist_source)}: {g.gap_pp:+.2f} pp "
             f"{fmt_ci(g.gap_ci_low, g.gap_ci_high)}, **{g.gap_verdict}** (paper {g.paper_gap_pp:+.0f} pp on the real "
             "affNIST); " + "; ".join(f"{r.variant} {r.affnist_acc_mean:.1f} ± {fmt_pct(r.affnist_acc_std, 1)} %"
                                     for r in shown.itertuples()) + "."]

@@ -22,6 +22,11 @@ from pipeline.report.runs import Run, short
 REAL_AFFNIST = "affNIST test set"  # how a set's source line starts when it is the real affNIST
 
 
+def set_name(source: str) -> str:
+    """What the report calls the affNIST(-style) set a run's source line describes."""
+    return "real affNIST" if str(source).startswith(REAL_AFFNIST) else "affNIST-style set"
+
+
 def _model_kind(run: Run) -> str:
     return "capsnet" if run.config["config"]["model"] == "capsnet" else "cnn"
 
@@ -116,8 +121,7 @@ def affnist_gap(runs: list[Run], reference: dict, bench: list[costs.BenchRow] = 
     settle = rc.effect_settling(parts, paper_gap, cnn, caps, list(bench))
     out |= {"n_seeds": min(len(caps), len(cnn)), "seeds_needed": settle["seeds_needed"],
             "gpu_hours": settle["gpu_hours"], "cost_source": settle["cost_source"],
-            "set": "real affNIST" if str(caps[0].breakdown["sources"].get("affnist_test", "")).startswith(REAL_AFFNIST)
-            else "affNIST-style set"}
+            "set": set_name(caps[0].breakdown["sources"].get("affnist_test", ""))}
     if not one_origin:  # different protocols or training code: an estimate, no interval
         gap = float(100 * (err_cnn.mean() - err_caps.mean()))
         return out | {"gap": gap, "ci_low": math.nan, "ci_high": math.nan,
@@ -181,7 +185,7 @@ def render_affnist(table: pd.DataFrame, gap: dict | None, reference: dict) -> li
         if not gap["matched"]:
             lines += ["", "> Not every run reached the target accuracy before its epoch budget, so the two models are "
                       "**not compared at matched expanded-MNIST accuracy** as the paper's are."]
-    if not table.affnist_source.iloc[0].startswith(REAL_AFFNIST):
+    if set_name(table.affnist_source.iloc[0]) == "affNIST-style set":
         lines += ["", "> The affNIST column here is the **affNIST-style set** this pipeline generates (same ranges and "
                   "canvas, our transforms), not the real affNIST; Δ against the paper's affNIST numbers is context, "
                   "not a like-for-like comparison. Set `$CAPSNET_AFFNIST_MIRROR` to the real test files to compare directly."]
