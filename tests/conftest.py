@@ -48,6 +48,16 @@ def idx_bytes(tensor: torch.Tensor) -> bytes:
     return header + tensor.to(torch.uint8).numpy().tobytes()
 
 
+def committed_params(**prepare):
+    """params.yaml as committed, with these ``prepare`` keys replaced (a profile's data settings)."""
+    import dataclasses
+
+    from pipeline.core.params import load_params
+
+    committed = load_params(REPO / "params.yaml")
+    return dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, **prepare))
+
+
 def synthetic_digits(n: int, size: int = 28, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """n images with a bright rectangle each (a stand-in digit) and labels cycling 0-9."""
     g = torch.Generator().manual_seed(seed)

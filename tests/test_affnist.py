@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.io import savemat
 
-from conftest import synthetic_digits
+from conftest import committed_params, synthetic_digits
 from pipeline.data.splits import load_split, split_metadata
 from pipeline.data.transforms import AffineRanges, translation_bounds
 from pipeline.experiments import affnist
@@ -145,15 +145,10 @@ def test_the_mirror_variable_is_a_path_with_home_expanded_and_blank_means_unset(
 
 
 def test_prepare_draws_the_first_transform_of_montage_count_digits_and_says_what_it_wrote(tmp_path, monkeypatch):
-    from conftest import REPO
-    from pipeline.core.params import load_params
-
     drawn = {}
     monkeypatch.setattr(affnist.figures, "affine_montage", lambda *args, **kw: drawn.update(args=args, kw=kw))
     monkeypatch.delenv(affnist.AFFNIST_MIRROR_ENV, raising=False)
-    committed = load_params(REPO / "params.yaml")
-    params = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=3,
-                                                                        montage_count=4))
+    params = committed_params(affnist_transforms=3, montage_count=4)
     images, labels = synthetic_digits(6)
     said = affnist.prepare(params, {"test_images": images, "test_labels": labels}, tmp_path, tmp_path)
     assert said == ("6 expanded (40×40); affNIST-style set (generated: 3 transform(s) per test digit, seed 2; not the "
@@ -166,13 +161,10 @@ def test_prepare_draws_the_first_transform_of_montage_count_digits_and_says_what
 
 
 def test_a_report_without_runs_keeps_the_sets_deviation(tmp_path):
-    from conftest import REPO
-    from pipeline.core.params import load_params
     from pipeline.report.document import Context
     from pipeline.report.runs import paper_reference
 
-    committed = load_params(REPO / "params.yaml")
-    params = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=3))
+    params = committed_params(affnist_transforms=3)
     (tmp_path / "figures").mkdir()
     section = affnist.report([], Context(params, paper_reference(), [], tmp_path / "results", tmp_path))
     assert section.deviations == ["affNIST-style set: 3 transform(s) per test digit (affNIST has 32; "

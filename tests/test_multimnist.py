@@ -1,6 +1,5 @@
 """MultiMNIST (§6): recipes, composition, the two-digit losses, the pair rule, models, training, report."""
 
-import dataclasses
 import json
 import math
 
@@ -308,13 +307,9 @@ def test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads(tmp_p
 def test_multimnist_prepares_its_recipes_draws_fresh_examples_and_pairs_synthetic_digits_of_two_classes(tmp_path):
     from types import SimpleNamespace
 
-    from conftest import REPO
-    from pipeline.core.params import load_params
+    from conftest import committed_params
 
-    committed = load_params(REPO / "params.yaml")
-    prepare = dataclasses.replace(committed.prepare, multimnist_pairs_per_digit=3)
-    params = dataclasses.replace(committed, prepare=prepare)
-    said = mm.prepare(params, {"test_images": torch.zeros(10, 28, 28, dtype=torch.uint8),
+    said = mm.prepare(committed_params(multimnist_pairs_per_digit=3), {"test_images": torch.zeros(10, 28, 28, dtype=torch.uint8),
                                "test_labels": torch.arange(10, dtype=torch.uint8)}, tmp_path, tmp_path)
     assert said == "MultiMNIST: 30 test recipes"
     cfg = SimpleNamespace(num_classes=10, multimnist_epoch_size=640)

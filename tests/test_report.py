@@ -670,8 +670,7 @@ def test_the_readme_line_of_52_names_the_set_the_models_were_tested_on(tmp_path)
 
 
 def test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_deviation(tmp_path, monkeypatch):
-    from conftest import REPO
-    from pipeline.core.params import load_params
+    from conftest import committed_params
     from pipeline.experiments import affnist
 
     def bins(acc):
@@ -685,8 +684,7 @@ def test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_d
     runs = load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1]) + load(tmp_path, ["capsnet_affnist"], [2])
     drawn = {}
     monkeypatch.setattr(affnist.figures, "accuracy_by_transform", lambda *args: drawn.update(args=args))
-    committed = load_params(REPO / "params.yaml")
-    params = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=3))
+    params = committed_params(affnist_transforms=3)
     (tmp_path / "figures").mkdir()
     section = affnist.report(runs, rp.Context(params, REFERENCE, [], tmp_path / "results", tmp_path))
     binned = drawn["args"][0]
@@ -747,7 +745,7 @@ def test_transform_bins_average_over_seeds(tmp_path):
 
 
 def test_deviations_name_profile_changes_including_the_affnist_set():
-    from conftest import REPO
+    from conftest import REPO, committed_params
     from pipeline.core.params import load_params
 
     from pipeline.experiments import affnist
@@ -755,19 +753,19 @@ def test_deviations_name_profile_changes_including_the_affnist_set():
     committed = load_params(REPO / "params.yaml")
     assert not any("Data subsets" in d for d in t1.deviations(committed, REFERENCE))
     assert affnist.deviations_of(committed) == []
-    smoke = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, affnist_transforms=1, test_subset=256))
+    smoke = committed_params(affnist_transforms=1, test_subset=256)
     assert any("256 test digits" in d for d in t1.deviations(smoke, REFERENCE))
     assert any("1 transform(s) per test digit" in d for d in affnist.deviations_of(smoke))  # §5.2's own
 
 
 def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
-    from conftest import REPO
+    from conftest import REPO, committed_params
     from pipeline.core.params import load_params
     from pipeline.experiments import multimnist as mm
 
     committed = load_params(REPO / "params.yaml")  # 1,000 partners per digit: the paper's 10M pairs
     assert not any("MultiMNIST test set" in d for d in mm.deviations_of(committed))
-    gpu = dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, multimnist_pairs_per_digit=100))
+    gpu = committed_params(multimnist_pairs_per_digit=100)
     (line,) = [d for d in mm.deviations_of(gpu) if "MultiMNIST test set" in d]
     assert "100 partners per test digit, 1,000,000 pairs" in line and "SE ≤ 0.050 pp" in line  # √(¼ / 1e6) = 0.0005
     no_multi = dataclasses.replace(gpu, ablation=dataclasses.replace(gpu.ablation, stacked=(), separate=("capsnet_r1",)))
