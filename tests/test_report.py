@@ -85,6 +85,11 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
                   "epoch_seconds": [1.0] * len(history)}).to_csv(model_dir / "history.csv", index=False)
 
 
+def fabricate_cnn_affnist(root, seed, **kw):
+    """`fabricate` §5.2's CNN (pooling_cnn on the 40×40 canvas, no decoder) at 1 % expanded-MNIST error."""
+    fabricate(root, "cnn_affnist", seed, 1.0, model="pooling_cnn", recon=False, image_size=40, **kw)
+
+
 def load(root, variants, seeds, **kw):
     return rr.load_runs(root / "models", root / "results", variants, seeds, **kw)
 
@@ -553,8 +558,7 @@ def test_affnist_summary_gap_and_matched_flag(tmp_path):
     # the CapsNet's affNIST images, so every paired difference is 0 or +1 and the gap is exactly +15 pp.
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_affnist", seed, 1.0, n=400, affine_pct=21.0, image_size=40, stop_reason="target")
-        fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0, model="pooling_cnn", recon=False,
-                  image_size=40, stop_reason="budget" if seed else "target")
+        fabricate_cnn_affnist(tmp_path, seed, n=400, affine_pct=36.0, stop_reason="budget" if seed else "target")
     runs = load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1])
     table = ra.affnist_summary(runs, REFERENCE).set_index("variant")
     assert table.loc["capsnet_affnist", "affnist_acc_mean"] == pytest.approx(79.0)
@@ -576,8 +580,7 @@ def test_affnist_summary_gap_and_matched_flag(tmp_path):
 def test_affnist_gap_across_commits_is_confounded(tmp_path):
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_affnist", seed, 1.0, affine_pct=21.0, image_size=40, commit="aaaaaaa")
-        fabricate(tmp_path, "cnn_affnist", seed, 1.0, affine_pct=36.0, model="pooling_cnn", recon=False,
-                  image_size=40, commit="bbbbbbb")
+        fabricate_cnn_affnist(tmp_path, seed, affine_pct=36.0, commit="bbbbbbb")
     gap = ra.affnist_gap(load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1]), REFERENCE)
     assert gap["gap"] == pytest.approx(15.0) and math.isnan(gap["ci_low"])
     assert gap["verdict"] == "confounded (protocols or training code differ: aaaaaaa, bbbbbbb)"
@@ -588,8 +591,8 @@ def test_affnist_gap_of_two_fingerprints_from_one_commit_has_an_interval(tmp_pat
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_affnist", seed, 1.0, affine_pct=21.0 + seed, image_size=40, commit="aaaaaaa1",
                   fingerprint="1111aaaa1111aaaa")
-        fabricate(tmp_path, "cnn_affnist", seed, 1.0, affine_pct=36.0 + seed, model="pooling_cnn", recon=False,
-                  image_size=40, commit="bbbbbbb2" if seed else "aaaaaaa1", fingerprint="2222bbbb2222bbbb")
+        fabricate_cnn_affnist(tmp_path, seed, affine_pct=36.0 + seed, commit="bbbbbbb2" if seed else "aaaaaaa1",
+                              fingerprint="2222bbbb2222bbbb")
     gap = ra.affnist_gap(load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1]), REFERENCE)
     assert not math.isnan(gap["ci_low"]) and "confounded" not in gap["verdict"]
 
@@ -600,8 +603,7 @@ def test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_
     so where Table 1's headline protocol is another."""
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_affnist", seed, 1.0, affine_pct=21.0 + seed, image_size=40)
-        fabricate(tmp_path, "cnn_affnist", seed, 1.0, affine_pct=36.0 + seed, model="pooling_cnn", recon=False,
-                  image_size=40)
+        fabricate_cnn_affnist(tmp_path, seed, affine_pct=36.0 + seed)
     fabricate(tmp_path, "capsnet_affnist", 2, 1.0, affine_pct=90.0, image_size=40, lr_schedule_epochs=640)
     runs = load(tmp_path, ["capsnet_affnist"], [2]) + load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1])
     gap = ra.affnist_gap(runs, REFERENCE)
@@ -632,8 +634,8 @@ def test_affnist_gap_reads_one_variant_per_model_and_names_every_seed_and_the_re
         fabricate(tmp_path, "capsnet_affnist", seed, 1.0, n=400, affine_pct=21.0, image_size=40, stop_reason="target",
                   fingerprint="1111aaaa1111aaaa")
     for seed in (0, 1, 2):
-        fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0, model="pooling_cnn", recon=False,
-                  image_size=40, stop_reason="budget" if seed == 2 else "target", fingerprint="2222bbbb2222bbbb")
+        fabricate_cnn_affnist(tmp_path, seed, n=400, affine_pct=36.0, stop_reason="budget" if seed == 2 else "target",
+                              fingerprint="2222bbbb2222bbbb")
     fabricate(tmp_path, "capsnet_affnist_wide", 0, 2.0, n=400, affine_pct=90.0, image_size=40)
     runs = (load(tmp_path, ["capsnet_affnist"], [0, 1]) + load(tmp_path, ["capsnet_affnist_wide"], [0])
             + load(tmp_path, ["cnn_affnist"], [0, 1, 2]))
@@ -656,8 +658,7 @@ def test_the_readme_line_of_52_names_the_set_the_models_were_tested_on(tmp_path)
 
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_affnist", seed, 1.0, n=400, affine_pct=21.0, image_size=40)
-        fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0, model="pooling_cnn", recon=False,
-                  image_size=40)
+        fabricate_cnn_affnist(tmp_path, seed, n=400, affine_pct=36.0)
     runs = load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1])
     for source, named in (("affnist_test (fabricated)", "the affNIST-style set"),
                           ("affNIST test set (320,000 images from test.mat)", "the real affNIST")):
@@ -678,8 +679,7 @@ def test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_d
 
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_affnist", seed, 1.0, affine_pct=21.0 + seed, image_size=40, bins=bins(50.0))
-        fabricate(tmp_path, "cnn_affnist", seed, 1.0, affine_pct=36.0, model="pooling_cnn", recon=False, image_size=40,
-                  bins=bins(40.0))
+        fabricate_cnn_affnist(tmp_path, seed, affine_pct=36.0, bins=bins(40.0))
     fabricate(tmp_path, "capsnet_affnist", 2, 1.0, image_size=40, bins=bins(90.0), lr_schedule_epochs=640)  # begun
     runs = load(tmp_path, ["capsnet_affnist", "cnn_affnist"], [0, 1]) + load(tmp_path, ["capsnet_affnist"], [2])
     drawn = {}
@@ -699,8 +699,7 @@ def test_the_52_readme_line_needs_a_gap_and_a_confounded_one_lists_every_row(tmp
 
     fabricate(tmp_path, "capsnet_affnist", 0, 1.0, affine_pct=21.0, image_size=40)
     fabricate(tmp_path, "capsnet_affnist", 1, 1.0, affine_pct=23.0, image_size=40)
-    fabricate(tmp_path, "cnn_affnist", 0, 1.0, affine_pct=36.0, model="pooling_cnn", recon=False, image_size=40,
-              lr_schedule_epochs=640)
+    fabricate_cnn_affnist(tmp_path, 0, affine_pct=36.0, lr_schedule_epochs=640)
     capsnets, cnn = load(tmp_path, ["capsnet_affnist"], [0, 1]), load(tmp_path, ["cnn_affnist"], [0])
     one_model = ra.with_gap(ra.affnist_summary(capsnets, REFERENCE), None)
     (tmp_path / "affnist.csv").write_text(one_model.to_csv(index=False))
@@ -719,8 +718,7 @@ def test_affnist_gap_reads_a_protocol_both_models_trained_under_or_calls_the_gap
         fabricate(tmp_path / "long", "capsnet_affnist", seed, 1.0, affine_pct=21.0, image_size=40,
                   lr_schedule_epochs=640)
     fabricate(tmp_path / "both", "capsnet_affnist", 3, 1.0, affine_pct=21.0, image_size=40)
-    fabricate(tmp_path / "both", "cnn_affnist", 3, 1.0, affine_pct=36.0, model="pooling_cnn", recon=False,
-              image_size=40)
+    fabricate_cnn_affnist(tmp_path / "both", 3, affine_pct=36.0)
     long = load(tmp_path / "long", ["capsnet_affnist"], [0, 1, 2])
     both = load(tmp_path / "both", ["capsnet_affnist", "cnn_affnist"], [3])
     gap = ra.affnist_gap(long + both, REFERENCE)
@@ -836,8 +834,7 @@ def test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups(t
     from safetensors.torch import load_file
     for seed in (0, 1):
         fabricate(tmp_path, "capsnet_affnist", seed, 1.0, n=400, affine_pct=21.0 + seed, image_size=40)
-        fabricate(tmp_path, "cnn_affnist", seed, 1.0, n=400, affine_pct=36.0 - seed, model="pooling_cnn", recon=False,
-                  image_size=40)
+        fabricate_cnn_affnist(tmp_path, seed, n=400, affine_pct=36.0 - seed)
     for path in sorted(tmp_path.glob("results/*/seed*/predictions.safetensors")):
         pred = load_file(str(path))
         save_file(pred | {"affnist_test_digit_index": torch.arange(100, dtype=torch.int32).repeat_interleave(4)}, str(path))
