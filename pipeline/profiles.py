@@ -301,13 +301,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--warm goes with the smoke profile's --exec")
     if args.prefill is not None and (args.profile != "smoke" or args.exec is None or args.prefill < 1):
         parser.error("--prefill SLOTS (≥ 1) goes with the smoke profile's --exec")
+    if args.settings and not args.write:  # before --check returns: a setting is never silently dropped
+        parser.error("--set goes with --write")
     if args.check or args.exec is not None:
         for line in check(args.profile, args.params):
             print(line, file=sys.stderr)
         if args.check:
             return
-    if args.settings and not args.write:
-        parser.error("--set goes with --write")
     if bad := [s for s in args.settings if "=" not in s]:
         parser.error(f"--set {bad[0]}: write it as KEY=VALUE, e.g. --set train.amp=true")
     raw = yaml.safe_load(Path(args.params).read_text())

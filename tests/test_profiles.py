@@ -208,6 +208,107 @@ def test_cpu_estimate_arithmetic():
     assert profiles.cpu_hours(raw) == pytest.approx((600 + 5900) * 0.5 * 3 * 2 / 3600)
 
 
+def test_a_variant_never_measured_on_a_cpu_is_estimated_at_table_1s_capsnet():
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["ablation"] = {"seeds": [0], "stacked": ["multimnist_r1_recon"], "separate": []}  # MultiMNIST: not measured
+    raw["train"]["epochs"], raw["prepare"]["train_subset"] = 1, 0
+    assert profiles.cpu_hours(raw) == pytest.approx(600 / 3600)
+
+
+def test_leftover_keys_are_named_by_their_whole_path_and_a_key_on_one_side_is_missing_on_the_other():
+    assert profiles.flatten({"variants": {"capsnet_r1": {"model": "capsnet"}}, "a": 1}) == {
+        "variants.capsnet_r1.model": "capsnet", "a": 1}
+    committed = {"train": {"epochs": 640}, "variants": {"capsnet_r1": {"model": "capsnet"}}}
+    workspace = {"train": {"epochs": 640, "extra": 1}, "variants": {"capsnet_r1": {}}}
+    assert profiles.foreign_keys(workspace, committed, "paper") == {
+        "train.extra": (1, "<missing>"), "variants.capsnet_r1.model": ("<missing>", "capsnet")}
+
+
+def test_only_a_long_profile_on_a_cpu_warns_and_check_prints_the_warning_and_stops(tmp_path, monkeypatch, capsys):
+    """The paper profile on a CPU warns with its variants, seeds and epochs (on stderr; `--check` then
+    ends there); the smoke profile, minutes on a CPU by design, does not."""
+    monkeypatch.chdir(tmp_path)  # no git here: nothing committed to compare with
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["ablation"]["seeds"] = [0, 1, 2, 3]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.setattr(profiles, "_cuda_available", lambda: False)
+    [warning] = profiles.check("paper")
+    assert f"would train {len(profiles.ablation_variants(raw))} variants x 4 seeds x 640 epochs" in warning
+    assert profiles.check("smoke") == []
+    assert profiles.main(["paper", "--check"]) is None
+    out, err = capsys.readouterr()
+    assert out == "" and err == warning + "\n"
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["smoke", "--prefill", "0", "--exec", "true"], "--prefill SLOTS (≥ 1) goes with the smoke profile's --exec"),
+    (["gpu", "--warm", "--exec", "true"], "--warm goes with the smoke profile's --exec"),
+    (["smoke", "--warm", "--write", "p.yaml"], "--warm goes with the smoke profile's --exec"),
+    (["paper", "--check", "--set", "train.amp=true"], "--set goes with --write"),
+    (["smoke", "--set", "train.amp=true", "--exec", "true"], "--set goes with --write"),
+    (["smoke", "--exec"], "--exec needs a command")])
+def test_options_that_do_not_go_together_are_refused_in_one_line(tmp_path, monkeypatch, capsys, argv, said):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    monkeypatch.setattr(profiles, "run_restoring", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as exited:
+        profiles.main(argv)
+    assert exited.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(said)
+
+
+def test_the_smokes_exec_hands_its_prefill_and_warm_flag_to_the_restoring_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    calls = []
+    monkeypatch.setattr(profiles, "run_restoring", lambda command, **kw: calls.append((command, kw)) or 0)
+    with pytest.raises(SystemExit) as exited:
+        profiles.main(["smoke", "--prefill", "2", "--warm", "--exec", "dvc", "exp", "run"])
+    [(command, kw)] = calls
+    assert exited.value.code == 0 and command[:3] == ["dvc", "exp", "run"] and "base.profile=smoke" in command
+    assert kw == {"prefill": (profiles.apply(raw, "smoke"), 2), "warm": True}
+
+
+def test_a_failed_prefill_stops_before_the_command_with_its_params_in_order_and_a_label_per_slot(tmp_path, monkeypatch):
+    """The prefill writes its params (keys in their order, as params.yaml has them), fans out with one
+    label per slot and no finishing `dvc repro`; when it fails the command never runs, and params.yaml
+    is put back."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("a: 1\n")
+    seen = []
+
+    def fake_run(command, env=None, **kwargs):
+        seen.append((command, env, (tmp_path / "params.yaml").read_text()))
+        return subprocess.CompletedProcess(command, 4)
+
+    monkeypatch.setattr(profiles.subprocess, "run", fake_run)
+    params = {"train": {"epochs": 1}, "ablation": {"seeds": [0]}}
+    assert profiles._run_restoring(["dvc", "exp", "run"], ("params.yaml",), (params, 3), {"X": "y"}) == 4
+    [(command, env, written)] = seen
+    assert command == ["bash", "scripts/fanout.sh"] and (env["GPUS"], env["FANOUT_FINISH"], env["X"]) == ("cpu0 cpu1 cpu2", "0", "y")
+    assert written == "train:\n  epochs: 1\nablation:\n  seeds:\n  - 0\n"
+    assert (tmp_path / "params.yaml").read_text() == "a: 1\n"
+
+
+def test_a_smoke_that_writes_no_report_sets_nothing_aside_and_one_that_deletes_sets_its_folder_aside(tmp_path, monkeypatch,
+                                                                                                     capsys):
+    """A smoke run that leaves reports/ alone says nothing about it and leaves smoke-report/ as it was;
+    one that only deletes a file sets that file's folder aside without it, in a smoke-report/ emptied of
+    the last smoke's files first."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("figures/keep.png", "figures/old.png", "ablation.md"):
+        (tmp_path / "reports" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "reports" / name).write_text(name)
+    (tmp_path / "smoke-report").mkdir()
+    (tmp_path / "smoke-report" / "stale.md").write_text("an earlier smoke's")
+    assert profiles.run_restoring([sys.executable, "-c", "pass"], paths=()) == 0
+    assert "restored reports/" not in capsys.readouterr().err and (tmp_path / "smoke-report" / "stale.md").is_file()
+    assert profiles.run_restoring([sys.executable, "-c", "import os; os.remove('reports/figures/old.png')"], paths=()) == 0
+    assert (tmp_path / "reports" / "figures" / "old.png").read_text() == "figures/old.png"
+    assert sorted(str(p.relative_to(tmp_path / "smoke-report")) for p in (tmp_path / "smoke-report").rglob("*")
+                  if p.is_file()) == ["figures/keep.png"]
+
+
 def test_gpu_session_writes_only_git_ignored_paths():
     """The device tool re-sends the working tree each call and deletes there what git does not
     ignore: a run output of scripts/gpu_session.sh or gpu_plan.sh outside .gitignore (results/**/metrics.json was)
