@@ -144,6 +144,26 @@ def test_prepare_refuses_a_raw_file_changed_after_download(tmp_path, monkeypatch
     assert not (tmp_path / "prepared").exists()
 
 
+def test_prepare_names_a_missing_raw_file_and_an_undecodable_one_in_one_line(tmp_path, monkeypatch):
+    """A raw file that is not there says how to fetch it; one whose hash matches but that is no IDX file
+    (a truncated download trusted, say) says what is wrong with it and how to fetch it clean."""
+    raw = tmp_path / "raw"
+    files = write_mnist(raw)
+    (raw / "train-labels-idx1-ubyte").unlink()
+    trust_mnist(monkeypatch, files)
+    args = [str(raw), str(tmp_path / "prepared"), "--figures", str(tmp_path / "fig"), "--params", str(REPO / "params.yaml")]
+    missing = CliRunner().invoke(main, ["prepare", *args])
+    assert missing.exit_code == 1 and missing.output.count("\n") == 1
+    assert "train-labels-idx1-ubyte is missing" in missing.output and "dvc repro download" in missing.output
+    files["train-labels-idx1-ubyte"] = b"\x00\x00\x08\x01"  # an IDX header and no length
+    (raw / "train-labels-idx1-ubyte").write_bytes(files["train-labels-idx1-ubyte"])
+    trust_mnist(monkeypatch, files)
+    broken = CliRunner().invoke(main, ["prepare", *args])
+    assert broken.exit_code == 1 and broken.output.count("\n") == 1
+    assert "train-labels-idx1-ubyte: truncated header" in broken.output and "dvc repro -f download" in broken.output
+    assert not [path for path in (tmp_path / "prepared").rglob("*") if path.is_file()]
+
+
 def test_train_reads_its_seeds_and_gives_each_seed_its_own_directory(tmp_path, monkeypatch):
     """SEEDS is one seed, several (stacked) or all (params.yaml's ablation.seeds); text, a repeated or
     negative seed, or several seeds into one directory is a usage error (status 2) before anything

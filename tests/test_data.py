@@ -2,12 +2,13 @@
 import pytest
 import torch
 
-from conftest import idx_bytes, synthetic_digits, write_mnist
+from conftest import committed_params, idx_bytes, synthetic_digits, trust_mnist, write_mnist
 from pipeline.data.idx import IdxError, read_idx, read_split
 from pipeline.data.splits import dataset_input, load_split, prepare_mnist, save_split, split_metadata
 from pipeline.data.transforms import (AffineRanges, _linear_part, apply_affine, make_affine_set, random_shift,
                                       translation_bounds)
 from pipeline.experiments.table1 import prepare_affine
+from pipeline.stages import prepare as prepare_stage
 
 
 def test_read_idx_roundtrip(tmp_path):
@@ -335,3 +336,21 @@ def test_table1_prepares_its_affine_set_from_params_and_draws_a_montage_of_monta
     assert torch.equal(affine["images"], expected) and torch.equal(affine["affine_params"], transforms)
     assert json.loads(split_metadata(tmp_path / "affine_test.safetensors")["ranges"]) == dataclasses.asdict(ranges)
     assert [len(originals) for originals in drawn] == [3] and summary == "12 affine-shifted"
+
+
+def test_the_prepare_stage_cuts_each_split_to_its_own_subset_and_sums_up_every_experiment(tmp_path, monkeypatch):
+    """train_subset cuts the training split and test_subset the test split (never the other way
+    round); the summary counts the test digits, names every experiment's sets and the montages'
+    folder, which it makes."""
+    raw, out, figures = tmp_path / "raw", tmp_path / "prepared", tmp_path / "reports" / "figures"
+    trust_mnist(monkeypatch, write_mnist(raw, n_train=40, n_test=20))
+    params = committed_params(train_subset=30, test_subset=12, affnist_transforms=1, multimnist_pairs_per_digit=1,
+                              montage_count=2)
+    said = prepare_stage.run(params, raw, out, figures)
+    assert len(load_split(out / "train.safetensors")["labels"]) == 30
+    assert len(load_split(out / "test.safetensors")["labels"]) == 12
+    assert said.startswith(f"prepared {out}: 12 test digits, ") and said.endswith(f"; montages in {figures}")
+    parts = said.removeprefix(f"prepared {out}: 12 test digits, ").removesuffix(f"; montages in {figures}").split("; ")
+    assert parts[0] == "12 affine-shifted" and parts[1] == "12 expanded (40×40)" and parts[-1] == "MultiMNIST: 12 test recipes"
+    assert figures.is_dir()
+

@@ -73,6 +73,26 @@ def test_predictions_are_made_with_dropout_off_and_leave_the_model_training():
     torch.testing.assert_close(scores, expected)
 
 
+def test_a_model_in_eval_mode_predicts_and_stays_in_eval_mode():
+    """predict puts back the mode it found: an evaluated model is not switched to training (dropout on)."""
+    model = BaselineCNN(num_classes=3).eval()
+    predict(model, torch.zeros(2, 28, 28, dtype=torch.uint8), batch_size=2)
+    assert not model.training
+
+
+def test_predictions_under_amp_are_bf16_arithmetic_returned_as_fp32_scores():
+    """amp=True runs the model under bf16 autocast (its scores differ from fp32's, within bf16's
+    precision) and the scores come back as float32 whatever the model computed in."""
+    torch.manual_seed(0)
+    model = BaselineCNN(num_classes=3).eval()
+    images = torch.randint(0, 256, (4, 28, 28), dtype=torch.uint8)
+    exact, _ = predict(model, images, batch_size=4)
+    mixed, preds = predict(model, images, batch_size=4, amp=True)
+    assert mixed.dtype == torch.float32 and not torch.equal(mixed, exact)
+    torch.testing.assert_close(mixed, exact, rtol=0.05, atol=0.05)
+    assert torch.equal(preds, mixed.argmax(dim=1))
+
+
 def test_an_error_rate_is_its_count_over_n_written_and_read():
     """39 of 10,000 wrong is 0.39 % exactly (a float32 mean stores 0.38999998…), and the report reads
     older records' float32 values as the counts they are, so a mean of 0.39 and 0.36 is the exact 0.375

@@ -70,6 +70,14 @@ def test_the_summary_is_per_step_every_category_listed_the_longest_first():
     assert len(many) == profile.TOP and many[0]["name"].startswith("k19") and len(many[0]["name"]) == profile.NAME_CHARS
 
 
+def test_each_of_the_top_kernels_names_its_category():
+    """A top kernel's row says which category its time went to, as the categories' sums count it."""
+    durations = {"aten::mkldnn_convolution": (2, 300.0), "Memset (Device)": (4, 40.0), "ampere_sgemm_128x64": (2, 90.0)}
+    top = profile.summarize(durations, steps=2, wall_s=0.001, activity="cuda kernels")["top"]
+    assert [(k["name"], k["category"]) for k in top] == [
+        ("aten::mkldnn_convolution", "convolution"), ("ampere_sgemm_128x64", "matmul"), ("Memset (Device)", "copy/fill")]
+
+
 def test_device_time_counts_every_kernel_once_and_nothing_the_host_ran():
     def event(name, device, us, annotation=False):
         return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation,

@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import tiny_pipeline
 from pipeline.core import provenance, tracking
+from pipeline.core.errors import first_line
 from pipeline.core.files import atomic_path, file_lock
 from pipeline.stages import train as train_stage
 from pipeline.training.checkpoint import NonFiniteLossError, save_checkpoint
@@ -88,6 +89,15 @@ def test_a_failure_while_writing_outputs_marks_the_run_failed(stage, monkeypatch
     assert run.info.status == "FAILED"
     assert not (root / "models" / "model.safetensors").exists()
     assert not list((root / "models").glob(".*tmp*"))  # no half-written temporary left
+
+
+def test_an_error_in_one_line_is_its_messages_first_line_cut_or_its_types_name():
+    """What a warning or a record quotes of an exception: the first non-blank line, at most ``limit``
+    characters; an exception without a message is named by its type."""
+    assert first_line(RuntimeError("\n  CUDA error: out of memory\nCompile with TORCH_USE_CUDA_DSA")) == \
+        "CUDA error: out of memory"
+    assert first_line(ValueError("x" * 200)) == "x" * 160 and first_line(ValueError("abcdef"), 4) == "abcd"
+    assert first_line(KeyboardInterrupt()) == "KeyboardInterrupt" and first_line(OSError("  ")) == "OSError"
 
 
 def test_sigterm_marks_the_run_failed(stage, monkeypatch):

@@ -195,6 +195,25 @@ def test_journal_needs_the_common_param_keys(tmp_path):
         JournalTracker(tmp_path).start("x", {"variant": "v"})
 
 
+def test_a_run_records_its_commit_stage_experiment_host_slot_threads_and_versions(monkeypatch):
+    """What run_tags and environment record comes from where it ran: the commit it was told, DVC's
+    stage and experiment, the host, the GPUs the slot was given, torch's threads and the versions."""
+    import platform
+
+    import torch
+
+    for name, value in (("CAPSNET_GIT_COMMIT", "abc1234"), ("DVC_STAGE", "train_stacked@capsnet_r1"),
+                        ("DVC_EXP_NAME", "smoke-exp"), ("CUDA_VISIBLE_DEVICES", "3")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 5)
+    monkeypatch.setattr(platform, "node", lambda: "node-7")
+    where = {"git_commit": "abc1234", "dvc_stage": "train_stacked@capsnet_r1", "host": "node-7",
+             "cuda_visible_devices": "3", "cpu_threads": "5"}
+    tags, env = provenance.run_tags(), provenance.environment()
+    assert tags.items() >= (where | {"dvc_exp_name": "smoke-exp"}).items() and env.items() >= where.items()
+    assert (env["torch_version"], env["python_version"]) == (torch.__version__, platform.python_version())
+
+
 def test_git_commit_is_dirty_for_code_changes_but_not_for_report_outputs(tmp_path, monkeypatch):
     import subprocess
 

@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 
 from pipeline.core import provenance, tracking
+from pipeline.core.params import load_params
 from pipeline.data import splits
 from pipeline.experiments import affnist, table1
 from pipeline.report import runs as rr
@@ -79,6 +80,42 @@ def test_a_compressed_schedule_reaches_the_optimizer_and_the_checkpoint_digest(t
     assert tiny_config(lr_schedule_epochs=640).digest() != tiny_config().digest()
 
 
+# a checkpoint's key (RunConfig.digest) as the code before the experiment key (a9198fb^) computed it, for
+# tiny_config (Table 1) and for a MultiMNIST run of 32 examples an epoch: checkpoints written then resume now
+TABLE1_KEY, MULTIMNIST_KEY = "b7df9dd8b95c77b4", "2ccfe9b959a6d948"
+
+
+def test_a_checkpoints_key_is_the_mathematics_alone_and_keys_written_before_its_new_fields_still_match():
+    """Bookkeeping and speed levers leave the key alone; the experiment (once it is not the one the image
+    size used to say), MultiMNIST's epoch size, TF32 and a compressed schedule change it; at their old
+    values the key is the one written before those fields existed."""
+    cfg = tiny_config(experiment="table1")
+    for field, value in (("log_every", 7), ("eval_batch_size", 8), ("profile", "gpu"), ("checkpoint_every", 5),
+                         ("channels_last", True), ("compile_mode", "max-autotune"), ("stack_layout", "loop"),
+                         ("cuda_graph", True), ("multimnist_epoch_size", 32)):
+        assert dataclasses.replace(cfg, **{field: value}).digest() == cfg.digest(), field
+    assert cfg.digest() == TABLE1_KEY
+    multimnist = tiny_config(experiment="multimnist", image_size=36, variant="capsnet_multimnist")
+    assert dataclasses.replace(multimnist, multimnist_epoch_size=32).digest() == MULTIMNIST_KEY
+    assert multimnist.digest() != MULTIMNIST_KEY
+    assert tiny_config(experiment="affnist").digest() != cfg.digest()  # another experiment, the same size
+    for field, value in (("tf32", True), ("lr_schedule_epochs", 640)):
+        assert dataclasses.replace(cfg, **{field: value}).digest() != cfg.digest(), field
+
+
+def test_a_run_config_takes_its_variant_s_settings_its_experiment_s_plan_the_profile_and_the_overrides():
+    """run_config: §5.2's early stopping, MultiMNIST's ±4 px shift (its recipes', not train.max_shift's 2),
+    params' profile name and the caller's overrides, last; a record without the experiment key is
+    read by its image size."""
+    params = load_params(REPO / "params.yaml")
+    params = dataclasses.replace(params, base=dataclasses.replace(params.base, profile="gpu"))
+    affnist_cfg, multimnist = run_config(params, "capsnet_affnist", 1), run_config(params, "multimnist_r1_recon", 0)
+    assert (affnist_cfg.target_accuracy_pct, affnist_cfg.seed, affnist_cfg.profile) == (99.23, 1, "gpu")
+    assert (multimnist.max_shift, run_config(params, "capsnet_r1", 0).max_shift) == (4, 2)
+    assert run_config(params, "multimnist_r1_recon", 0, max_shift=1, epochs=7).max_shift == 1
+    assert dataclasses.replace(multimnist, experiment="").experiment_name == "multimnist"
+
+
 def test_checkpoint_of_another_config_is_not_resumed(tmp_path):
     train(tiny_config(epochs=1), tiny_data(), tmp_path / "c.pt")
     with pytest.warns(UserWarning, match="another configuration"):
@@ -123,6 +160,24 @@ def test_an_unreadable_checkpoint_is_moved_aside_and_training_starts_afresh(tmp_
     [aside] = tmp_path.glob("c.pt.unreadable-*")
     assert aside.read_bytes() == bad and result.resumed_from_epoch == 0 and len(result.history) == 1
     assert torch.load(checkpoint, weights_only=True)["epoch"] == 0  # a fresh one in its place
+
+
+def test_a_sigterm_while_a_checkpoint_is_read_stops_the_run_and_leaves_the_checkpoint_in_place(tmp_path, monkeypatch):
+    """Terminated (SIGTERM, pipeline.stages.train) is no Exception: the unreadable-checkpoint guard, which
+    catches every Exception, lets it through instead of moving a good checkpoint aside and starting afresh."""
+    from pipeline.core.errors import Terminated
+    from pipeline.training import checkpoint as checkpoint_module
+
+    checkpoint = tmp_path / "c.pt"
+    train(tiny_config(epochs=1), tiny_data(), checkpoint)
+
+    def stopped(*args, **kwargs):
+        raise Terminated("stopped by signal 15")
+
+    monkeypatch.setattr(checkpoint_module.torch, "load", stopped)
+    with pytest.raises(Terminated):
+        checkpoint_module.load_checkpoint(checkpoint, tiny_config(epochs=1))
+    assert checkpoint.is_file() and not list(tmp_path.glob("c.pt.unreadable-*"))
 
 
 def test_early_stopping_stops_at_the_first_epoch_reaching_the_target(tmp_path, monkeypatch):
