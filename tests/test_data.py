@@ -22,6 +22,7 @@ def test_read_idx_roundtrip(tmp_path):
 @pytest.mark.parametrize("mutate,match", [
     (lambda b: b"\x00\x00\x09\x03" + b[4:], "bad magic number"),  # not unsigned bytes
     (lambda b: b"\x00\x00\x08\x01" + b[4:], "bad magic number"),  # wrong dimensionality
+    (lambda b: b"\x01\x00" + b[2:], "bad magic number"),  # its first two bytes are not zero
     (lambda b: b[:-7], "truncated"),
     (lambda b: b + b"\x00", "longer than its header"),
     (lambda b: b[:2], "too short"),

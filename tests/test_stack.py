@@ -291,6 +291,22 @@ def test_a_group_must_share_everything_but_the_seed():
         checkpoint.group_config([cfg, cfg])
 
 
+def test_a_one_seed_groups_key_is_its_runs_own_no_seeds_no_checkpoint_and_non_finite_weights_are_named(tmp_path):
+    """A one-seed group resumes a separate run's checkpoint (its key is the run's digest); a group of no
+    seeds is refused; no file is no checkpoint; non-finite weights are refused naming the first three
+    floating-point tensors (integer tensors are never non-finite)."""
+    cfg = config("capsnet_r1")
+    assert checkpoint.group_digest([cfg]) == cfg.digest()
+    assert checkpoint.group_digest([cfg, dataclasses.replace(cfg, seed=1)]) != cfg.digest()
+    with pytest.raises(ValueError, match="no seeds to train"):
+        checkpoint.group_config([])
+    assert checkpoint.load_checkpoint(tmp_path / "none.pt", cfg) is None and not list(tmp_path.iterdir())
+    bad = {name: torch.tensor([float("nan")]) for name in "abcd"} | {"steps": torch.tensor([7])}
+    with pytest.raises(checkpoint.NonFiniteLossError, match=r"^x: non-finite weights in a, b, c …; nothing saved"):
+        checkpoint.assert_finite_weights(bad, "x")
+    checkpoint.assert_finite_weights({"steps": torch.tensor([7]), "w": torch.ones(2)}, "x")
+
+
 @pytest.mark.parametrize("layout", ["fused", "bmm", "loop", "streams"])
 def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient(layout, monkeypatch):
     """Adam sees each seed's own gradient only if the loop backpropagates the sum: the stack's

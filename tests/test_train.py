@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 
 from pipeline.core import provenance, tracking
+from pipeline.core.errors import UserError
 from pipeline.core.params import load_params
 from pipeline.data import splits
 from pipeline.experiments import affnist, table1
@@ -407,6 +408,32 @@ def test_a_hint_without_a_stage_name_names_what_lists_them():
     listing = "(`capsnet stages --kind stages` lists every stage)"
     assert rerun_hint(None, "capsnet_r9", 4, "train") == f"the train stage of capsnet_r9 seed 4 {listing}"
     assert rerun_hint(None, "", "m", "train") == f"the train stage that writes it {listing}"
+
+
+def test_the_fan_out_items_are_the_stacked_variants_then_each_separate_variants_seeds_and_name_their_stages():
+    """What `capsnet stages` lists and an array task picks by index: stacked variants first (the longest
+    work), then <variant>-<seed> with variants outer as DVC orders its matrix; each item's stages in
+    order; an item or index not there is one line saying what to do, and a hint names its stage."""
+    from pipeline.core import stage_names as names
+
+    params = load_params(REPO / "params.yaml")
+    ablation = dataclasses.replace(params.ablation, seeds=[0, 2], stacked=["capsnet_r1"],
+                                   separate=["baseline_cnn", "cnn_affnist"])
+    params = dataclasses.replace(params, ablation=ablation)
+    items = names.items(params)
+    assert items == ["capsnet_r1", "baseline_cnn-0", "baseline_cnn-2", "cnn_affnist-0", "cnn_affnist-2"]
+    assert names.stage_names(params, "capsnet_r1") == [
+        "train_stacked@capsnet_r1", "evaluate_stacked@capsnet_r1-0", "evaluate_stacked@capsnet_r1-2"]
+    assert names.stage_names(params, "cnn_affnist-2") == ["train@cnn_affnist-2", "evaluate@cnn_affnist-2"]
+    for wrong in ("capsnet_r3", "baseline_cnn-1"):
+        with pytest.raises(UserError, match=f"'{wrong}' is not an item of params.yaml's ablation; `capsnet stages`"):
+            names.stage_names(params, wrong)
+    assert names.item_at(items, 4) == "cnn_affnist-2"
+    for index in (5, -1):
+        with pytest.raises(UserError, match=f"task index {index} is outside the 5 items .* submit the array as 0-4"):
+            names.item_at(items, index)
+    assert names.rerun_hint(params, "capsnet_r1", 2, "evaluate") == "`dvc repro -f evaluate_stacked@capsnet_r1-2`"
+    assert names.rerun_hint(params, "capsnet_r1", "m", "train").startswith("the train stage that writes it")
 
 
 def test_non_finite_loss_fails_the_mlflow_run(pipeline_dir, monkeypatch):
