@@ -145,6 +145,10 @@ REFUSED_OPTIONS = f"{PROFILES}::test_options_that_do_not_go_together_are_refused
 FAILED_PREFILL = f"{PROFILES}::test_a_failed_prefill_stops_before_the_command_with_its_params_in_order_and_a_label_per_slot"
 SMOKE_ASIDE = (f"{PROFILES}::"
                "test_a_smoke_that_writes_no_report_sets_nothing_aside_and_one_that_deletes_sets_its_folder_aside")
+FAN_OUT_ITEMS = ("tests/test_train.py::"
+                 "test_the_fan_out_items_are_the_stacked_variants_then_each_separate_variants_seeds_and_name_their_stages")
+GROUP_KEY = ("tests/test_stack.py::"
+             "test_a_one_seed_groups_key_is_its_runs_own_no_seeds_no_checkpoint_and_non_finite_weights_are_named")
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -2854,6 +2858,39 @@ MUTATIONS = [
     Mutation("--set is dropped silently under --check", "pipeline/profiles.py",
              "    if args.settings and not args.write:  # before --check returns", "    if False:  # before --check returns",
              (REFUSED_OPTIONS,)),
+    Mutation("the fan-out lists no stacked variant", "pipeline/core/stage_names.py",
+             'return [*ablation.stacked, *(f"{variant}-{seed}"', 'return [*(f"{variant}-{seed}"',
+             (FAN_OUT_ITEMS,)),
+    Mutation("the fan-out orders separate items seeds outer, not as DVC's matrix", "pipeline/core/stage_names.py",
+             "for variant in ablation.separate for seed in ablation.seeds)]", "for seed in ablation.seeds for variant in ablation.separate)]",
+             (FAN_OUT_ITEMS,)),
+    Mutation("an item not in the ablation is a traceback, not a line naming `capsnet stages`", "pipeline/core/stage_names.py",
+             "    if item in items(params):\n", "    if True:\n",
+             (FAN_OUT_ITEMS,)),
+    Mutation("a hint for a folder that is no seed reads it as a seed number", "pipeline/core/stage_names.py",
+             "if params is not None and variant in params.ablation.variants and str(seed).isdigit():", "if params is not None and variant in params.ablation.variants:",
+             (FAN_OUT_ITEMS,)),
+    Mutation("an array task of a negative index runs an item from the end", "pipeline/core/stage_names.py",
+             "    if not 0 <= index < len(all_items):", "    if not index < len(all_items):",
+             (FAN_OUT_ITEMS,)),
+    Mutation("a task index out of range suggests one index too many", "pipeline/core/stage_names.py",
+             "submit the array as 0-{len(all_items) - 1}", "submit the array as 0-{len(all_items)}",
+             (FAN_OUT_ITEMS,)),
+    Mutation("non-finite weights list every tensor", "pipeline/training/checkpoint.py",
+             "{', '.join(bad[:3])}", "{', '.join(bad)}",
+             (GROUP_KEY,)),
+    Mutation("a group of no seeds is an IndexError", "pipeline/training/checkpoint.py",
+             "    if not cfgs:\n        raise ValueError", "    if False:\n        raise ValueError",
+             (GROUP_KEY,)),
+    Mutation("a one-seed group's key is not its run's (a separate run's checkpoint never resumes)", "pipeline/training/checkpoint.py",
+             "    if len(cfgs) == 1:\n        return cfgs[0].digest()\n", "",
+             (GROUP_KEY,)),
+    Mutation("a missing checkpoint is read, and fails as unreadable", "pipeline/training/checkpoint.py",
+             "    if not path.is_file():\n        return None\n    try:", "    try:",
+             (GROUP_KEY,)),
+    Mutation("an IDX file not starting with two zero bytes accepted", "pipeline/data/idx.py",
+             "if zero != 0 or dtype != IDX_UBYTE or ndim != expected_ndim:", "if dtype != IDX_UBYTE or ndim != expected_ndim:",
+             ("tests/test_data.py::test_read_idx_rejects_bad_files",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts
