@@ -1100,6 +1100,119 @@ def test_variant_metrics_never_pool_protocols_or_training_code(tmp_path):
     assert sorted(p.stem for p in (tmp_path / "metrics").iterdir()) == sorted(errors)
 
 
+def test_the_provenance_lines_count_each_commit_fingerprint_variant_resume_and_minute(tmp_path):
+    """The report's provenance: runs per commit (where it was read) and per fingerprint, every protocol,
+    each device with its CUDA build, each torch and Python, each variant's seeds, the seeds not run,
+    the resumed runs, the minutes trained (6 epochs of 1 s), and the records a later run superseded."""
+    from conftest import REPO
+    from pipeline.core.params import load_params
+    from pipeline.stages import report as report_stage
+
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, history=[3.0, 2.0, 1.0], fingerprint="fpA")
+    fabricate(tmp_path, "capsnet_r1", 1, 1.0, history=[2.0, 1.0], fingerprint="fpA", resumed=[1])
+    fabricate(tmp_path, "capsnet_r3", 0, 1.0, commit=None, fingerprint="fpB")
+    runs = load(tmp_path, ["capsnet_r1"], [0, 1]) + load(tmp_path, ["capsnet_r3"], [0])
+    p = load_params(REPO / "params.yaml")
+    said = report_stage.provenance(p, runs, {"capsnet_r3": [1, 2]}, superseded=[runs[1]])
+    assert said["training commits"] == f"{COMMIT} (from config.json): 2 runs; not recorded: 1 runs"
+    assert said["training fingerprints"].startswith("fpA: 2 runs; fpB: 1 runs (")
+    schedule = "× batch 128, lr 0.001·0.96^(step/2000) ≥ 1e-06, fp32"
+    assert said["protocols"] == "; ".join(f"gpu profile: {n} {schedule}" for n in ("3 epochs", "2 epochs", "1 epoch"))
+    assert said["devices"] == "cpu, torch CUDA build not recorded" and said["training software"] == "torch t, Python p"
+    assert said["runs"] == "capsnet_r1: seeds 0, 1; capsnet_r3: seeds 0" and said["not run"] == "capsnet_r3: seeds 1, 2"
+    assert said["resumed from a checkpoint"].startswith("1 of 3 runs") and said["seeds"] == "0, 1, 2"
+    assert said["total training time"].startswith("0.1 min over 3 runs")
+    assert said["trained again, the earlier record not counted"] == \
+        "capsnet_r1 seed 1 (run capsnet_r1-1, in reports/runs/earlier)"
+    assert said["report software"].startswith("torch ") and "mlflow " in said["report software"]
+    nothing_else = report_stage.provenance(p, runs, {}, superseded=[])
+    assert nothing_else["not run"] == "none" and "trained again, the earlier record not counted" not in nothing_else
+
+
+def test_a_rows_metrics_keep_a_shared_value_as_recorded_and_leave_out_a_key_a_seed_lacks(tmp_path):
+    """metrics/<row>.json: a value every seed shares is written as recorded (a count stays an integer,
+    reached_target a boolean), one that differs is the mean; a key one seed's metrics lack is left out."""
+    from pipeline.stages import report as report_stage
+
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_r3", seed, 1.0 + seed)
+    lacking = tmp_path / "results" / "capsnet_r3" / "seed1" / "metrics.json"
+    lacking.write_text(json.dumps({k: v for k, v in json.loads(lacking.read_text()).items() if k != "n_params"}))
+    report_stage.write_variant_metrics(load(tmp_path, ["capsnet_r3"], [0, 1]), tmp_path / "metrics")
+    text = (tmp_path / "metrics" / "capsnet_r3.json").read_text()
+    assert json.loads(text) == {"error_pct": 1.5, "transformed_error_pct": 50.0, "n_test": 200, "n_transformed": 200,
+                                "epochs_trained": 1, "reached_target": False}
+    assert '"n_test": 200,' in text and '"reached_target": false' in text
+
+
+def test_the_learning_curves_draw_one_panel_per_protocol_and_each_schedules_longest_run(tmp_path, monkeypatch):
+    """An experiment trained under one protocol gets its plain title; the learning-rate line of a schedule
+    is its longest run's, whichever run came first."""
+    from pipeline.stages import report as report_stage
+
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, history=[3.0, 2.0, 1.0], epochs=3)
+    fabricate(tmp_path, "capsnet_r1", 1, 1.0, history=[2.0, 1.0], epochs=3)
+    drawn = {}
+    monkeypatch.setattr(report_stage.figures, "learning_curve_panels",
+                        lambda panels, lr, path: drawn.update(panels=panels, lr=lr))
+    report_stage.learning_curves([("MNIST", load(tmp_path, ["capsnet_r1"], [0, 1]))], tmp_path / "curves.png")
+    assert list(drawn["panels"]) == ["MNIST"] and [epochs for epochs, _ in drawn["lr"].values()] == [[1, 2, 3]]
+
+
+def test_the_report_stage_needs_a_run_lists_the_missing_names_a_superseded_record_and_logs_every_file(
+        tmp_path, monkeypatch, capsys):
+    """With no evaluation it stops in one line saying what to run; `--missing list` reports the seeds that
+    have none; a seed trained again says which record no longer counts; the README block is rewritten;
+    the report run logs every table and figure, with each section's headline metrics."""
+    from conftest import REPO
+    from pipeline.core import tracking
+    from pipeline.core.errors import UserError
+    from pipeline.core.params import load_params
+    from pipeline.stages import report as report_stage
+
+    p = load_params(REPO / "params.yaml")
+    p = dataclasses.replace(p, ablation=dataclasses.replace(p.ablation, stacked=(), seeds=(0, 1),
+                                                            separate=("capsnet_r1", "capsnet_affnist", "cnn_affnist")))
+    with pytest.raises(UserError, match="no variant of params.yaml's ablation has an evaluation .* --missing list"):
+        report_stage.run(p, tmp_path / "models", tmp_path / "results", tmp_path / "reports", missing="list")
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, recon=False)
+    fabricate(tmp_path, "capsnet_affnist", 0, 1.0, image_size=40)
+    fabricate_cnn_affnist(tmp_path, 0)
+    logged = {}
+
+    class Tracker:
+        def log_report(self, files, profile, metrics):
+            logged.update(files=files, metrics=metrics)
+
+    monkeypatch.setattr(tracking, "open_tracker", lambda profile: Tracker())
+    monkeypatch.setattr(report_stage.publish, "one_per_seed", lambda runs: (runs, runs[:1]))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{rp.README_BEGIN}\nold\n{rp.README_END}\n")
+    report_stage.run(p, tmp_path / "models", tmp_path / "results", tmp_path / "reports", missing="list", readme=readme)
+    assert "capsnet_r1 seed 0: run capsnet_r1-0 was trained again under the same protocol" in capsys.readouterr().out
+    text = (tmp_path / "reports" / "ablation.md").read_text()
+    assert "capsnet_r1: seeds 1" in text and "old" not in readme.read_text()
+    names = {path.name for path in logged["files"]}
+    assert {"ablation.md", "claims.csv", "learning_curves.png", "table1_errors.png"} <= names
+    assert {"capsnet_r1/error_pct", "affnist_gap_pp/gap", "affnist_gap_pp/ci_low"} <= set(logged["metrics"])
+
+
+def test_the_terminals_claims_summary_reads_claims_csv_and_flags_a_smoke_run(tmp_path):
+    """`capsnet report`'s closing lines: one per claim, under a heading that flags a smoke run; an empty
+    claims.csv (no claim to read), or one with its header alone, says nothing."""
+    from pipeline.stages import report as report_stage
+
+    (tmp_path / "claims.csv").write_text("")
+    assert report_stage.claims_summary(tmp_path, "gpu") == []
+    (tmp_path / "claims.csv").write_text("claim,paper,ours,status\n")
+    assert report_stage.claims_summary(tmp_path, "gpu") == []
+    rows = "routing helps,0.25,0.30,consistent\nrecon,0.3,0.3,open\n"
+    (tmp_path / "claims.csv").write_text("claim,paper,ours,status\n" + rows)
+    heading, *lines = report_stage.claims_summary(tmp_path, "smoke")
+    assert "(SMOKE RUN: tiny data, 1 epoch" in heading and lines == ["  routing helps: consistent", "  recon: open"]
+    assert "SMOKE" not in report_stage.claims_summary(tmp_path, "gpu")[0]
+
+
 def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_path, monkeypatch):
     """dvc.yaml declares the same report outputs for every variant list: figures with nothing to
     show say so, and the DVC plot data exist."""
