@@ -150,6 +150,92 @@ def test_each_epochs_metrics_are_logged_at_the_epoch_as_their_step(tmp_path):
     assert [(e["step"], e["metrics"]) for e in events] == [(1, {"train_loss": 1.0}), (2, {"train_loss": 0.5})]
 
 
+def test_each_profile_has_its_experiment_its_runs_table_its_order_and_a_sqlite_store_its_lock():
+    """Records from before the profile key ("") are the paper protocol's; the UI's runs table is sorted
+    by variant, ascending; only a sqlite store needs a lock beside it (a server serialises its own)."""
+    from pathlib import Path
+
+    assert [tracking.experiment_name(p) for p in ("paper", "", "gpu")] == [
+        "capsnet-repro", "capsnet-repro", "capsnet-repro-gpu"]
+    url = tracking.runs_url(5000, "7")
+    assert url.startswith("http://127.0.0.1:5000/#/experiments/7/runs?") and url.endswith(
+        "orderByKey=params.%60variant%60&orderByAsc=true")
+    assert tracking._store_lock("sqlite:////data/m.db") == Path("/data/m.db.lock")
+    assert tracking._store_lock("postgresql://u@db/mlflow") is None
+
+
+def test_the_report_run_is_tagged_with_its_commit_and_stage_and_ends_finished_and_a_lost_run_is_not_had(
+        tmp_path, store, monkeypatch):
+    """The store's report run names the commit and DVC stage that wrote it and ends FINISHED; has_run
+    answers no for a run id the store never saw (a model trained against another store)."""
+    monkeypatch.setenv("CAPSNET_GIT_COMMIT", "abc1234")
+    monkeypatch.setenv("DVC_STAGE", "report")
+    (tmp_path / "ablation.md").write_text("x")
+    tracker = tracking.Tracker(profile="gpu")
+    run = tracker.client.get_run(tracker.log_report([tmp_path / "ablation.md"], "gpu", {}))
+    assert {k: run.data.tags[k] for k in ("git_commit", "dvc_stage", "kind", "profile")} == {
+        "git_commit": "abc1234", "dvc_stage": "report", "kind": "report", "profile": "gpu"}
+    assert run.info.status == "FINISHED" and tracker.has_run(run.info.run_id)
+    assert not tracker.has_run("0" * 32)
+
+
+def test_a_journalled_report_replays_into_its_profiles_experiment_with_its_tags(tmp_path, store):
+    """A report run's journal names its profile in its tags alone (it logs no params): replayed, it lands
+    in that profile's experiment, with every tag it set."""
+    (tmp_path / "ablation.md").write_text("x")
+    journal = JournalTracker(tmp_path / "journal")
+    run_id = journal.log_report([tmp_path / "ablation.md"], "gpu", {})
+    journal.set_tag(run_id, "note", "rehearsal")
+    tracker = tracking.Tracker(profile="paper")
+    replayed = tracker.client.get_run(tracker.replay(tmp_path / "journal" / f"{run_id}.jsonl"))
+    assert tracker.client.get_experiment(replayed.info.experiment_id).name == "capsnet-repro-gpu"
+    assert replayed.data.tags["note"] == "rehearsal" and replayed.data.tags["kind"] == "report"
+
+
+def test_a_run_journalled_before_dataset_logging_gets_its_splits_by_image_size_and_the_sizes_it_recorded():
+    """unrecorded_datasets: a record from before the experiment key finds its test split by its image size;
+    a size is given where the params recorded it, and nowhere else."""
+    train, test = tracking.unrecorded_datasets({"image_size": "40", "n_train": "60000"})
+    assert (train["name"], test["name"]) == ("train", "expanded_test")
+    assert train["profile"]["num_rows"] == 60000 and "num_rows" not in test["profile"]
+    assert [d["name"] for d in tracking.unrecorded_datasets({"image_size": "None"})] == ["train"]
+
+
+def test_a_port_another_server_holds_is_taken_and_one_refused_otherwise_says_why(monkeypatch):
+    """`capsnet ui`'s port check: a port another server listens on is taken; one refused for another
+    reason (a privileged port, say) is not called taken."""
+    import errno
+    import socket
+
+    class Refused(socket.socket):
+        def bind(self, address):
+            raise OSError(errno.EACCES, "Permission denied")
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert tracking.port_problem(server.getsockname()[1]) == "is taken (another `mlflow ui`?)"
+    monkeypatch.setattr(tracking.socket, "socket", Refused)
+    assert tracking.port_problem(80) == "cannot be used (Permission denied)"
+
+
+def test_an_experiment_another_process_creates_first_is_found_not_an_error(store, monkeypatch):
+    """Two stages start at once on a fresh store: the slower create_experiment fails, and the tracker
+    takes the one the faster made."""
+    import mlflow
+
+    tracker = tracking.Tracker(store, profile="gpu")
+    real = tracker.client.create_experiment
+
+    def raced(name, **kwargs):
+        real(name, **kwargs)  # the other process, first
+        raise mlflow.exceptions.MlflowException(f"Experiment '{name}' already exists.")
+
+    monkeypatch.setattr(tracker.client, "create_experiment", raced)
+    made = tracker._experiment_id("capsnet-repro-raced")
+    assert made == tracker.client.get_experiment_by_name("capsnet-repro-raced").experiment_id
+
+
 def test_published_runs_open_on_the_experiment_with_the_most_and_every_experiment_is_model_training(
         tmp_path, store):
     """`capsnet ui` opens the experiment holding most of the published runs (mark_published's first);
