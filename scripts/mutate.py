@@ -155,6 +155,13 @@ CURVE_PANELS = f"{REPORT}::test_the_learning_curves_draw_one_panel_per_protocol_
 REPORT_STAGE_RUN = (f"{REPORT}::"
                     "test_the_report_stage_needs_a_run_lists_the_missing_names_a_superseded_record_and_logs_every_file")
 CLAIMS_SUMMARY = f"{REPORT}::test_the_terminals_claims_summary_reads_claims_csv_and_flags_a_smoke_run"
+TRACKING = "tests/test_tracking.py"
+TRACKING_NAMES = f"{TRACKING}::test_each_profile_has_its_experiment_its_runs_table_its_order_and_a_sqlite_store_its_lock"
+REPORT_RUN_TAGS = (f"{TRACKING}::"
+                   "test_the_report_run_is_tagged_with_its_commit_and_stage_and_ends_finished_and_a_lost_run_is_not_had")
+REPLAYED_REPORT = f"{TRACKING}::test_a_journalled_report_replays_into_its_profiles_experiment_with_its_tags"
+UNRECORDED_SPLITS = (f"{TRACKING}::"
+                     "test_a_run_journalled_before_dataset_logging_gets_its_splits_by_image_size_and_the_sizes_it_recorded")
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -2969,6 +2976,42 @@ MUTATIONS = [
     Mutation("a one-protocol experiment's panel is titled with its protocol", "pipeline/stages/report.py",
              'title if len(keys) == 1 else f"{title}\\n{mine[0].protocol}"', 'f"{title}\\n{mine[0].protocol}"',
              (CURVE_PANELS,)),
+    Mutation("a record without a profile goes to an experiment of its own", "pipeline/core/tracking.py",
+             'return EXPERIMENT if profile in ("paper", "") else', 'return EXPERIMENT if profile == "paper" else',
+             (TRACKING_NAMES,)),
+    Mutation("the UI's runs table sorts the variants descending", "pipeline/core/tracking.py",
+             '"orderByAsc": "true"}', '"orderByAsc": "false"}',
+             (TRACKING_NAMES,)),
+    Mutation("a server store gets a lock file beside its URI", "pipeline/core/tracking.py",
+             '    if not uri.startswith("sqlite:///"):\n        return None\n', "",
+             (TRACKING_NAMES,)),
+    Mutation("an experiment another stage created first is an error", "pipeline/core/tracking.py",
+             "        except mlflow.exceptions.MlflowException:\n            return self.client.get_experiment_by_name(name).experiment_id", "        except KeyError:\n            return self.client.get_experiment_by_name(name).experiment_id",
+             (f"{TRACKING}::test_an_experiment_another_process_creates_first_is_found_not_an_error",)),
+    Mutation("a run id the store never saw is had", "pipeline/core/tracking.py",
+             "        except mlflow.exceptions.MlflowException:\n            return False\n        return True", "        except mlflow.exceptions.MlflowException:\n            return True\n        return True",
+             (REPORT_RUN_TAGS,)),
+    Mutation("the report run names no commit", "pipeline/core/tracking.py",
+             'tags = {"git_commit": git_commit(repo_root()), "profile": profile, "kind": "report",', 'tags = {"profile": profile, "kind": "report",',
+             (REPORT_RUN_TAGS,)),
+    Mutation("the report run never ends", "pipeline/core/tracking.py",
+             "        self.end(run_id)\n        return run_id", "        return run_id",
+             (REPORT_RUN_TAGS,)),
+    Mutation("a journalled report replays into the paper protocol's experiment", "pipeline/core/tracking.py",
+             'profile = start["params"].get("profile") or start["tags"].get("profile") or "paper"', 'profile = start["params"].get("profile") or "paper"',
+             (REPLAYED_REPORT,)),
+    Mutation("a journal's tags are not replayed", "pipeline/core/tracking.py",
+             '            elif e["event"] == "tag":\n                self.set_tag(run_id, e["key"], e["value"])', '            elif e["event"] == "tag":\n                pass',
+             (REPLAYED_REPORT,)),
+    Mutation("a record from before the experiment key gets no test split", "pipeline/core/tracking.py",
+             '    if params.get("experiment") or str(params.get("image_size")).isdigit():\n', '    if params.get("experiment"):\n',
+             (UNRECORDED_SPLITS,)),
+    Mutation("an unrecorded split never gives the size its params recorded", "pipeline/core/tracking.py",
+             '**({"num_rows": int(params[n])} if str(params.get(n)).isdigit() else {})', "",
+             (UNRECORDED_SPLITS,)),
+    Mutation("a port refused for any reason is called taken", "pipeline/core/tracking.py",
+             'return "is taken (another `mlflow ui`?)" if err.errno == errno.EADDRINUSE else', 'return "is taken (another `mlflow ui`?)" if True else',
+             (f"{TRACKING}::test_a_port_another_server_holds_is_taken_and_one_refused_otherwise_says_why",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts
