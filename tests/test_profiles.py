@@ -290,8 +290,8 @@ def test_a_failed_prefill_stops_before_the_command_with_its_params_in_order_and_
     assert (tmp_path / "params.yaml").read_text() == "a: 1\n"
 
 
-def test_a_smoke_that_writes_no_report_sets_nothing_aside_and_one_that_deletes_sets_its_folder_aside(tmp_path, monkeypatch,
-                                                                                                     capsys):
+def test_a_smoke_that_writes_no_report_sets_nothing_aside_and_one_that_deletes_sets_its_folder_aside(
+        tmp_path, monkeypatch, capsys):
     """A smoke run that leaves reports/ alone says nothing about it and leaves smoke-report/ as it was;
     one that only deletes a file sets that file's folder aside without it, in a smoke-report/ emptied of
     the last smoke's files first."""

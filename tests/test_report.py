@@ -1185,6 +1185,8 @@ def test_the_report_stage_needs_a_run_lists_the_missing_names_a_superseded_recor
             logged.update(files=files, metrics=metrics)
 
     monkeypatch.setattr(tracking, "open_tracker", lambda profile: Tracker())
+    # one_per_seed stubbed to call the one record superseded (its own tests say which record is): what the
+    # stage prints of it is checked here
     monkeypatch.setattr(report_stage.publish, "one_per_seed", lambda runs: (runs, runs[:1]))
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n{rp.README_BEGIN}\nold\n{rp.README_END}\n")
