@@ -282,8 +282,9 @@ def test_a_failed_prefill_stops_before_the_command_with_its_params_in_order_and_
         return subprocess.CompletedProcess(command, 4)
 
     monkeypatch.setattr(profiles.subprocess, "run", fake_run)
+    monkeypatch.setenv("X", "y")
     params = {"train": {"epochs": 1}, "ablation": {"seeds": [0]}}
-    assert profiles._run_restoring(["dvc", "exp", "run"], ("params.yaml",), (params, 3), {"X": "y"}) == 4
+    assert profiles.run_restoring(["dvc", "exp", "run"], ("params.yaml",), prefill=(params, 3)) == 4
     [(command, env, written)] = seen
     assert command == ["bash", "scripts/fanout.sh"] and (env["GPUS"], env["FANOUT_FINISH"], env["X"]) == ("cpu0 cpu1 cpu2", "0", "y")
     assert written == "train:\n  epochs: 1\nablation:\n  seeds:\n  - 0\n"

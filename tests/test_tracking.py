@@ -224,16 +224,15 @@ def test_an_experiment_another_process_creates_first_is_found_not_an_error(store
     takes the one the faster made."""
     import mlflow
 
-    tracker = tracking.Tracker(store, profile="gpu")
-    real = tracker.client.create_experiment
+    real = MlflowClient.create_experiment
 
-    def raced(name, **kwargs):
-        real(name, **kwargs)  # the other process, first
+    def raced(client, name, **kwargs):
+        real(client, name, **kwargs)  # the other process, first
         raise mlflow.exceptions.MlflowException(f"Experiment '{name}' already exists.")
 
-    monkeypatch.setattr(tracker.client, "create_experiment", raced)
-    made = tracker._experiment_id("capsnet-repro-raced")
-    assert made == tracker.client.get_experiment_by_name("capsnet-repro-raced").experiment_id
+    monkeypatch.setattr(MlflowClient, "create_experiment", raced)
+    tracker = tracking.Tracker(store, profile="raced")
+    assert tracker.experiment_id == tracker.client.get_experiment_by_name("capsnet-repro-raced").experiment_id
 
 
 def test_published_runs_open_on_the_experiment_with_the_most_and_every_experiment_is_model_training(
