@@ -39,3 +39,20 @@ def test_json_is_written_with_sorted_keys_and_a_final_newline(tmp_path):
     """Records written twice from the same numbers are the same bytes (the published runs diff cleanly)."""
     write_json(tmp_path / "a.json", {"b": 1, "a": {"d": 2, "c": 3}})
     assert (tmp_path / "a.json").read_text() == '{\n  "a": {\n    "c": 3,\n    "d": 2\n  },\n  "b": 1\n}\n'
+
+
+def test_a_lock_that_fails_for_another_reason_than_a_holder_is_not_called_in_use(tmp_path, monkeypatch):
+    """file_lock: only EAGAIN/EACCES mean another process holds the lock; any other failure of flock
+    (no locks on this filesystem, say) is raised as it is, not told as "in use by another process"."""
+    import errno
+
+    from pipeline.core import files
+
+    def no_locks(f, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(files.fcntl, "flock", no_locks)
+    with pytest.raises(OSError, match="No locks available") as raised:
+        with files.file_lock(tmp_path / "x.lock", wait=False):
+            pass
+    assert not isinstance(raised.value, files.LockedError)
