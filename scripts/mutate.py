@@ -3012,6 +3012,9 @@ MUTATIONS = [
     Mutation("a port refused for any reason is called taken", "pipeline/core/tracking.py",
              'return "is taken (another `mlflow ui`?)" if err.errno == errno.EADDRINUSE else', 'return "is taken (another `mlflow ui`?)" if True else',
              (f"{TRACKING}::test_a_port_another_server_holds_is_taken_and_one_refused_otherwise_says_why",)),
+    Mutation("any failure to lock is told as another process holding the lock", "pipeline/core/files.py",
+             "            if err.errno not in (errno.EAGAIN, errno.EACCES):\n                raise\n", "",
+             ("tests/test_files.py::test_a_lock_that_fails_for_another_reason_than_a_holder_is_not_called_in_use",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts
