@@ -20,11 +20,12 @@ from pipeline.report.rows import ordered_rows, protocols, row_commit, shared_com
 from pipeline.report.runs import Run, short
 
 REAL_AFFNIST = "affNIST test set"  # how a set's source line starts when it is the real affNIST
+REAL_SET, STYLE_SET = "real affNIST", "affNIST-style set"  # what the report calls each
 
 
 def set_name(source: str) -> str:
     """What the report calls the affNIST(-style) set a run's source line describes."""
-    return "real affNIST" if str(source).startswith(REAL_AFFNIST) else "affNIST-style set"
+    return REAL_SET if str(source).startswith(REAL_AFFNIST) else STYLE_SET
 
 
 def _model_kind(run: Run) -> str:
@@ -139,11 +140,11 @@ def with_gap(table: pd.DataFrame, gap: dict | None) -> pd.DataFrame:
                         paper_gap_pp=gap["paper_gap"], gap_verdict=gap["verdict"], gap_protocol=gap["protocol"])
 
 
-def transform_bins(runs: list[Run], set_name: str) -> dict[str, dict[str, dict[str, list]]]:
-    """Per variant and transform parameter: bin centres and accuracy mean ± std over seeds."""
+def transform_bins(runs: list[Run], test_set: str) -> dict[str, dict[str, dict[str, list]]]:
+    """Per variant and transform parameter of ``test_set``: bin centres and accuracy mean ± std over seeds."""
     out: dict[str, dict] = {}
     for variant in dict.fromkeys(r.variant for r in runs):
-        per_seed = [r.breakdown["bins"][set_name] for r in runs if r.variant == variant and set_name in r.breakdown["bins"]]
+        per_seed = [r.breakdown["bins"][test_set] for r in runs if r.variant == variant and test_set in r.breakdown["bins"]]
         if not per_seed:
             continue
         out[variant] = {}
@@ -185,7 +186,7 @@ def render_affnist(table: pd.DataFrame, gap: dict | None, reference: dict) -> li
         if not gap["matched"]:
             lines += ["", "> Not every run reached the target accuracy before its epoch budget, so the two models are "
                       "**not compared at matched expanded-MNIST accuracy** as the paper's are."]
-    if set_name(table.affnist_source.iloc[0]) == "affNIST-style set":
+    if set_name(table.affnist_source.iloc[0]) == STYLE_SET:
         lines += ["", "> The affNIST column here is the **affNIST-style set** this pipeline generates (same ranges and "
                   "canvas, our transforms), not the real affNIST; Δ against the paper's affNIST numbers is context, "
                   "not a like-for-like comparison. Set `$CAPSNET_AFFNIST_MIRROR` to the real test files to compare directly."]
