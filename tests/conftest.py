@@ -58,6 +58,13 @@ def committed_params(**prepare):
     return dataclasses.replace(committed, prepare=dataclasses.replace(committed.prepare, **prepare))
 
 
+def with_ablation(params, **ablation):
+    """``params`` with these ``ablation`` keys replaced (the variants and seeds a test trains or reports)."""
+    import dataclasses
+
+    return dataclasses.replace(params, ablation=dataclasses.replace(params.ablation, **ablation))
+
+
 def synthetic_digits(n: int, size: int = 28, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """n images with a bright rectangle each (a stand-in digit) and labels cycling 0-9."""
     g = torch.Generator().manual_seed(seed)

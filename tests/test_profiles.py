@@ -9,7 +9,7 @@ import yaml
 
 from conftest import REPO, script
 from pipeline import profiles
-from pipeline.core.params import parse_params
+from pipeline.core.params import ablation_variants, parse_params
 
 
 @pytest.mark.parametrize("name", sorted(profiles.PROFILES))
@@ -233,7 +233,7 @@ def test_only_a_long_profile_on_a_cpu_warns_and_check_prints_the_warning_and_sto
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     monkeypatch.setattr(profiles, "_cuda_available", lambda: False)
     [warning] = profiles.check("paper")
-    assert f"would train {len(profiles.ablation_variants(raw))} variants x 4 seeds x 640 epochs" in warning
+    assert f"would train {len(ablation_variants(raw))} variants x 4 seeds x 640 epochs" in warning
     assert profiles.check("smoke") == []
     assert profiles.main(["paper", "--check"]) is None
     out, err = capsys.readouterr()

@@ -1,6 +1,5 @@
 """The report's arithmetic and wording on fabricated per-seed evaluation files."""
 
-import dataclasses
 import json
 import math
 
@@ -12,6 +11,7 @@ import yaml
 from safetensors.torch import save_file
 from scipy import stats as sp
 
+from conftest import with_ablation
 from pipeline.core import lineage, protocol
 from pipeline.experiments import affnist_report as ra
 from pipeline.experiments import table1_figures as t1_figures
@@ -766,7 +766,7 @@ def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
     gpu = committed_params(multimnist_pairs_per_digit=100)
     (line,) = [d for d in mm.deviations_of(gpu) if "MultiMNIST test set" in d]
     assert "100 partners per test digit, 1,000,000 pairs" in line and "SE ≤ 0.050 pp" in line  # √(¼ / 1e6) = 0.0005
-    no_multi = dataclasses.replace(gpu, ablation=dataclasses.replace(gpu.ablation, stacked=(), separate=("capsnet_r1",)))
+    no_multi = with_ablation(gpu, stacked=(), separate=("capsnet_r1",))
     assert not any("MultiMNIST" in d for d in mm.deviations_of(no_multi))
 
 
@@ -946,7 +946,7 @@ def test_deviations_list_each_recipe_present():
     committed = load_params(REPO / "params.yaml")
     listed = t1.deviations(committed, REFERENCE)
     assert all(d in listed for d in capsnet.PAPER_RECIPE_DEVIATIONS + capsnet.OFFICIAL_RECIPE_DEVIATIONS)
-    paper_only = dataclasses.replace(committed, ablation=dataclasses.replace(committed.ablation, stacked=(), separate=("capsnet_r1",)))
+    paper_only = with_ablation(committed, stacked=(), separate=("capsnet_r1",))
     listed = t1.deviations(paper_only, REFERENCE)
     assert capsnet.PAPER_RECIPE_DEVIATIONS[0] in listed and capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] not in listed
 
@@ -957,8 +957,7 @@ def test_an_official_recipe_alone_lists_no_paper_recipe_deviation_and_speeds_cit
     from pipeline.models import capsnet
 
     committed = load_params(REPO / "params.yaml")
-    official = dataclasses.replace(committed, ablation=dataclasses.replace(committed.ablation, stacked=(),
-                                                                           separate=("capsnet_r1_official",)))
+    official = with_ablation(committed, stacked=(), separate=("capsnet_r1_official",))
     listed = t1.deviations(official, REFERENCE)
     assert capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] in listed and capsnet.PAPER_RECIPE_DEVIATIONS[0] not in listed
     row = {"n_seeds": 3, "mde": 0.1, "seeds_needed": "–", "paper_protocol_hours": math.nan,
@@ -1170,9 +1169,8 @@ def test_the_report_stage_needs_a_run_lists_the_missing_names_a_superseded_recor
     from pipeline.core.params import load_params
     from pipeline.stages import report as report_stage
 
-    p = load_params(REPO / "params.yaml")
-    p = dataclasses.replace(p, ablation=dataclasses.replace(p.ablation, stacked=(), seeds=(0, 1),
-                                                            separate=("capsnet_r1", "capsnet_affnist", "cnn_affnist")))
+    p = with_ablation(load_params(REPO / "params.yaml"), stacked=(), seeds=(0, 1),
+                      separate=("capsnet_r1", "capsnet_affnist", "cnn_affnist"))
     with pytest.raises(UserError, match="no variant of params.yaml's ablation has an evaluation .* --missing list"):
         report_stage.run(p, tmp_path / "models", tmp_path / "results", tmp_path / "reports", missing="list")
     fabricate(tmp_path, "capsnet_r1", 0, 1.0, recon=False)
@@ -1227,8 +1225,7 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
     for seed in (0, 1):  # at a commit whose short hash is all digits: text in the CSVs all the same
         fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, recon=False, history=[3.0, 1.0 + seed],
                   commit="1527642c1676c11f37cb2c9166883de9eb153291")
-    p = load_params(REPO / "params.yaml")
-    p = dataclasses.replace(p, ablation=dataclasses.replace(p.ablation, stacked=(), separate=("capsnet_r1",), seeds=(0, 1)))
+    p = with_ablation(load_params(REPO / "params.yaml"), stacked=(), separate=("capsnet_r1",), seeds=(0, 1))
     for run in load(tmp_path, ["capsnet_r1"], [0, 1]):
         (tmp_path / "models" / "capsnet_r1" / f"seed{run.seed}" / "config.json").write_text(json.dumps(
             {**run.config, "params": {"device": "cpu"},

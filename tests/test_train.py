@@ -10,7 +10,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from conftest import REPO, Recorder, synthetic_digits, tiny_data, tiny_pipeline
+from conftest import REPO, Recorder, synthetic_digits, tiny_data, tiny_pipeline, with_ablation
 from mlflow.tracking import MlflowClient
 
 
@@ -416,10 +416,8 @@ def test_the_fan_out_items_are_the_stacked_variants_then_each_separate_variants_
     order; an item or index not there is one line saying what to do, and a hint names its stage."""
     from pipeline.core import stage_names as names
 
-    params = load_params(REPO / "params.yaml")
-    ablation = dataclasses.replace(params.ablation, seeds=[0, 2], stacked=["capsnet_r1"],
-                                   separate=["baseline_cnn", "cnn_affnist"])
-    params = dataclasses.replace(params, ablation=ablation)
+    params = with_ablation(load_params(REPO / "params.yaml"), seeds=[0, 2], stacked=["capsnet_r1"],
+                           separate=["baseline_cnn", "cnn_affnist"])
     items = names.items(params)
     assert items == ["capsnet_r1", "baseline_cnn-0", "baseline_cnn-2", "cnn_affnist-0", "cnn_affnist-2"]
     assert names.stage_names(params, "capsnet_r1") == [
