@@ -28,6 +28,13 @@ WEIGHT_RTOL = 1e-5
 # into the weights: up to 1.9e-5 measured on this project's AVX2 CPU (capsnet_r3_recon's digits.W,
 # behind routing's squashes; 2026-11-25), within 1e-5 on the AVX512 machine before it
 BMM_WEIGHT_RTOL = 5e-5
+# multimnist_r1_recon's seed 0 on this project's AMD EPYC (AVX2) CPU, torch 2.15 (2026-11-29): 7.2e-5 in
+# decoder.net.2.weight, all of it one of the decoder's 1024 ReLUs whose input sits on zero, which
+# rounding puts on one side in the vmapped (batched matmul) forward and on the other in the separate
+# run: 268 of that unit's 512 weights, and the weights feeding it, move by up to 5.8e-4 (half an Adam
+# step of lr 1e-3). The other seeds are within 5e-6, and the loop layout matches the separate run bit
+# for bit; within 1e-5 on the machines before
+MULTIMNIST_WEIGHT_RTOL = 2e-4
 
 
 def assert_close_in_norm(mine: torch.Tensor, theirs: torch.Tensor, where: str, bound: float = WEIGHT_RTOL) -> None:
@@ -83,7 +90,8 @@ def test_stacked_seeds_train_as_separate_runs(variant, tmp_path, small_cnns):
     stacked = train_group(cfgs, data, tmp_path / "stack.pt")
     for k, c in enumerate(cfgs):
         separate = train(c, data, tmp_path / f"seed{c.seed}.pt")
-        assert_same_run(stacked[k], separate, f"{variant} seed {c.seed}")
+        bound = MULTIMNIST_WEIGHT_RTOL if cfg.experiment_name == "multimnist" else WEIGHT_RTOL
+        assert_same_run(stacked[k], separate, f"{variant} seed {c.seed}", bound)
         images = data["test_images"][:16] if cfg.experiment_name != "multimnist" else mm.compose(
             data["test_images"], data["test_pairs"][:16], data["test_shifts"][:16])[0]
         (mine, mine_pred), (theirs, their_pred) = predict(stacked[k].model, images, 64), predict(separate.model, images, 64)
