@@ -137,7 +137,7 @@ CHECKPOINT_KEY = ("tests/test_train.py::"
                   "test_a_checkpoints_key_is_the_mathematics_alone_and_keys_written_before_its_new_fields_still_match")
 RUN_CONFIG = ("tests/test_train.py::"
               "test_a_run_config_takes_its_variant_s_settings_its_experiment_s_plan_the_profile_and_the_overrides")
-RUN_RECORD = "tests/test_tracking.py::test_a_run_records_its_commit_stage_experiment_host_slot_threads_and_versions"
+RUN_TAGS = "tests/test_tracking.py::test_a_run_records_its_commit_stage_experiment_host_slot_threads_and_versions"
 LEFTOVER_KEYS = (f"{PROFILES}::"
                  "test_leftover_keys_are_named_by_their_whole_path_and_a_key_on_one_side_is_missing_on_the_other")
 CPU_WARNING = f"{PROFILES}::test_only_a_long_profile_on_a_cpu_warns_and_check_prints_the_warning_and_stops"
@@ -2795,28 +2795,28 @@ MUTATIONS = [
              (f"{PROFILE}::test_each_of_the_top_kernels_names_its_category",)),
     Mutation("a run's tags drop its DVC stage", "pipeline/core/provenance.py",
              '        "dvc_stage": os.environ.get("DVC_STAGE", ""),\n        "dvc_exp_name"', '        "dvc_stage": "",\n        "dvc_exp_name"',
-             (RUN_RECORD,)),
+             (RUN_TAGS,)),
     Mutation("a run's tags drop its DVC experiment", "pipeline/core/provenance.py",
              '"dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),', '"dvc_exp_name": "",',
-             (RUN_RECORD,)),
+             (RUN_TAGS,)),
     Mutation("a run does not record the GPUs its slot was given", "pipeline/core/provenance.py",
              '"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),', '"cuda_visible_devices": "",',
-             (RUN_RECORD,)),
+             (RUN_TAGS,)),
     Mutation("a run records one CPU thread whatever it used", "pipeline/core/provenance.py",
              '"cpu_threads": str(torch.get_num_threads()),', '"cpu_threads": "1",',
-             (RUN_RECORD,)),
+             (RUN_TAGS,)),
     Mutation("a run does not record its torch version", "pipeline/core/provenance.py",
              '"torch_version": torch.__version__,', '"torch_version": "",',
-             (RUN_RECORD,)),
+             (RUN_TAGS,)),
     Mutation("a run does not record its Python version", "pipeline/core/provenance.py",
              '"python_version": platform.python_version(),', '"python_version": "",',
-             (RUN_RECORD,)),
+             (RUN_TAGS,)),
     Mutation("a run's environment drops its DVC stage", "pipeline/core/provenance.py",
              '        "dvc_stage": os.environ.get("DVC_STAGE", ""),\n        **placement(),', '        "dvc_stage": "",\n        **placement(),',
-             (RUN_RECORD,)),
+             (RUN_TAGS,)),
     Mutation("a run does not record its host", "pipeline/core/provenance.py",
              '"host": platform.node(),', '"host": "",',
-             (RUN_RECORD,)),
+             (RUN_TAGS,)),
     Mutation("a leftover key is named by its last two parts", "pipeline/profiles.py",
              'out.update(flatten(value, f"{prefix}{key}."))', 'out.update(flatten(value, f"{key}."))',
              (LEFTOVER_KEYS,)),

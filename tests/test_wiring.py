@@ -2,6 +2,7 @@
 equation tests. Each test here fails when the switch it names is cut (scripts/mutate.py applies
 those cuts to a scratch copy and runs these tests)."""
 
+import ast
 import dataclasses
 
 import pytest
@@ -212,6 +213,15 @@ def test_every_mutation_still_finds_the_line_it_cuts():
     gone = [t for m in mutate.MUTATIONS for t in m.tests if "::" in t
             and f"def {t.split('::')[1].split('[')[0]}(" not in (REPO / t.split("::")[0]).read_text()]
     assert not gone, f"mutations naming tests that do not exist: {gone}"  # a parameter id: mutate.py says BROKEN
+
+
+def test_each_test_id_constant_of_the_mutation_list_is_bound_once():
+    """A second ``RUN_RECORD = …`` (2026-11-28) silently moved three older mutations onto another
+    test, which did not catch them; a sweep would have called the three bugs untested."""
+    tree = ast.parse((REPO / "scripts" / "mutate.py").read_text())
+    names = [target.id for node in tree.body if isinstance(node, ast.Assign)
+             for target in node.targets if isinstance(target, ast.Name)]
+    assert not [name for name in set(names) if names.count(name) > 1]
 
 
 def test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught():
