@@ -913,6 +913,34 @@ def test_run_provenance_shows_what_each_run_recorded_and_nothing_else(tmp_path):
     assert "### Each run as it recorded itself" in text and "| capsnet_r1 | 1 | c0ffee0123456789abcdef0123456789abcdef01 | not recorded | 1e-08 |" in text
 
 
+def test_what_a_run_did_not_record_reads_not_recorded_never_a_default(tmp_path):
+    """A run read from its own files: a field its record lacks (profile, stop reason, torch version,
+    amp, compile, deterministic; a history without a learning-rate column) is "not recorded", never
+    today's default. Its schedule lists an lr setting the formula does not name after the formula; its
+    best epoch is the epoch its history names, not the row's position; an error rate with no image
+    count beside it (none, or 0) is read as stored, not as a count over n."""
+    fabricate(tmp_path, "capsnet_r1", 0, 1.0, history=[3.0, 1.0, 2.0])
+    model_dir = tmp_path / "models" / "capsnet_r1" / "seed0"
+    record = json.loads((model_dir / "config.json").read_text())
+    for key in ("profile", "amp", "compile", "deterministic"):
+        del record["config"][key]
+    del record["stop_reason"], record["environment"]["torch_version"]
+    record["config"]["lr_warmup_steps"] = 500
+    (model_dir / "config.json").write_text(json.dumps(record))
+    history = pd.read_csv(model_dir / "history.csv").drop(columns="lr")
+    history["epoch"] += 10  # a history that goes on from epoch 11
+    history.to_csv(model_dir / "history.csv", index=False)
+    [run] = load(tmp_path, ["capsnet_r1"], [0])
+    assert run.schedule == ("not recorded profile: 3 epochs × batch 128, lr 0.001·0.96^(step/2000) ≥ 1e-06, "
+                            "lr_warmup_steps 500")
+    assert math.isnan(run.final_lr) and rr.best_epoch(run.history) == (1.0, 12)
+    row = rr.run_provenance([run]).iloc[0]
+    assert row[["stop_reason", "torch", "amp", "compile", "deterministic"]].tolist() == ["not recorded"] * 5
+    for n in (None, 0):
+        assert rr.uniform_metrics({"error_pct": 0.38999998942017555, "n_test": n}, "test", "x")["error_pct"] == (
+            0.38999998942017555)
+
+
 def test_both_recipes_side_by_side_with_best_epoch_column(tmp_path):
     for seed, (err, history) in enumerate([(1.0, [3.0, 0.5, 1.0]), (2.0, [2.5, 2.0, 2.0])]):
         fabricate(tmp_path, "capsnet_r3_recon", seed, err, history=history)
