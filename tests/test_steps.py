@@ -5,6 +5,7 @@ across an epoch boundary and a resume, for one seed and three stacked, in every 
 The capture itself is tested on CUDA (tests/test_gpu.py)."""
 
 import dataclasses
+import types
 import warnings
 
 import pytest
@@ -111,6 +112,61 @@ def test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_s
     assert step.sums.abs().sum() == 0 and step.first_bad.tolist() == [-1] * 3 and int(step.global_step) == 30
 
 
+def test_a_step_hands_back_its_parts_detached_and_autocasts_with_the_weight_cache_it_is_given(monkeypatch):
+    """`training_step` returns (S, 3) loss parts that hold no graph (the epoch's sums would keep every
+    step's), and autocast's cache of cast weights is its caller's: on by default, off for a captured
+    step (`CapturedStep.run`), whose replays would reuse the casts made at capture."""
+    seen, real = [], torch.autocast
+
+    def autocast(*args, **kwargs):
+        seen.append(kwargs.get("cache_enabled"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    weight = torch.nn.Parameter(torch.ones(2, 3))
+    optimizer = torch.optim.Adam([weight])
+    batch = types.SimpleNamespace(x=torch.ones(2, 4))
+    loss_fn = lambda batch, keep: weight * batch.x.sum()  # noqa: E731 (S, 3)
+    parts = steps.training_step(loss_fn, optimizer, None, batch, None, torch.ones(2), False)
+    assert parts.grad_fn is None and not parts.requires_grad and parts.tolist() == [[8.0] * 3] * 2
+    steps.training_step(loss_fn, optimizer, None, batch, None, torch.ones(2), False, cache=False)
+    captured = steps.CapturedStep(None, None, loss_fn, optimizer, None, [None, None], False, 1, torch.device("cpu"),
+                                  [1e-3, 1e-3])
+    captured.begin_epoch(0, [None, None], torch.ones(2))
+    monkeypatch.setattr(steps, "draw_step", lambda *args: (batch, None))
+    captured.run()
+    assert seen == [True, False, False]
+
+
+def test_a_step_whose_reconstruction_alone_is_not_finite_is_a_non_finite_step():
+    """The total is what a step trains on: an infinite reconstruction beside a finite margin is its
+    seed's first non-finite step."""
+    step = steps.EagerStep(None, None, None, None, None, [None, None], False, 10, torch.device("cpu"))
+    step.begin_epoch(0, [None] * 2, torch.ones(2))
+    step._tally(torch.tensor([[float("inf"), 0.5, float("inf")], [1.0, 0.5, 0.5]]))
+    assert step.first_bad.tolist() == [0, -1]
+
+
+def test_the_learning_rate_a_step_reports_is_the_next_steps_and_the_optimizer_keeps_its_float_rate():
+    """The progress bar's rate (`last_lr`) after k steps is lr·λ(k), the next step's, in both steps;
+    `tensor_lr` lends the optimizer a device rate inside its block only, even one left by an error."""
+    cfg = config("capsnet_r1")
+    weight = torch.nn.Parameter(torch.ones(2, 3))
+    optimizer, scheduler = make_optimizer(torch.nn.ParameterList([weight]), cfg, torch.device("cpu"))
+    eager = steps.EagerStep(None, None, None, optimizer, scheduler, [None], False, 2, torch.device("cpu"))
+    for _ in range(2):  # what an eager step does (no gradient: Adam moves nothing)
+        optimizer.step()
+        scheduler.step()
+    table = schedule(cfg, 4)
+    assert eager.last_lr(2) == table[2] == pytest.approx(cfg.lr * 0.7 ** 2)
+    assert steps.CapturedStep.last_lr(types.SimpleNamespace(lr_values=table), 3) == table[3]
+    optimizer.param_groups[0]["lr"] = 0.25
+    with pytest.raises(RuntimeError), steps.tensor_lr(optimizer, torch.tensor(0.5)):
+        assert torch.equal(optimizer.param_groups[0]["lr"], torch.tensor(0.5))
+        raise RuntimeError("a failed step")
+    assert optimizer.param_groups[0]["lr"] == 0.25
+
+
 def test_a_checkpoint_of_the_capturable_step_resumes_eagerly_and_back(tmp_path, monkeypatch):
     """train.cuda_graph is a speed lever, outside the checkpoint key: a run killed under it resumes
     without it (and the other way round) and ends where an uninterrupted run ends."""
@@ -189,6 +245,8 @@ def test_a_failed_capture_says_so_and_trains_on_uncaptured_from_the_same_state(t
     import contextlib
 
     def failing_graph(graph):
+        for group in made[0].optimizer.param_groups:  # what CapturedStep sets on CUDA: Adam on the CPU refuses it
+            group["capturable"] = True
         raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
 
     stream = type("FakeStream", (), {"wait_stream": lambda self, other: None})
