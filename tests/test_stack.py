@@ -102,11 +102,69 @@ def test_stacked_seeds_train_as_separate_runs(variant, tmp_path, small_cnns):
     assert not torch.equal(next(iter(stacked[0].model.parameters())), next(iter(stacked[1].model.parameters())))
 
 
+def test_a_cnns_loss_is_its_margin_or_cross_entropy_in_fp32_and_lossof_scores_multimnist_on_its_targets():
+    """A CNN's loss (no reconstruction: 0) is MultiMNIST's margin loss with both classes present, else
+    cross-entropy, on its scores in fp32 even where autocast gave them in bf16; `LossOf` (the gradient
+    checks, the bench) scores a MultiMNIST CapsNet's reconstructions against each digit alone."""
+    from pipeline.models.capsnet import CapsNet, margin_loss
+    from pipeline.training.stack import LossOf, compute_loss
+
+    torch.manual_seed(0)
+    linear, x = torch.nn.Linear(16, 10), torch.randn(4, 1, 4, 4)
+    cnn = lambda images: linear(images.flatten(1))  # noqa: E731
+    pairs, labels = torch.tensor([[1, 2], [3, 4], [0, 9], [5, 7]]), torch.tensor([1, 3, 0, 5])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        total, margin, reconstruction = compute_loss(cnn, x, pairs, None)
+        scores = cnn(x)
+    assert scores.dtype == torch.bfloat16 and total.dtype == torch.float32
+    assert torch.equal(total, margin_loss(scores.float(), pairs)) and torch.equal(margin, total)
+    assert float(reconstruction) == 0.0
+    assert torch.equal(compute_loss(cnn, x, labels, None)[0], torch.nn.functional.cross_entropy(cnn(x), labels))
+    model, images = CapsNet(1, True, 36, 10, "paper"), torch.rand(2, 1, 36, 36)
+    targets, pairs = torch.rand(2, 2, 1, 36, 36), torch.tensor([[1, 2], [3, 4]])
+    theirs = compute_loss(model, images, pairs, "paper", targets)
+    mine = LossOf(model, "paper")(images, pairs, targets)
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    assert not torch.equal(mine[2], compute_loss(model, images, pairs, "paper")[2])  # the input is not each digit
+
+
+def test_loss_function_compiles_in_the_mode_it_is_given_only_under_train_compile(monkeypatch):
+    """`loss_function` (the CUDA tests' single model): torch.compile in ``compile_mode`` where cfg.compile
+    says so, else the `LossOf` module itself."""
+    from pipeline.training.stack import LossOf, loss_function
+
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: modes.append(mode) or ("compiled", fn))
+    model = torch.nn.Linear(2, 2)
+    plain = loss_function(model, dataclasses.replace(config("baseline_cnn"), compile=False), "max-autotune")
+    assert isinstance(plain, LossOf) and plain.model is model and plain.recipe is None and modes == []
+    tag, fn = loss_function(model, dataclasses.replace(config("capsnet_r1"), compile=True), "max-autotune")
+    assert tag == "compiled" and fn.model is model and fn.recipe == "paper" and modes == ["max-autotune"]
+
+
+def test_compiled_compiles_the_whole_stack_in_its_mode_or_in_the_streams_layout_each_seeds_loss(monkeypatch):
+    """train.compile: one graph of the whole stack, in train.compile_mode; in the streams layout of
+    several seeds, each seed's loss compiled (a graph launches on one stream) and the stack itself run."""
+    from pipeline.training.stack import SeedStack, compiled
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: calls.append((fn, mode)) or "compiled")
+    models = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+    fused = SeedStack(models, None, "fused")
+    assert compiled(fused, "reduce-overhead") == "compiled" and calls == [(fused, "reduce-overhead")]
+    streams = SeedStack(models, None, "streams")
+    assert compiled(streams, "max-autotune") is streams and streams.compiled_one == "compiled"
+    assert calls[1] == (streams._one, "max-autotune")
+    alone = SeedStack(models[:1], None, "streams")  # one seed has no streams to keep apart
+    assert compiled(alone) == "compiled" and calls[2] == (alone, "default")
+
+
 @pytest.mark.parametrize("conv", [
     torch.nn.Conv2d(1, 16, 9),  # CapsNet's conv1 (256 channels in the paper)
     torch.nn.Conv2d(16, 32, 9, stride=2),  # PrimaryCaps (256 -> 256 in the paper)
     torch.nn.Conv2d(8, 8, 5, padding=2),  # the CNNs' 5×5 SAME convolutions
     torch.nn.Conv2d(8, 4, 5, padding=2, bias=False),
+    torch.nn.Conv2d(4, 4, (3, 5), stride=(1, 2), padding=(2, 1), dilation=2),  # none of the models': each of its terms
 ])
 def test_a_convolution_as_a_matrix_product_computes_the_convolution(conv):
     """`conv2d_as_matmul` (the bmm layout) against conv2d: outputs and both gradients within 1e-5 in
@@ -121,6 +179,81 @@ def test_a_convolution_as_a_matrix_product_computes_the_convolution(conv):
     for a, b, what in zip(torch.autograd.grad(mine.square().sum(), [x, conv.weight]),
                           torch.autograd.grad(theirs.square().sum(), [x, conv.weight]), ("input", "weight")):
         assert_close_in_norm(a, b, f"{conv} {what} gradient")
+
+
+@pytest.mark.parametrize("conv", [torch.nn.Conv2d(4, 4, 3, groups=2),
+                                  torch.nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"),
+                                  torch.nn.Conv2d(4, 4, 3, padding="same")])
+def test_a_convolution_the_matrix_product_cannot_compute_is_refused(conv):
+    """Grouped, not zero-padded, or padded by name: `conv2d_as_matmul` computes none of these."""
+    from pipeline.training.stack import conv2d_as_matmul
+
+    with pytest.raises(ValueError, match="ungrouped, zero-padded convolutions with numeric padding"):
+        conv2d_as_matmul(conv, torch.randn(1, 4, 8, 8))
+
+
+def test_a_stack_refuses_an_unknown_layout_buffers_and_dropout_it_cannot_reproduce():
+    """`SeedStack` stacks parameters only, so a model with buffers (a batch norm's running statistics)
+    is refused; so is dropout without ``dropout_keep`` (its masks would come from the global generator)
+    and a layout that is not one of train.stack_layout's."""
+    from pipeline.training.stack import SeedStack
+
+    linear = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"layout must be one of .*'fused'.*, got 'diagonal'"):
+        SeedStack([linear], None, "diagonal")
+    with pytest.raises(ValueError, match="stacks parameters only; these models have buffers"):
+        SeedStack([torch.nn.BatchNorm1d(2)], None)
+    with pytest.raises(ValueError, match="Sequential has dropout but no dropout_keep"):
+        SeedStack([torch.nn.Sequential(linear, torch.nn.Dropout(0.5))], None)
+
+
+def test_the_loop_layout_runs_each_seeds_model_in_turn_and_the_fused_one_vmaps_them(monkeypatch):
+    """"loop": each seed's own kernels, one after another (what a separate run computes, exactly);
+    "fused": one vmapped computation of every seed; one seed is the loop of one, whatever the layout."""
+    from pipeline.training import stack as stack_module
+    from pipeline.training.experiment import Batch
+
+    mapped = []
+    real = stack_module.vmap
+    monkeypatch.setattr(stack_module, "vmap", lambda fn, in_dims: mapped.append(in_dims) or real(fn, in_dims))
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)) for _ in range(2)]
+    batch = Batch(torch.rand(2, 5, 1, 2, 2), torch.randint(0, 3, (2, 5)), None)
+    parts = stack_module.SeedStack(models, None, "loop")(batch, None)
+    assert mapped == []
+    for k, model in enumerate(models):
+        assert torch.equal(parts[k], torch.stack(stack_module.compute_loss(model, batch.x[k], batch.labels[k], None)))
+    stack_module.SeedStack(models, None, "fused")(batch, None)
+    assert mapped == [(0, 0, 0, None, None)]
+    alone = stack_module.SeedStack(models[:1], None, "streams")  # one seed: the loop of one, no streams
+    alone(Batch(batch.x[:1], batch.labels[:1], None), None)
+    assert alone.seed_streams is None and len(mapped) == 1
+
+
+def test_a_one_seed_stack_holds_its_models_own_weights_and_several_seeds_stack_copies_of_theirs():
+    """S = 1 is a separate run: its stacked weight is a view of the model's own parameter (its memory
+    layout, channels_last included, and no copy); S seeds' weights are stacked in seed order."""
+    from pipeline.training.stack import SeedStack
+
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    weight, _ = SeedStack([first], None).weights
+    assert weight.shape == (1, 2, 2) and weight.data_ptr() == first.weight.data_ptr()
+    weight, _ = SeedStack([first, second], None).weights
+    assert torch.equal(weight[0], first.weight) and torch.equal(weight[1], second.weight)
+    assert weight.data_ptr() != first.weight.data_ptr()
+
+
+def test_one_seeds_batch_is_a_view_of_its_own_and_several_are_stacked_on_a_leading_axis():
+    """`stack_batches`: a separate run's batch gains its seed axis as a view (no per-step copy); S
+    seeds' are stacked, a field that is None staying None."""
+    from pipeline.training.experiment import Batch
+    from pipeline.training.stack import stack_batches
+
+    one = Batch(torch.rand(4, 1, 2, 2), torch.arange(4), None)
+    alone = stack_batches([one])
+    assert alone.x.shape == (1, 4, 1, 2, 2) and alone.x.data_ptr() == one.x.data_ptr() and alone.targets is None
+    two = stack_batches([one, Batch(torch.rand(4, 1, 2, 2), torch.arange(4) + 1, None)])
+    assert two.labels.tolist() == [[0, 1, 2, 3], [1, 2, 3, 4]] and two.targets is None
 
 
 @pytest.mark.parametrize("variant", ["capsnet_r3_recon", "baseline_cnn"])
