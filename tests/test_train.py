@@ -210,6 +210,33 @@ def test_without_a_target_every_epoch_runs(tmp_path):
     assert result.stop_reason == "budget" and len(result.history) == 2
 
 
+def test_each_variant_builds_the_model_its_params_name_with_its_routing_reconstruction_and_recipe():
+    from pipeline.models.capsnet import CapsNetConfig
+
+    params = load_params(REPO / "params.yaml")
+    classes = {"capsnet": "CapsNet", "pooling_cnn": "PoolingCNN", "multimnist_cnn": "MultiMNISTCNN",
+               "baseline_cnn": "BaselineCNN"}
+    assert {v.model for v in params.variants.values()} == classes.keys()
+    for variant in params.variants:
+        cfg = run_config(params, variant, 0)
+        with torch.device("meta"):
+            model = train_module.build_model(cfg)
+        assert type(model).__name__ == classes[cfg.model], variant
+        if cfg.model == "capsnet":
+            assert model.config == CapsNetConfig(cfg.routing_iterations, cfg.reconstruction, cfg.image_size,
+                                                 cfg.num_classes, cfg.recipe), variant
+
+
+def test_the_device_auto_is_cuda_where_torch_sees_one_and_a_cuda_device_torch_cannot_see_is_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert train_module.resolve_device("auto") == torch.device("cuda")
+    assert train_module.resolve_device("cuda:1") == torch.device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert train_module.resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(UserError, match=r"train.device is 'cuda:1' but torch .* sees no CUDA device; set train.device"):
+        train_module.resolve_device("cuda:1")
+
+
 @pytest.mark.parametrize("accuracy,target,reached", [(99.23, 99.23, True), (99.22, 99.23, False),
                                                      (100.0, 0.0, False), (50.0, 40.0, True)])
 def test_target_reached(accuracy, target, reached):
