@@ -227,6 +227,38 @@ def test_each_variant_builds_the_model_its_params_name_with_its_routing_reconstr
                                                  cfg.num_classes, cfg.recipe), variant
 
 
+def test_amp_on_a_cpu_says_so_and_trains_in_fp32(tmp_path):
+    """train.amp is bf16 autocast on CUDA only: on a CPU the run warns and trains what fp32 trains."""
+    cfg, data = tiny_config(epochs=1, amp=True), tiny_data(n_train=32)
+    with pytest.warns(UserWarning, match="train.amp is on but the device is not CUDA: training in fp32"):
+        mine = train(cfg, data, tmp_path / "amp.pt")
+    theirs = train(dataclasses.replace(cfg, amp=False), data, tmp_path / "fp32.pt")
+    for name, value in theirs.model.state_dict().items():
+        assert torch.equal(mine.model.state_dict()[name], value), name
+
+
+def test_a_batch_larger_than_an_epoch_is_one_line_before_any_step(tmp_path):
+    with pytest.raises(UserError, match=r"^train.batch_size 64 exceeds the 32 training examples of an epoch$"):
+        train(tiny_config(batch_size=64), tiny_data(n_train=32), tmp_path / "c.pt")
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_each_seed_of_a_group_keeps_its_extras_counts_its_own_images_and_says_it_trained_stacked(tmp_path, capsys):
+    """A group's checkpoint carries each seed's extras (its tracking run id: a resume logs on into
+    it); each seed's images/s counts its own images, not the group's; its epoch line says it was stacked."""
+    cfgs = [tiny_config(epochs=1, seed=s) for s in (0, 1)]
+    results = train_module.train_group(cfgs, tiny_data(n_train=32), tmp_path / "g.pt",
+                                       extras=[{"run_id": "a"}, {"run_id": "b"}])
+    state = torch.load(tmp_path / "g.pt", weights_only=False)
+    assert [s["extra"] for s in state["seeds"]] == [{"run_id": "a"}, {"run_id": "b"}]
+    for result in results:
+        [epoch] = result.history
+        assert epoch["train_images_per_second"] * epoch["epoch_seconds"] == pytest.approx(2 * 16)
+    lines = [line for line in capsys.readouterr().out.splitlines() if " epoch 1/1: " in line]
+    assert [line.split(" epoch")[0] for line in lines] == ["capsnet_r1 seed0", "capsnet_r1 seed1"]
+    assert all(line.endswith(" img/s (2 seeds stacked)") for line in lines)
+
+
 def test_the_device_auto_is_cuda_where_torch_sees_one_and_a_cuda_device_torch_cannot_see_is_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert train_module.resolve_device("auto") == torch.device("cuda")
