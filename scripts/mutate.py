@@ -179,6 +179,14 @@ ONE_SEED_STACK = f"{STACK}::test_a_one_seed_stack_holds_its_models_own_weights_a
 LOOP_LAYOUT = f"{STACK}::test_the_loop_layout_runs_each_seeds_model_in_turn_and_the_fused_one_vmaps_them"
 COMPILED_STACK = (f"{STACK}::"
                   "test_compiled_compiles_the_whole_stack_in_its_mode_or_in_the_streams_layout_each_seeds_loss")
+TRAIN_TESTS = "tests/test_train.py"
+DEVICE_AUTO = (f"{TRAIN_TESTS}::"
+               "test_the_device_auto_is_cuda_where_torch_sees_one_and_a_cuda_device_torch_cannot_see_is_one_line")
+BUILT_MODEL = (f"{TRAIN_TESTS}::"
+               "test_each_variant_builds_the_model_its_params_name_with_its_routing_reconstruction_and_recipe")
+AMP_ON_CPU = f"{TRAIN_TESTS}::test_amp_on_a_cpu_says_so_and_trains_in_fp32"
+GROUP_EXTRAS = (f"{TRAIN_TESTS}::"
+                "test_each_seed_of_a_group_keeps_its_extras_counts_its_own_images_and_says_it_trained_stacked")
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -3146,6 +3154,42 @@ MUTATIONS = [
     Mutation("the whole stack compiles in the default mode whatever train.compile_mode says", "pipeline/training/stack.py",
              "    return torch.compile(stack, mode=mode)", "    return torch.compile(stack)",
              (COMPILED_STACK,)),
+    Mutation("train.device auto never picks CUDA", "pipeline/training/train.py",
+             'return torch.device("cuda" if torch.cuda.is_available() else "cpu")', 'return torch.device("cpu")',
+             (DEVICE_AUTO,)),
+    Mutation("a CUDA device torch cannot see is taken", "pipeline/training/train.py",
+             'if device.type == "cuda" and not torch.cuda.is_available():', "if False:",
+             (DEVICE_AUTO,)),
+    Mutation("§5.2's pooling CNN is built as the baseline CNN", "pipeline/training/train.py",
+             '    if cfg.model == "pooling_cnn":\n        return PoolingCNN', "    if False:\n        return PoolingCNN",
+             (BUILT_MODEL,)),
+    Mutation("MultiMNIST's CNN is built as the baseline CNN", "pipeline/training/train.py",
+             '    if cfg.model == "multimnist_cnn":\n        return MultiMNISTCNN', "    if False:\n        return MultiMNISTCNN",
+             (BUILT_MODEL,)),
+    Mutation("every CapsNet routes 3 times whatever its variant says", "pipeline/training/train.py",
+             "CapsNet(cfg.routing_iterations, cfg.reconstruction,", "CapsNet(3, cfg.reconstruction,",
+             (BUILT_MODEL,)),
+    Mutation("every CapsNet has a decoder whatever its variant says", "pipeline/training/train.py",
+             "CapsNet(cfg.routing_iterations, cfg.reconstruction,", "CapsNet(cfg.routing_iterations, True,",
+             (BUILT_MODEL,)),
+    Mutation("train.amp autocasts on a CPU", "pipeline/training/train.py",
+             'amp = cfg.amp and device.type == "cuda"', "amp = cfg.amp",
+             (AMP_ON_CPU,)),
+    Mutation("train.amp on a CPU trains fp32 without saying so", "pipeline/training/train.py",
+             "    if cfg.amp and not amp:\n        warnings.warn", "    if False:\n        warnings.warn",
+             (AMP_ON_CPU,)),
+    Mutation("a batch larger than an epoch trains no step instead of one line", "pipeline/training/train.py",
+             "    if steps_per_epoch == 0:\n        raise", "    if False:\n        raise",
+             (f"{TRAIN_TESTS}::test_a_batch_larger_than_an_epoch_is_one_line_before_any_step",)),
+    Mutation("a group's checkpoint drops each seed's extras (its tracking run id)", "pipeline/training/train.py",
+             "seeds = [_Seed(extra=dict(e or {})) for e in (extras or [None] * n_seeds)]", "seeds = [_Seed() for _ in range(n_seeds)]",
+             (GROUP_EXTRAS,)),
+    Mutation("each seed's images/s counts the whole group's images", "pipeline/training/train.py",
+             '"train_images_per_second": steps_per_epoch * cfg.batch_size / seconds', '"train_images_per_second": steps_per_epoch * cfg.batch_size * n_seeds / seconds',
+             (GROUP_EXTRAS,)),
+    Mutation("a stacked seed's epoch line does not say it was stacked", "pipeline/training/train.py",
+             'f"{f\' ({n_seeds} seeds stacked)\' if n_seeds > 1 else \'\'}"', '""',
+             (GROUP_EXTRAS,)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts
