@@ -259,6 +259,23 @@ def test_each_seed_of_a_group_keeps_its_extras_counts_its_own_images_and_says_it
     assert all(line.endswith(" img/s (2 seeds stacked)") for line in lines)
 
 
+def test_a_non_finite_loss_in_a_group_names_the_seed_it_came_from_at_the_next_read(tmp_path, monkeypatch):
+    """The loop reads the tallies every log_every steps: a NaN total of seed 1 at the first of an
+    epoch's two steps stops the group after that step, naming seed 1."""
+    real, steps_run = stack_module.SeedStack.forward, []
+    seed1 = torch.tensor([[False] * 3, [True, False, False]])  # seed 1's total
+
+    def forward(self, batch, keep):
+        steps_run.append(1)
+        return torch.where(seed1, float("nan"), real(self, batch, keep))
+
+    monkeypatch.setattr(stack_module.SeedStack, "forward", forward)
+    with pytest.raises(NonFiniteLossError, match=r"^capsnet_r1 seed 1: non-finite loss at step 0 \(epoch 1\)"):
+        train_module.train_group([tiny_config(epochs=1, seed=s, log_every=1) for s in (0, 1)], tiny_data(n_train=32),
+                                 tmp_path / "g.pt")
+    assert len(steps_run) == 1
+
+
 def test_the_device_auto_is_cuda_where_torch_sees_one_and_a_cuda_device_torch_cannot_see_is_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert train_module.resolve_device("auto") == torch.device("cuda")
