@@ -187,6 +187,8 @@ BUILT_MODEL = (f"{TRAIN_TESTS}::"
 AMP_ON_CPU = f"{TRAIN_TESTS}::test_amp_on_a_cpu_says_so_and_trains_in_fp32"
 GROUP_EXTRAS = (f"{TRAIN_TESTS}::"
                 "test_each_seed_of_a_group_keeps_its_extras_counts_its_own_images_and_says_it_trained_stacked")
+NON_FINITE_GROUP = (f"{TRAIN_TESTS}::"
+                    "test_a_non_finite_loss_in_a_group_names_the_seed_it_came_from_at_the_next_read")
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -3190,6 +3192,12 @@ MUTATIONS = [
     Mutation("a stacked seed's epoch line does not say it was stacked", "pipeline/training/train.py",
              'f"{f\' ({n_seeds} seeds stacked)\' if n_seeds > 1 else \'\'}"', '""',
              (GROUP_EXTRAS,)),
+    Mutation("a group's non-finite loss is blamed on its first seed", "pipeline/training/train.py",
+             "k = int((first_bad >= 0).nonzero()[0])", "k = 0",
+             (NON_FINITE_GROUP,)),
+    Mutation("a non-finite loss is looked for only at the end of an epoch", "pipeline/training/train.py",
+             "if (step + 1) % cfg.log_every == 0 or step + 1 == steps_per_epoch:", "if step + 1 == steps_per_epoch:",
+             (NON_FINITE_GROUP,)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts
