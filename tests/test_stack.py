@@ -164,7 +164,7 @@ def test_compiled_compiles_the_whole_stack_in_its_mode_or_in_the_streams_layout_
     torch.nn.Conv2d(16, 32, 9, stride=2),  # PrimaryCaps (256 -> 256 in the paper)
     torch.nn.Conv2d(8, 8, 5, padding=2),  # the CNNs' 5×5 SAME convolutions
     torch.nn.Conv2d(8, 4, 5, padding=2, bias=False),
-    torch.nn.Conv2d(4, 4, (3, 5), stride=(1, 2), padding=(2, 1), dilation=2),  # none of the models': each of its terms
+    torch.nn.Conv2d(4, 4, (3, 5), stride=(1, 2), padding=(2, 1), dilation=2),  # no model's: every term of H', W'
 ])
 def test_a_convolution_as_a_matrix_product_computes_the_convolution(conv):
     """`conv2d_as_matmul` (the bmm layout) against conv2d: outputs and both gradients within 1e-5 in

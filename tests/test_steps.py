@@ -159,7 +159,8 @@ def test_the_learning_rate_a_step_reports_is_the_next_steps_and_the_optimizer_ke
         scheduler.step()
     table = schedule(cfg, 4)
     assert eager.last_lr(2) == table[2] == pytest.approx(cfg.lr * 0.7 ** 2)
-    assert steps.CapturedStep.last_lr(types.SimpleNamespace(lr_values=table), 3) == table[3]
+    captured = steps.CapturedStep(None, None, None, optimizer, scheduler, [None], False, 2, torch.device("cpu"), table)
+    assert captured.last_lr(3) == table[3]
     optimizer.param_groups[0]["lr"] = 0.25
     with pytest.raises(RuntimeError), steps.tensor_lr(optimizer, torch.tensor(0.5)):
         assert torch.equal(optimizer.param_groups[0]["lr"], torch.tensor(0.5))
