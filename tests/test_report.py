@@ -85,6 +85,15 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
                   "epoch_seconds": [1.0] * len(history)}).to_csv(model_dir / "history.csv", index=False)
 
 
+def edit_record(root, variant, seed, edit):
+    """Rewrite a fabricated run's config.json as ``edit`` changes the record in place, for what
+    `fabricate`'s parameters do not reach (a field removed, a record as an older run wrote it)."""
+    path = root / "models" / variant / f"seed{seed}" / "config.json"
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+
+
 def fabricate_cnn_affnist(root, seed, **kw):
     """`fabricate` §5.2's CNN (pooling_cnn on the 40×40 canvas, no decoder) at 1 % expanded-MNIST error."""
     fabricate(root, "cnn_affnist", seed, 1.0, model="pooling_cnn", recon=False, image_size=40, **kw)
@@ -861,8 +870,7 @@ def test_a_seed_trained_again_sets_its_published_record_aside_and_the_report_kee
     for seed in (0, 1):
         fabricate(first, "capsnet_r3", seed, 1.0, commit="17bb48c")
     fabricate(again, "capsnet_r3", 0, 0.5, commit="b8f3efe", lr_schedule_epochs=640)
-    config = again / "models" / "capsnet_r3" / "seed0" / "config.json"
-    config.write_text(json.dumps(json.loads(config.read_text()) | {"run_id": "again-0"}))
+    edit_record(again, "capsnet_r3", 0, lambda record: record.update(run_id="again-0"))
     for _ in range(2):  # publishing the same runs again replaces their records in place
         publish.publish_runs(first / "models", first / "results", pub)
     assert not (pub / "earlier").exists()
@@ -920,13 +928,14 @@ def test_what_a_run_did_not_record_reads_not_recorded_never_a_default(tmp_path):
     best epoch is the epoch its history names, not the row's position; an error rate with no image
     count beside it (none, or 0) is read as stored, not as a count over n."""
     fabricate(tmp_path, "capsnet_r1", 0, 1.0, history=[3.0, 1.0, 2.0])
+
+    def unrecorded(record):
+        for key in ("profile", "amp", "compile", "deterministic"):
+            del record["config"][key]
+        del record["stop_reason"], record["environment"]["torch_version"]
+        record["config"]["lr_warmup_steps"] = 500
+    edit_record(tmp_path, "capsnet_r1", 0, unrecorded)
     model_dir = tmp_path / "models" / "capsnet_r1" / "seed0"
-    record = json.loads((model_dir / "config.json").read_text())
-    for key in ("profile", "amp", "compile", "deterministic"):
-        del record["config"][key]
-    del record["stop_reason"], record["environment"]["torch_version"]
-    record["config"]["lr_warmup_steps"] = 500
-    (model_dir / "config.json").write_text(json.dumps(record))
     history = pd.read_csv(model_dir / "history.csv").drop(columns="lr")
     history["epoch"] += 10  # a history that goes on from epoch 11
     history.to_csv(model_dir / "history.csv", index=False)
@@ -1254,10 +1263,10 @@ def test_report_stage_writes_every_declared_output_whatever_the_variants(tmp_pat
         fabricate(tmp_path, "capsnet_r1", seed, 1.0 + seed, recon=False, history=[3.0, 1.0 + seed],
                   commit="1527642c1676c11f37cb2c9166883de9eb153291")
     p = with_ablation(load_params(REPO / "params.yaml"), stacked=(), separate=("capsnet_r1",), seeds=(0, 1))
-    for run in load(tmp_path, ["capsnet_r1"], [0, 1]):
-        (tmp_path / "models" / "capsnet_r1" / f"seed{run.seed}" / "config.json").write_text(json.dumps(
-            {**run.config, "params": {"device": "cpu"},
-             "environment": {**run.config["environment"], "device_name": "cpu", "cuda_version": "None"}}))
+    for seed in (0, 1):
+        edit_record(tmp_path, "capsnet_r1", seed, lambda record: record.update(
+            params={"device": "cpu"},
+            environment={**record["environment"], "device_name": "cpu", "cuda_version": "None"}))
     (tmp_path / "reports" / "metrics").mkdir(parents=True)
     (tmp_path / "reports" / "metrics" / "capsnet_r3.json").write_text("{}")  # a variant no longer listed
     report_stage.run(p, tmp_path / "models", tmp_path / "results", tmp_path / "reports")
@@ -1472,19 +1481,16 @@ def test_a_run_reads_its_device_and_epochs_as_recorded_and_a_pair_right_only_as_
     recorded, its history's length where it recorded none (a record's history may be the shorter);
     a MultiMNIST prediction (two sorted digits) is right only when both digits are."""
     fabricate(tmp_path, "capsnet_r1", 0, 1.0, device="auto", history=[3.0, 2.0, 1.0])
-    model_dir = tmp_path / "models" / "capsnet_r1" / "seed0"
-    record = json.loads((model_dir / "config.json").read_text())
-    record.update(params={"device": "cuda:0"}, environment={**record["environment"], "device_name": "NVIDIA H200"},
-                  epochs_trained=640)
-    (model_dir / "config.json").write_text(json.dumps(record))
+    edit_record(tmp_path, "capsnet_r1", 0, lambda record: record.update(
+        params={"device": "cuda:0"}, environment={**record["environment"], "device_name": "NVIDIA H200"},
+        epochs_trained=640))
     pairs = torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.uint8)
     save_file({"test_labels": pairs, "test_preds": torch.tensor([[1, 2], [3, 5], [0, 6]], dtype=torch.uint8)},
               str(tmp_path / "results" / "capsnet_r1" / "seed0" / "predictions.safetensors"))
     [run] = load(tmp_path, ["capsnet_r1"], [0])
     assert run.device == "cuda:0 (NVIDIA H200)" and run.epochs_trained == 640
     assert run.correct["test"].tolist() == [True, False, False]
-    del record["epochs_trained"]
-    (model_dir / "config.json").write_text(json.dumps(record))
+    edit_record(tmp_path, "capsnet_r1", 0, lambda record: record.pop("epochs_trained"))
     assert load(tmp_path, ["capsnet_r1"], [0])[0].epochs_trained == 3
 
 
