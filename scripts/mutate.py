@@ -189,6 +189,8 @@ GROUP_EXTRAS = (f"{TRAIN_TESTS}::"
                 "test_each_seed_of_a_group_keeps_its_extras_counts_its_own_images_and_says_it_trained_stacked")
 NON_FINITE_GROUP = (f"{TRAIN_TESTS}::"
                     "test_a_non_finite_loss_in_a_group_names_the_seed_it_came_from_at_the_next_read")
+FILES_TESTS = "tests/test_files.py"
+MADE_OUTPUT_DIR = f"{FILES_TESTS}::test_an_output_directory_is_made_with_its_parents_and_its_write_probe_leaves_nothing"
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -3198,6 +3200,21 @@ MUTATIONS = [
     Mutation("a non-finite loss is looked for only at the end of an epoch", "pipeline/training/train.py",
              "if (step + 1) % cfg.log_every == 0 or step + 1 == steps_per_epoch:", "if step + 1 == steps_per_epoch:",
              (NON_FINITE_GROUP,)),
+    Mutation("a write that fails before its file exists raises the cleanup's error, not its own", "pipeline/core/files.py",
+             "tmp.unlink(missing_ok=True)", "tmp.unlink()",
+             (f"{FILES_TESTS}::test_a_write_that_fails_before_its_file_exists_raises_its_own_error",)),
+    Mutation("a lock that should wait for its holder is refused at once", "pipeline/core/files.py",
+             "fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB)", "fcntl.LOCK_EX | fcntl.LOCK_NB",
+             (f"{FILES_TESTS}::test_a_waiting_lock_waits_for_its_holder_and_a_lock_that_does_not_wait_is_refused",)),
+    Mutation("a lock refused with EACCES is not told as held by another process", "pipeline/core/files.py",
+             "(errno.EAGAIN, errno.EACCES)", "(errno.EAGAIN,)",
+             (f"{FILES_TESTS}::test_a_lock_refused_for_its_holder_is_in_use_by_another_process",)),
+    Mutation("an output directory whose parents do not exist is refused", "pipeline/core/files.py",
+             "        path.mkdir(parents=True, exist_ok=True)\n        probe", "        path.mkdir(exist_ok=True)\n        probe",
+             (MADE_OUTPUT_DIR,)),
+    Mutation("the output directory's write probe is left in it", "pipeline/core/files.py",
+             "        probe.unlink()\n", "",
+             (MADE_OUTPUT_DIR,)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts
