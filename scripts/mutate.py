@@ -191,6 +191,7 @@ NON_FINITE_GROUP = (f"{TRAIN_TESTS}::"
                     "test_a_non_finite_loss_in_a_group_names_the_seed_it_came_from_at_the_next_read")
 FILES_TESTS = "tests/test_files.py"
 MADE_OUTPUT_DIR = f"{FILES_TESTS}::test_an_output_directory_is_made_with_its_parents_and_its_write_probe_leaves_nothing"
+EPOCH_MEANS = f"{TRAIN_TESTS}::test_an_epochs_losses_are_each_seeds_mean_over_its_steps_each_in_its_column"
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -3215,6 +3216,9 @@ MUTATIONS = [
     Mutation("the output directory's write probe is left in it", "pipeline/core/files.py",
              "        probe.unlink()\n", "",
              (MADE_OUTPUT_DIR,)),
+    Mutation("an epoch's losses are the sum of its steps, not their mean", "pipeline/training/train.py",
+             "totals = (step_fn.sums / steps_per_epoch).tolist()", "totals = step_fn.sums.tolist()",
+             (EPOCH_MEANS,)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

@@ -259,6 +259,39 @@ def test_each_seed_of_a_group_keeps_its_extras_counts_its_own_images_and_says_it
     assert all(line.endswith(" img/s (2 seeds stacked)") for line in lines)
 
 
+class StepSpy:
+    """The step `make_step` built, noting each step's (S, 3) loss parts (total, margin, reconstruction)
+    as the step adds them to the epoch's sums; everything else is the step's own."""
+
+    def __init__(self, step):
+        self.step, self.parts = step, []
+
+    def __call__(self):
+        before = self.step.sums.clone()
+        self.step()
+        self.parts.append(self.step.sums - before)
+
+    def __getattr__(self, name):
+        return getattr(self.step, name)
+
+
+def test_an_epochs_losses_are_each_seeds_mean_over_its_steps_each_in_its_column(tmp_path, monkeypatch):
+    """A seed's history reads its train, margin and reconstruction losses as the means over the epoch's
+    steps of what each step computed for that seed: not their sum, which grows with the epoch's length."""
+    spies = []
+    make_step = train_module.make_step
+    monkeypatch.setattr(train_module, "make_step", lambda *args: spies.append(StepSpy(make_step(*args))) or spies[-1])
+    cfgs = [tiny_config(epochs=1, seed=s, reconstruction=True) for s in (0, 1)]
+    results = train_module.train_group(cfgs, tiny_data(n_train=48), tmp_path / "g.pt")
+    [spy] = spies
+    assert len(spy.parts) == 3
+    means = torch.stack(spy.parts).mean(0)  # (S, 3)
+    for k, result in enumerate(results):
+        [epoch] = result.history
+        assert [epoch[c] for c in ("train_loss", "margin_loss", "reconstruction_loss")] == pytest.approx(
+            means[k].tolist(), rel=1e-6)
+
+
 def test_a_non_finite_loss_in_a_group_names_the_seed_it_came_from_at_the_next_read(tmp_path, monkeypatch):
     """The loop reads the tallies every log_every steps: a NaN total of seed 1 at the first of an
     epoch's two steps stops the group after that step, naming seed 1."""
