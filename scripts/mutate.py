@@ -192,6 +192,12 @@ NON_FINITE_GROUP = (f"{TRAIN_TESTS}::"
 FILES_TESTS = "tests/test_files.py"
 MADE_OUTPUT_DIR = f"{FILES_TESTS}::test_an_output_directory_is_made_with_its_parents_and_its_write_probe_leaves_nothing"
 EPOCH_MEANS = f"{TRAIN_TESTS}::test_an_epochs_losses_are_each_seeds_mean_over_its_steps_each_in_its_column"
+BASELINE_TESTS = "tests/test_baselines.py"
+DROPOUT_RATE = f"{BASELINE_TESTS}::test_a_cnn_drops_at_the_rate_it_is_given"
+SAME_POOLING = f"{BASELINE_TESTS}::test_the_multimnist_cnn_pools_as_same_padding_does_where_a_pool_does_not_halve_evenly"
+DOWNLOAD_TESTS = "tests/test_download.py"
+URL_MIRROR = (f"{DOWNLOAD_TESTS}::"
+              "test_a_url_mirror_is_asked_under_its_base_and_any_failure_there_passes_to_the_next_source")
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -3219,6 +3225,33 @@ MUTATIONS = [
     Mutation("an epoch's losses are the sum of its steps, not their mean", "pipeline/training/train.py",
              "totals = (step_fn.sums / steps_per_epoch).tolist()", "totals = step_fn.sums.tolist()",
              (EPOCH_MEANS,)),
+    Mutation("§5.2's CNN drops at the default rate whatever rate it is given", "pipeline/models/baseline.py",
+             "super().__init__(image_size, num_classes, dropout, pools=2", "super().__init__(image_size, num_classes, DROPOUT, pools=2",
+             (DROPOUT_RATE,)),
+    Mutation("the baseline CNN drops at the default rate whatever rate it is given", "pipeline/models/baseline.py",
+             "self.dropout = nn.Dropout(dropout)", "self.dropout = nn.Dropout(DROPOUT)",
+             (DROPOUT_RATE,)),
+    Mutation("the MultiMNIST CNN's first pool rounds down, not up as SAME pooling does", "pipeline/models/baseline.py",
+             "x = F.max_pool2d(F.relu(self.conv1(images)), 2, ceil_mode=True)", "x = F.max_pool2d(F.relu(self.conv1(images)), 2)",
+             (SAME_POOLING,)),
+    Mutation("the MultiMNIST CNN's first FC sized for pools that round down", "pipeline/models/baseline.py",
+             "side = -(-image_size // self.POOLED)", "side = image_size // self.POOLED",
+             (SAME_POOLING,)),
+    Mutation("a file-URL mirror that exists is called missing", "pipeline/data/download.py",
+             'local = url2pathname(urlparse(mirror).path) if mirror.startswith("file://") else mirror', "local = mirror",
+             (f"{DOWNLOAD_TESTS}::test_a_mirror_that_exists_is_the_first_source_as_a_folder_or_a_file_url",)),
+    Mutation("a URL mirror is asked for the raw file before the gzipped one", "pipeline/data/download.py",
+             'for candidate in (f"{name}.gz", name):', 'for candidate in (name, f"{name}.gz"):',
+             (URL_MIRROR,)),
+    Mutation("a URL mirror's final slash doubled in what it is asked", "pipeline/data/download.py",
+             'source.rstrip("/") + "/" + candidate', 'source + "/" + candidate',
+             (URL_MIRROR,)),
+    Mutation("torchvision's RuntimeError at one source stops the download", "pipeline/data/download.py",
+             "(urllib.error.URLError, OSError, ValueError, RuntimeError)", "(urllib.error.URLError, OSError, ValueError)",
+             (URL_MIRROR,)),
+    Mutation("files already there and verified are left out of the hashes reported", "pipeline/data/download.py",
+             "            verified[name] = expected\n            continue", "            continue",
+             (f"{DOWNLOAD_TESTS}::test_files_kept_are_reported_with_their_hashes_as_files_fetched_are",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

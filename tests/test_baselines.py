@@ -59,3 +59,26 @@ def test_dropout_masks_are_inverted_dropout_from_the_runs_generator():
     assert abs((keep == 0).float().mean().item() - DROPOUT) < 0.01  # 393k draws: σ ≈ 0.0008
     assert abs(keep.mean().item() - 1) < 0.02
     assert torch.equal(keep, model.dropout_keep(2048, torch.Generator().manual_seed(0)))
+
+
+@pytest.mark.parametrize("cls", [BaselineCNN, PoolingCNN])
+def test_a_cnn_drops_at_the_rate_it_is_given(cls):
+    """A dropout rate other than the default reaches the layer and the masks a run draws."""
+    model = cls(num_classes=3, dropout=0.25)
+    keep = model.dropout_keep(4096, torch.Generator().manual_seed(0))  # (4096, 192)
+    assert model.dropout.p == 0.25 and keep.unique().tolist() == pytest.approx([0.0, 1 / 0.75])
+    assert abs((keep == 0).float().mean().item() - 0.25) < 0.01  # 786k draws: σ ≈ 0.0005
+
+
+def test_the_multimnist_cnn_pools_as_same_padding_does_where_a_pool_does_not_halve_evenly():
+    """At 33×33 each 2×2 max-pool rounds up, as conv_model.py's SAME pooling does (33 → 17 → 9), and
+    the first FC takes that size; at 36 (MultiMNIST's) rounding never shows."""
+    torch.manual_seed(0)
+    model = MultiMNISTCNN(33, num_classes=7)
+    x = torch.rand(2, 1, 33, 33)
+    h = F.max_pool2d(F.relu(F.conv2d(x, model.conv1.weight, model.conv1.bias, padding=2)), 2, ceil_mode=True)
+    h = F.max_pool2d(F.relu(F.conv2d(h, model.conv2.weight, model.conv2.bias, padding=2)), 2, ceil_mode=True)
+    assert h.shape[-2:] == (9, 9) and model.fc1.in_features == 256 * 9 * 9
+    h = F.relu(F.linear(h.flatten(1), model.fc1.weight, model.fc1.bias))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), F.linear(h, model.out.weight, model.out.bias))

@@ -112,6 +112,40 @@ def test_existing_verified_files_are_kept(synthetic_mnist, tmp_path):
     download_mnist(dest, sources=[])  # nothing to fetch: all present and verified
 
 
+def test_files_kept_are_reported_with_their_hashes_as_files_fetched_are(synthetic_mnist, tmp_path):
+    """The stage records what `download_mnist` returns: a second run, which fetches nothing, names
+    every file with its SHA-256 all the same."""
+    mirror, files = synthetic_mnist
+    fetched = download_mnist(tmp_path / "raw", sources=[str(mirror)])
+    assert download_mnist(tmp_path / "raw", sources=[]) == fetched and sorted(fetched) == sorted(files)
+
+
+@pytest.mark.parametrize("form", ["plain", "file-url"])
+def test_a_mirror_that_exists_is_the_first_source_as_a_folder_or_a_file_url(synthetic_mnist, monkeypatch, form):
+    mirror, _ = synthetic_mnist
+    monkeypatch.setenv("CAPSNET_MNIST_MIRROR", str(mirror) if form == "plain" else mirror.as_uri())
+    assert download.default_sources()[0] == (str(mirror) if form == "plain" else mirror.as_uri())
+
+
+def test_a_url_mirror_is_asked_under_its_base_and_any_failure_there_passes_to_the_next_source(
+        synthetic_mnist, tmp_path, monkeypatch):
+    """A URL base, with its final slash or without, is asked for <base>/<file>.gz, then <base>/<file>;
+    torchvision's RuntimeError (too many redirects, say) passes to the next source as a refused
+    connection does."""
+    asked = []
+
+    def redirected_forever(url, root, filename=None):
+        asked.append(url)
+        raise RuntimeError("Too many redirects")
+
+    monkeypatch.setattr(download, "download_url", redirected_forever)
+    mirror, files = synthetic_mnist
+    download_mnist(tmp_path / "raw", sources=["https://mirror.example/mnist/", str(mirror)])
+    assert asked[:2] == ["https://mirror.example/mnist/train-images-idx3-ubyte.gz",
+                         "https://mirror.example/mnist/train-images-idx3-ubyte"]
+    assert all((tmp_path / "raw" / name).read_bytes() == data for name, data in files.items())
+
+
 def test_a_file_already_there_that_fails_its_checksum_is_fetched_again(synthetic_mnist, tmp_path):
     """A half-written or corrupt file in the destination is never trusted for being there."""
     mirror, files = synthetic_mnist
