@@ -381,6 +381,33 @@ def test_a_seed_that_stops_early_freezes_while_the_others_train_on(tmp_path, mon
     assert [s["stop_reason"] for s in state["seeds"]] == ["budget", "target", "budget"]
 
 
+def test_a_stopped_seeds_slice_gone_non_finite_fails_neither_the_others_steps_nor_their_checkpoint(tmp_path,
+                                                                                                    monkeypatch):
+    """Once a seed stops, its slice of the stack is no longer its run (its result is the weights it
+    stopped with): seed 1 stops after epoch 1 and its slice is then made non-finite; the others train
+    on to epoch 3, checkpointed every epoch, and every result is finite (seed 1's: the weights it stopped with)."""
+    from pipeline.training import train as train_module
+
+    built, calls = {}, {"n": 0}
+    build_group = train_module.build_group
+    monkeypatch.setattr(train_module, "build_group", lambda *args: built.setdefault("group", build_group(*args)))
+
+    def constructed(model, batch_size, amp):  # scored in seed order: 0, 1, 2 in epoch 1, then 0, 2
+        calls["n"] += 1
+        if calls["n"] == 4:  # epoch 2, seed 1 stopped: its slice goes non-finite before the checkpoint
+            with torch.no_grad():
+                for w in built["group"][0].seed_weights(1).values():
+                    w.fill_(float("nan"))
+        return 5.0 if calls["n"] == 2 else 50.0
+
+    monkeypatch.setattr("pipeline.experiments.table1.Training.test_error", lambda self, *a: constructed(*a))
+    cfg = config("capsnet_r1", epochs=3, target_accuracy_pct=90.0, checkpoint_every=1)
+    stacked = train_group([dataclasses.replace(cfg, seed=s) for s in SEEDS], tiny_data(), tmp_path / "stack.pt")
+    assert [len(r.history) for r in stacked] == [3, 1, 3] and calls["n"] == 7
+    for k, result in enumerate(stacked):
+        assert all(torch.isfinite(w).all() for w in result.model.state_dict().values()), f"seed {SEEDS[k]}"
+
+
 def test_a_stacked_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch, small_cnns):
     """Killed during epoch 2's second step (baseline_cnn: dropout masks come from the seeds'
     generators, which the checkpoint carries), then resumed."""
@@ -406,6 +433,43 @@ def test_a_stacked_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp
         assert resumed[k].resumed_at == [1]
         for name, value in straight[k].model.state_dict().items():
             assert torch.equal(value, resumed[k].model.state_dict()[name]), (k, name)
+
+
+def test_a_group_killed_after_a_seed_stopped_resumes_with_its_stopped_weights_and_every_seeds_extras(tmp_path,
+                                                                                                     monkeypatch):
+    """Seed 1 stops after epoch 1; the group is killed in epoch 2 and resumed without extras: every seed
+    ends as the uninterrupted group's, seed 1 with the weights it stopped with (its slice of the stack
+    has drifted since, under Adam's momentum), and the checkpoint still carries each seed's extras
+    (its tracking run id: a second resume logs on into it)."""
+    calls = {"n": 0}
+
+    def constructed(model, batch_size, amp):  # scored in seed order: 0, 1, 2 in epoch 1, then 0, 2
+        calls["n"] += 1
+        return 5.0 if calls["n"] == 2 else 50.0
+
+    monkeypatch.setattr("pipeline.experiments.table1.Training.test_error", lambda self, *a: constructed(*a))
+    cfgs = [dataclasses.replace(config("capsnet_r1", epochs=3, target_accuracy_pct=90.0), seed=s) for s in SEEDS]
+    straight = train_group(cfgs, tiny_data(), tmp_path / "a.pt")
+    calls["n"] = 0
+    real, taken = steps.training_step, {"n": 0}
+
+    def killed(*args, **kwargs):
+        taken["n"] += 1
+        if taken["n"] == 3:  # 2 steps an epoch: epoch 2's first, after epoch 1's checkpoint
+            raise KeyboardInterrupt("simulated kill")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(steps, "training_step", killed)
+    extras = [{"run_id": f"run-{s}"} for s in SEEDS]
+    with pytest.raises(KeyboardInterrupt):
+        train_group(cfgs, tiny_data(), tmp_path / "b.pt", extras=extras)
+    monkeypatch.setattr(steps, "training_step", real)
+    resumed = train_group(cfgs, tiny_data(), tmp_path / "b.pt")
+    assert [r.resumed_at for r in resumed] == [[1]] * 3 and [len(r.history) for r in resumed] == [3, 1, 3]
+    for k in range(len(SEEDS)):
+        for name, value in straight[k].model.state_dict().items():
+            assert torch.equal(value, resumed[k].model.state_dict()[name]), (k, name)
+    assert [s["extra"] for s in torch.load(tmp_path / "b.pt", weights_only=False)["seeds"]] == extras
 
 
 def test_a_group_checkpoint_does_not_resume_another_group(tmp_path):

@@ -75,6 +75,32 @@ def test_tf32_is_on_only_where_train_tf32_says():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 
 
+def test_cudnn_autotunes_on_cuda_only_where_the_run_need_not_be_deterministic_and_adam_is_fused_there():
+    """cuDNN's benchmark mode times convolution algorithms and keeps the fastest, which may differ from
+    run to run: on CUDA it is on for deterministic: false (the gpu profiles') and off for deterministic:
+    true, with torch's deterministic switch set to match; a CPU run leaves it as it is. On CUDA Adam is
+    fused (one kernel for every parameter), on a CPU torch's default. (The devices need no GPU: only
+    flags are set and read.)"""
+    cfg = one_step_config("capsnet_r1")
+    saved = (torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32)
+    try:
+        for deterministic in (True, False, True):
+            train_module.configure_backends(dataclasses.replace(cfg, deterministic=deterministic), torch.device("cuda"))
+            assert torch.backends.cudnn.benchmark is (not deterministic)
+            assert torch.are_deterministic_algorithms_enabled() is deterministic
+        train_module.configure_backends(dataclasses.replace(cfg, deterministic=False), torch.device("cpu"))
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = saved[0]
+        torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[3:]
+    for device, fused in (("cuda", True), ("cpu", False)):
+        optimizer, _ = train_module.make_optimizer(torch.nn.Linear(2, 2), cfg, torch.device(device))
+        assert bool(optimizer.defaults["fused"]) is fused, device
+
+
 def test_the_evaluate_stage_runs_the_model_in_the_precision_it_trained_in(tmp_path, monkeypatch):
     """An fp32 run's evaluation on CUDA is fp32 too: the evaluate stage's load_model sets TF32 from the
     run's config as training did (the device faked: only the flags are read)."""
