@@ -204,6 +204,11 @@ RESUMED_AFTER_STOP = (f"{STACK}::"
                       "test_a_group_killed_after_a_seed_stopped_resumes_with_its_stopped_weights_and_every_seeds_extras")
 AUTOTUNE_FUSED = ("tests/test_wiring.py::"
                   "test_cudnn_autotunes_on_cuda_only_where_the_run_need_not_be_deterministic_and_adam_is_fused_there")
+DATA_TESTS = "tests/test_data.py"
+AFFINE_LINEAR = (f"{DATA_TESTS}::"
+                 "test_the_linear_part_is_rotation_then_shear_then_scale_and_a_digit_too_big_to_fit_is_centred")
+AFFINE_WARP = f"{DATA_TESTS}::test_a_warp_rounds_to_the_nearest_grey_level_and_takes_square_images_only"
+AFFINE_DRAWS = f"{DATA_TESTS}::test_the_six_affine_draws_are_independent_of_one_another"
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -3276,6 +3281,27 @@ MUTATIONS = [
     Mutation("Adam on CUDA is not fused", "pipeline/training/train.py",
              'fused=device.type == "cuda"', "fused=None",
              (AUTOTUNE_FUSED,)),
+    Mutation("the affine linear part scales before it shears", "pipeline/data/transforms.py",
+             "return rotation @ shear @ scale", "return rotation @ scale @ shear",
+             (AFFINE_LINEAR,)),
+    Mutation("the affine shear moves y by x, not x by y", "pipeline/data/transforms.py",
+             "torch.stack([torch.ones_like(k), k, torch.zeros_like(k), torch.ones_like(k)], 1)", "torch.stack([torch.ones_like(k), torch.zeros_like(k), k, torch.ones_like(k)], 1)",
+             (AFFINE_LINEAR,)),
+    Mutation("a digit too big for the frame is pushed to one side, not centred", "pipeline/data/transforms.py",
+             "torch.where(fits, lo + u[:, 4:6] * (hi - lo), (lo + hi) / 2)", "torch.where(fits, lo + u[:, 4:6] * (hi - lo), lo)",
+             (AFFINE_LINEAR,)),
+    Mutation("an affine warp truncates its grey levels", "pipeline/data/transforms.py",
+             "return warped.squeeze(1).round().clamp(0, 255).to(torch.uint8)", "return warped.squeeze(1).clamp(0, 255).to(torch.uint8)",
+             (AFFINE_WARP,)),
+    Mutation("an affine warp takes a non-square image", "pipeline/data/transforms.py",
+             "    if h != w:\n        raise ValueError", "    if False:\n        raise ValueError",
+             (AFFINE_WARP,)),
+    Mutation("the affine shear reuses the rotation's draw", "pipeline/data/transforms.py",
+             "params[:, 1] = (2 * u[:, 1] - 1) * ranges.max_shear", "params[:, 1] = (2 * u[:, 0] - 1) * ranges.max_shear",
+             (AFFINE_DRAWS,)),
+    Mutation("the affine translation's place is one draw for both axes", "pipeline/data/transforms.py",
+             "lo + u[:, 4:6] * (hi - lo)", "lo + u[:, 4:5] * (hi - lo)",
+             (AFFINE_DRAWS,)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

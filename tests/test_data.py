@@ -1,4 +1,6 @@
 
+import math
+
 import pytest
 import torch
 
@@ -6,7 +8,7 @@ from conftest import committed_params, idx_bytes, synthetic_digits, trust_mnist,
 from pipeline.data.idx import IdxError, read_idx, read_split
 from pipeline.data.splits import dataset_input, load_split, prepare_mnist, save_split, split_metadata
 from pipeline.data.transforms import (AffineRanges, _linear_part, apply_affine, make_affine_set, random_shift,
-                                      translation_bounds)
+                                      sample_affine_params, translation_bounds)
 from pipeline.experiments.table1 import prepare_affine
 from pipeline.stages import prepare as prepare_stage
 
@@ -94,6 +96,43 @@ def test_affine_parameters_are_uniform_over_their_ranges_and_independent():
     lo, hi = translation_bounds(images, _linear_part(params))
     where = (params[:, 4:6] - lo) / (hi - lo)  # (N, 2) the translation's place between its bounds
     assert abs(where.mean().item() - 0.5) < 0.03 and abs(where.var().item() - 1 / 12) < 0.01  # U(0, 1)
+
+
+def test_the_six_affine_draws_are_independent_of_one_another():
+    """Rotation, shear, each axis's scale and the translation's place between its bounds on each axis
+    come from six draws: over 2,000 images no two of them correlate (a shared draw correlates fully)."""
+    images, _ = synthetic_digits(2000)
+    _, params = make_affine_set(images, 5, RANGES)
+    lo, hi = translation_bounds(images, _linear_part(params))
+    draws = torch.cat([params[:, :4], (params[:, 4:6] - lo) / (hi - lo)], dim=1)  # (N, 6)
+    r = torch.corrcoef(draws.T)  # (6, 6)
+    assert (r - torch.eye(6)).abs().max() < 0.1  # SE ≈ 0.022
+
+
+def test_the_linear_part_is_rotation_then_shear_then_scale_and_a_digit_too_big_to_fit_is_centred():
+    """A = R(θ)·Shear(k)·Scale(sx, sy) with Shear = [[1, k], [0, 1]], as the docstring writes it
+    (worked by hand); a digit whose transformed ink is wider than the frame on an axis is centred on
+    it, not pushed to one side."""
+    c, s = math.cos(math.radians(30)), math.sin(math.radians(30))
+    shear_scale = torch.tensor([[1.2, 0.2 * 0.8], [0.0, 0.8]])  # [[1, k], [0, 1]] @ diag(sx, sy)
+    expected = torch.tensor([[c, -s], [s, c]]) @ shear_scale
+    torch.testing.assert_close(_linear_part(torch.tensor([[30.0, 0.2, 1.2, 0.8, 0.0, 0.0]]))[0], expected)
+    full = torch.full((64, 28, 28), 255, dtype=torch.uint8)  # ink to every edge: any growth leaves the frame
+    params = sample_affine_params(full, RANGES, torch.Generator().manual_seed(0))
+    lo, hi = translation_bounds(full, _linear_part(params))
+    unfit = lo > hi  # (N, 2)
+    assert unfit.any() and torch.equal(params[:, 4:6][unfit], ((lo + hi) / 2)[unfit])
+
+
+def test_a_warp_rounds_to_the_nearest_grey_level_and_takes_square_images_only():
+    """Bilinear weights of a quarter-pixel shift: a 255 column beside zeros becomes 191.25 and 63.75,
+    stored as 191 and 64 (rounded, not truncated to 63). A non-square image is refused."""
+    image = torch.zeros(1, 28, 28, dtype=torch.uint8)
+    image[0, :, 10] = 255
+    shifted = apply_affine(image, torch.tensor([[0.0, 0.0, 1.0, 1.0, 0.25, 0.0]]))  # a quarter pixel right
+    assert shifted[0, 14, 9:13].tolist() == [0, 191, 64, 0]
+    with pytest.raises(ValueError, match="square images, got 28×20"):
+        apply_affine(torch.zeros(1, 28, 20, dtype=torch.uint8), torch.zeros(1, 6))
 
 
 def test_apply_affine_identity_and_pure_translation():
