@@ -209,6 +209,9 @@ AFFINE_LINEAR = (f"{DATA_TESTS}::"
                  "test_the_linear_part_is_rotation_then_shear_then_scale_and_a_digit_too_big_to_fit_is_centred")
 AFFINE_WARP = f"{DATA_TESTS}::test_a_warp_rounds_to_the_nearest_grey_level_and_takes_square_images_only"
 AFFINE_DRAWS = f"{DATA_TESTS}::test_the_six_affine_draws_are_independent_of_one_another"
+CLI_TESTS = "tests/test_cli.py"
+FINGERPRINT_CLI = f"{CLI_TESTS}::test_fingerprint_computes_every_variant_by_default_and_refuses_an_unknown_one_before_any"
+SYNC_COUNTS = f"{TRACKING}::test_sync_says_how_many_runs_it_added_and_found_there_and_warns_of_a_torn_tail"
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -3302,6 +3305,24 @@ MUTATIONS = [
     Mutation("the affine translation's place is one draw for both axes", "pipeline/data/transforms.py",
              "lo + u[:, 4:6] * (hi - lo)", "lo + u[:, 4:5] * (hi - lo)",
              (AFFINE_DRAWS,)),
+    Mutation("capsnet evaluate does not say the transformed test error", "pipeline/cli.py",
+             '                   if "transformed_error_pct" in metrics else "")', '                   if False else "")',
+             (f"{CLI_TESTS}::test_evaluate_says_each_error_rate_it_measured_and_where_it_wrote_them",)),
+    Mutation("capsnet fingerprint computes variants before it finds an unknown one", "pipeline/cli.py",
+             "        params.variant(name)  # an unknown name", "        pass  # an unknown name",
+             (FINGERPRINT_CLI,)),
+    Mutation("capsnet fingerprint without --variant computes none", "pipeline/cli.py",
+             "names = list(variants) or list(params.variants)", "names = list(variants)",
+             (FINGERPRINT_CLI,)),
+    Mutation("capsnet report ignores --benchmarks", "pipeline/cli.py",
+             "Path(readme) if readme else None, Path(benchmarks),", 'Path(readme) if readme else None, Path("reports/benchmarks.md"),',
+             (f"{CLI_TESTS}::test_report_hands_the_stage_each_option_it_was_given_and_prints_the_claims",)),
+    Mutation("capsnet track sync miscounts the runs already there", "pipeline/cli.py",
+             "{len(journals) - added} already there", "{added} already there",
+             (SYNC_COUNTS,)),
+    Mutation("capsnet track sync keeps a torn journal's warning to itself", "pipeline/cli.py",
+             '            click.echo(f"warning: {warning.message}", err=True)', "            pass",
+             (SYNC_COUNTS,)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

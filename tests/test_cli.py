@@ -1,5 +1,6 @@
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torchvision
@@ -225,6 +226,65 @@ def test_fingerprint_of_an_unknown_variant_is_one_line_before_any_work(tmp_path)
                                        "--params", str(REPO / "params.yaml")])
     assert result.exit_code == 1 and "Error: unknown variant 'capsnet_r9'; params.yaml defines [" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "table.json").exists()
+
+
+def test_fingerprint_computes_every_variant_by_default_and_refuses_an_unknown_one_before_any(tmp_path, monkeypatch):
+    """Without --variant every variant of params.yaml, in its order, with the commit and the environment
+    the fingerprints were computed in; an unknown name among several stops the command before any
+    fingerprint is computed (each costs seconds of a CPU)."""
+    import json
+
+    from pipeline.core.params import load_params
+    from pipeline.training import fingerprint
+
+    asked = []
+    monkeypatch.setattr(fingerprint, "fingerprint_table",
+                        lambda params, names, progress: asked.append(list(names)) or dict.fromkeys(names, "f"))
+    done = CliRunner().invoke(main, ["fingerprint", str(tmp_path / "all.json"), "--params", str(REPO / "params.yaml")])
+    every = list(load_params(REPO / "params.yaml").variants)
+    assert done.exit_code == 0 and asked == [every], done.output
+    written = json.loads((tmp_path / "all.json").read_text())
+    assert sorted(written["fingerprints"]) == sorted(every) and written["environment"] and written["commit"]
+    refused = CliRunner().invoke(main, ["fingerprint", str(tmp_path / "two.json"), "--variant", "capsnet_r1",
+                                        "--variant", "capsnet_r9", "--params", str(REPO / "params.yaml")])
+    assert refused.exit_code == 1 and "unknown variant 'capsnet_r9'" in refused.output and asked == [every]
+
+
+def test_evaluate_says_each_error_rate_it_measured_and_where_it_wrote_them(tmp_path, monkeypatch):
+    """The line `capsnet evaluate` ends with: the clean test error, the transformed one where the
+    experiment has a transformed set (MultiMNIST has none), the output folder."""
+    from pipeline.stages import evaluate as evaluate_stage
+
+    for folder in ("model", "data"):
+        (tmp_path / folder).mkdir()
+    args = ["evaluate", str(tmp_path / "model"), str(tmp_path / "data"), str(tmp_path / "out")]
+    for metrics, said in (({"error_pct": 0.5, "transformed_error_pct": 12.25}, "0.50%, transformed test error 12.25%"),
+                          ({"error_pct": 5.0}, "5.00%")):
+        monkeypatch.setattr(evaluate_stage, "run", lambda *args, metrics=metrics: metrics)
+        result = CliRunner().invoke(main, args)
+        assert result.output == f"{tmp_path / 'model'}: test error {said} -> {tmp_path / 'out'}\n", result.output
+
+
+def test_report_hands_the_stage_each_option_it_was_given_and_prints_the_claims(tmp_path, monkeypatch):
+    """`capsnet report`'s folders, --missing, --readme, --benchmarks and --fingerprints reach the
+    report stage as given (not their defaults), and its claims follow the line naming the report."""
+    from pipeline.stages import report as report_stage
+
+    seen = []
+    monkeypatch.setattr(report_stage, "run", lambda *args: seen.append(args[1:]) or Path(args[3]) / "ablation.md")
+    monkeypatch.setattr(report_stage, "claims_summary", lambda out, profile: ["Table 1: a claim"])
+    for folder in ("models", "results"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "README.md").write_text("")
+    paths = {name: tmp_path / name for name in ("models", "results", "out", "README.md", "speeds.md", "tables")}
+    result = CliRunner().invoke(main, ["report", *map(str, [paths["models"], paths["results"], paths["out"]]),
+                                       "--missing", "list", "--readme", str(paths["README.md"]),
+                                       "--benchmarks", str(paths["speeds.md"]), "--fingerprints", str(paths["tables"]),
+                                       "--params", str(REPO / "params.yaml")])
+    assert result.exit_code == 0, result.output
+    assert seen == [(paths["models"], paths["results"], paths["out"], "list", paths["README.md"], paths["speeds.md"],
+                     paths["tables"])]
+    assert result.output == f"report written to {paths['out'] / 'ablation.md'}\nTable 1: a claim\n"
 
 
 def test_publish_of_folders_without_a_complete_run_is_an_error_not_an_empty_copy(tmp_path):

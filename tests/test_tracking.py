@@ -265,6 +265,30 @@ def test_open_tracker_defers_when_a_journal_folder_is_named(tmp_path, monkeypatc
     assert isinstance(tracking.open_tracker("smoke"), tracking.Tracker)
 
 
+def test_sync_says_how_many_runs_it_added_and_found_there_and_warns_of_a_torn_tail(tmp_path, store):
+    """Each `capsnet track sync` says how many runs it added and how many an earlier sync had; a journal
+    cut mid-line (its process killed mid-write) replays up to the torn line, with a warning naming it."""
+    folder = tmp_path / "journal"
+    journal = JournalTracker(folder)
+
+    def started(name):
+        run_id = journal.start(name, PARAMS)
+        journal.log_datasets(run_id, [DATASET])
+        return run_id
+
+    journal.end(started("capsnet_r1-seed0"))
+    torn = started("capsnet_r1-seed1")
+    with (folder / f"{torn}.jsonl").open("a") as f:
+        f.write('{"event": "metr')
+    result = CliRunner().invoke(main, ["track", "sync", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {folder / torn}.jsonl: line 3 is torn" in result.output
+    assert "2 run(s) added to " in result.output and ", 0 already there" in result.output
+    journal.end(started("capsnet_r1-seed2"))
+    again = CliRunner().invoke(main, ["track", "sync", str(folder)])
+    assert "1 run(s) added to " in again.output and ", 2 already there" in again.output, again.output
+
+
 def test_sync_rejects_an_empty_folder_and_a_foreign_file(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
     (tmp_path / "j").mkdir()
