@@ -212,6 +212,12 @@ AFFINE_DRAWS = f"{DATA_TESTS}::test_the_six_affine_draws_are_independent_of_one_
 CLI_TESTS = "tests/test_cli.py"
 FINGERPRINT_CLI = f"{CLI_TESTS}::test_fingerprint_computes_every_variant_by_default_and_refuses_an_unknown_one_before_any"
 SYNC_COUNTS = f"{TRACKING}::test_sync_says_how_many_runs_it_added_and_found_there_and_warns_of_a_torn_tail"
+JOURNAL_START = (f"{TRACKING}::"
+                 "test_a_journal_starts_a_run_with_its_tags_and_resumes_only_a_run_it_holds_tagging_it_resumed")
+JOURNAL_REPORT = (f"{TRACKING}::"
+                  "test_a_journalled_report_run_replays_as_the_stores_with_its_commit_stage_metrics_and_end")
+JOURNAL_READ = (f"{TRACKING}::"
+                "test_a_journal_reads_past_a_blank_line_and_its_torn_tail_warning_counts_the_records_kept")
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -3323,6 +3329,42 @@ MUTATIONS = [
     Mutation("capsnet track sync keeps a torn journal's warning to itself", "pipeline/cli.py",
              '            click.echo(f"warning: {warning.message}", err=True)', "            pass",
              (SYNC_COUNTS,)),
+    Mutation("a journal resumes a run it holds no journal of", "pipeline/core/journal.py",
+             'if run_id is not None and (self.folder / f"{run_id}.jsonl").is_file():', "if run_id is not None:",
+             (JOURNAL_START,)),
+    Mutation("a journal's resumed run is not tagged resumed", "pipeline/core/journal.py",
+             '            self._write(run_id, "tag", key="resumed", value="true")\n', "",
+             (JOURNAL_START,)),
+    Mutation("a journal's run starts without where it ran", "pipeline/core/journal.py",
+             "params=common_params(params), tags=run_tags())", "params=common_params(params), tags={})",
+             (JOURNAL_START,)),
+    Mutation("a metric logged once is once per run, not once per step", "pipeline/core/journal.py",
+             "new = {k: v for k, v in metrics.items() if (step, k) not in logged}", "new = {k: v for k, v in metrics.items() if k not in {key for _, key in logged}}",
+             (f"{TRACKING}::test_a_metric_logged_once_is_once_per_step_not_once_per_run",)),
+    Mutation("a journalled report run does not name its commit", "pipeline/core/journal.py",
+             'tags={"git_commit": git_commit(repo_root()), "profile": profile,', 'tags={"profile": profile,',
+             (JOURNAL_REPORT,)),
+    Mutation("a journalled report run does not name its DVC stage", "pipeline/core/journal.py",
+             '                          "dvc_stage": os.environ.get("DVC_STAGE", "")})', "                          })",
+             (JOURNAL_REPORT,)),
+    Mutation("a journalled report run logs no headline metrics", "pipeline/core/journal.py",
+             "        self.log_metrics(run_id, metrics)\n        for path in files:", "        for path in files:",
+             (JOURNAL_REPORT,)),
+    Mutation("a journalled report run never ends", "pipeline/core/journal.py",
+             "        self.end(run_id)\n        return run_id", "        return run_id",
+             (JOURNAL_REPORT,)),
+    Mutation("a journal's timestamps are seconds, not MLflow's milliseconds", "pipeline/core/journal.py",
+             '"time_ms": int(time.time() * 1000)', '"time_ms": int(time.time())',
+             (JOURNAL_START,)),
+    Mutation("a blank line in a journal refuses the file", "pipeline/core/journal.py",
+             "for k, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]", "for k, line in enumerate(path.read_text().splitlines(), 1)]",
+             (JOURNAL_READ,)),
+    Mutation("a torn journal's warning counts its torn line among the records kept", "pipeline/core/journal.py",
+             'f"{len(events)} complete record(s) before it"', 'f"{len(lines)} complete record(s) before it"',
+             (JOURNAL_READ,)),
+    Mutation("a third host's table of a commit replaces the second's", "pipeline/core/lineage.py",
+             'dest = dest.with_name(f"{source.stem}-{environment_tag(environment)}.json")', 'dest = dest.with_name(f"{source.stem}-other.json")',
+             (f"{REPORT}::test_one_commits_tables_from_three_hosts_are_all_kept",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

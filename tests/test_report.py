@@ -440,6 +440,23 @@ def test_a_commits_table_from_another_host_is_kept_beside_the_one_published_neve
     assert sorted(t["environment"] for t in lineage.load_tables(published)) == sorted([intel["environment"], amd["environment"]])
 
 
+def test_one_commits_tables_from_three_hosts_are_all_kept(tmp_path):
+    """Each environment's table of one commit beside the published one gets a name of its own (the
+    environment's hash): a third host's does not replace the second's."""
+    from pipeline.core import lineage
+
+    published, window = tmp_path / "published", tmp_path / "window"
+    window.mkdir()
+    name = f"{'c' * 40}.json"
+    hosts = [f"torch 2.11.0+cu130, CPU AVX2 capped, host {k}" for k in range(3)]
+    for k, environment in enumerate(hosts):
+        (window / name).write_text(json.dumps({"commit": "c" * 40, "environment": environment,
+                                               "fingerprints": {"capsnet_r1": str(k) * 16}}))
+        lineage.keep_tables([window / name], published)
+    assert len(list(published.iterdir())) == 3
+    assert sorted(t["environment"] for t in lineage.load_tables(published)) == hosts
+
+
 def test_an_effect_compares_the_pair_of_rows_with_the_most_seeds(tmp_path):
     """Two windows trained both variants, each at its own commit: one seed each, then three each. The
     effect compares the three-seed rows (with an interval), not the first pair that shares a commit."""

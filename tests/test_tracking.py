@@ -192,6 +192,21 @@ def test_a_journalled_report_replays_into_its_profiles_experiment_with_its_tags(
     assert replayed.data.tags["note"] == "rehearsal" and replayed.data.tags["kind"] == "report"
 
 
+def test_a_journalled_report_run_replays_as_the_stores_with_its_commit_stage_metrics_and_end(tmp_path, store,
+                                                                                              monkeypatch):
+    """As the store's report run (above): the journal's names the commit and DVC stage that wrote it,
+    logs the headline metrics and, replayed, ends FINISHED."""
+    monkeypatch.setenv("CAPSNET_GIT_COMMIT", "abc1234")
+    monkeypatch.setenv("DVC_STAGE", "report")
+    (tmp_path / "ablation.md").write_text("x")
+    run_id = JournalTracker(tmp_path / "journal").log_report([tmp_path / "ablation.md"], "gpu", {"error_pct": 0.3})
+    tracker = tracking.Tracker(profile="gpu")
+    run = tracker.client.get_run(tracker.replay(tmp_path / "journal" / f"{run_id}.jsonl"))
+    assert {k: run.data.tags[k] for k in ("git_commit", "dvc_stage", "kind", "profile")} == {
+        "git_commit": "abc1234", "dvc_stage": "report", "kind": "report", "profile": "gpu"}
+    assert run.data.metrics == {"error_pct": 0.3} and run.info.status == "FINISHED"
+
+
 def test_a_run_journalled_before_dataset_logging_gets_its_splits_by_image_size_and_the_sizes_it_recorded():
     """unrecorded_datasets: a record from before the experiment key finds its test split by its image size;
     a size is given where the params recorded it, and nowhere else."""
@@ -289,6 +304,15 @@ def test_sync_says_how_many_runs_it_added_and_found_there_and_warns_of_a_torn_ta
     assert "1 run(s) added to " in again.output and ", 2 already there" in again.output, again.output
 
 
+def test_a_journal_reads_past_a_blank_line_and_its_torn_tail_warning_counts_the_records_kept(tmp_path):
+    """A blank line (journals joined by hand, say) is no record and no error; a torn last line's warning
+    names its line and how many complete records before it replay."""
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"event": "start"}\n\n{"event": "end"}\n{"event": "metr')
+    with pytest.warns(UserWarning, match=r"line 4 is torn .*replaying the 2 complete record\(s\) before it"):
+        assert read_journal(path) == [{"event": "start"}, {"event": "end"}]
+
+
 def test_sync_rejects_an_empty_folder_and_a_foreign_file(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
     (tmp_path / "j").mkdir()
@@ -297,6 +321,41 @@ def test_sync_rejects_an_empty_folder_and_a_foreign_file(tmp_path, monkeypatch):
     (tmp_path / "j" / "x.jsonl").write_text(json.dumps({"event": "metrics"}) + "\n")
     result = CliRunner().invoke(main, ["track", "sync", str(tmp_path / "j")])
     assert result.exit_code == 1 and "not a capsnet tracking journal" in result.output
+
+
+def test_a_journal_starts_a_run_with_its_tags_and_resumes_only_a_run_it_holds_tagging_it_resumed(tmp_path,
+                                                                                                  monkeypatch):
+    """A run starts with where it ran (commit, stage, host: provenance.run_tags) and when, in milliseconds
+    since the epoch (MLflow's timestamps, which a replay keeps). Its id given back (a checkpoint's, on
+    resume) appends to its journal, tagged resumed; an id this folder holds no journal of (a run of
+    another store) starts a run of its own instead of a journal without a start."""
+    import time
+
+    monkeypatch.setattr("pipeline.core.journal.run_tags", lambda: {"git_commit": "c0ffee", "host": "gpu-box"})
+    journal = JournalTracker(tmp_path)
+    before = time.time() * 1000
+    run_id = journal.start("capsnet_r1-seed0", PARAMS)
+    [start] = read_journal(tmp_path / f"{run_id}.jsonl")
+    assert start["tags"] == {"git_commit": "c0ffee", "host": "gpu-box"}
+    assert before - 1 <= start["time_ms"] <= time.time() * 1000
+    assert journal.start("capsnet_r1-seed0", PARAMS, run_id=run_id) == run_id
+    last = read_journal(tmp_path / f"{run_id}.jsonl")[-1]
+    assert (last["event"], last["key"], last["value"]) == ("tag", "resumed", "true")
+    elsewhere = "0" * 32
+    fresh = journal.start("capsnet_r1-seed0", PARAMS, run_id=elsewhere)
+    assert fresh not in (elsewhere, run_id) and not (tmp_path / f"{elsewhere}.jsonl").exists()
+    assert read_journal(tmp_path / f"{fresh}.jsonl")[0]["event"] == "start"
+
+
+def test_a_metric_logged_once_is_once_per_step_not_once_per_run(tmp_path):
+    """log_metrics_once (a stage run again) skips a (step, metric) the journal holds, and only that:
+    the same metric at another step is logged."""
+    journal = JournalTracker(tmp_path)
+    run_id = journal.start("capsnet_r1-seed0", PARAMS)
+    for step, value in ((1, 4.0), (2, 3.0), (2, 9.0)):
+        journal.log_metrics_once(run_id, {"test_error_pct": value}, step)
+    logged = [(e["step"], e["metrics"]) for e in read_journal(tmp_path / f"{run_id}.jsonl") if e["event"] == "metrics"]
+    assert logged == [(1, {"test_error_pct": 4.0}), (2, {"test_error_pct": 3.0})]
 
 
 def test_journal_needs_the_common_param_keys(tmp_path):
