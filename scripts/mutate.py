@@ -218,6 +218,7 @@ JOURNAL_REPORT = (f"{TRACKING}::"
                   "test_a_journalled_report_run_replays_as_the_stores_with_its_commit_stage_metrics_and_end")
 JOURNAL_READ = (f"{TRACKING}::"
                 "test_a_journal_reads_past_a_blank_line_and_its_torn_tail_warning_counts_the_records_kept")
+ARTIFACTS_BESIDE = f"{TRACKING}::test_a_sqlite_stores_runs_keep_their_files_beside_it_wherever_the_process_runs"
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -3365,6 +3366,12 @@ MUTATIONS = [
     Mutation("a third host's table of a commit replaces the second's", "pipeline/core/lineage.py",
              'dest = dest.with_name(f"{source.stem}-{environment_tag(environment)}.json")', 'dest = dest.with_name(f"{source.stem}-other.json")',
              (f"{REPORT}::test_one_commits_tables_from_three_hosts_are_all_kept",)),
+    Mutation("a scratch sqlite store's runs keep their files where the process runs", "pipeline/core/tracking.py",
+             "artifact_location=artifact_root(self.uri).as_uri()", 'artifact_location=(repo_root() / "mlruns").as_uri()',
+             (ARTIFACTS_BESIDE,)),
+    Mutation("every store's artifacts in the repository's mlruns/", "pipeline/core/tracking.py",
+             '    if uri.startswith("sqlite:///"):\n        return Path(uri.removeprefix', '    if False:\n        return Path(uri.removeprefix',
+             (ARTIFACTS_BESIDE,)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

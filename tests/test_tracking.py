@@ -1,6 +1,7 @@
 """Deferred tracking: runs journalled without MLflow, replayed later into a store, once."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -162,6 +163,28 @@ def test_each_profile_has_its_experiment_its_runs_table_its_order_and_a_sqlite_s
         "orderByKey=params.%60variant%60&orderByAsc=true")
     assert tracking._store_lock("sqlite:////data/m.db") == Path("/data/m.db.lock")
     assert tracking._store_lock("postgresql://u@db/mlflow") is None
+
+
+def test_a_sqlite_stores_runs_keep_their_files_beside_it_wherever_the_process_runs(tmp_path, monkeypatch):
+    """A store in a scratch folder (a test's, a rehearsal's) keeps its runs' artifacts in mlruns/ beside
+    its file, not in the directory the process ran from; a relative sqlite path is the process's
+    directory's, as MLflow reads it; a server's store, the repository's mlruns/."""
+    elsewhere, store = tmp_path / "elsewhere", tmp_path / "store"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/m.db")
+    store.mkdir()
+    (tmp_path / "config.json").write_text("{}")
+    tracker = tracking.Tracker(profile="gpu")
+    run_id = tracker.start("capsnet_r1-seed0", PARAMS)
+    tracker.log_artifact(run_id, tmp_path / "config.json")
+    assert [p.relative_to(store) for p in store.rglob("config.json")] == [
+        Path("mlruns", run_id, "artifacts", "config.json")]
+    assert not (elsewhere / "mlruns").exists()
+    assert tracking.artifact_root("sqlite:///m.db") == elsewhere / "mlruns"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
+    assert tracking.artifact_root("postgresql://u@db/mlflow") == tmp_path / "repo" / "mlruns"
 
 
 def test_the_report_run_is_tagged_with_its_commit_and_stage_and_ends_finished_and_a_lost_run_is_not_had(

@@ -2,7 +2,8 @@
 
 Tracking URI: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<repo root>/mlflow.db`` with the
 repo root taken from ``$DVC_ROOT`` (set by DVC, so `dvc exp run --temp/--queue` runs land in the
-same store) or the current directory. One run per (variant, seed), named ``<variant>-seed<k>``;
+same store) or the current directory; a sqlite store's runs keep their files in mlruns/ beside it
+(the default store's: the repository's mlruns/). One run per (variant, seed), named ``<variant>-seed<k>``;
 training and evaluation log into it through the run id kept next to the model.
 
 Deferred tracking: with ``$CAPSNET_TRACKING_JOURNAL`` set to a folder, nothing talks to MLflow
@@ -62,6 +63,15 @@ def _store_lock(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///") + ".lock")
 
 
+def artifact_root(uri: str) -> Path:
+    """Where a new experiment of the store at ``uri`` keeps its runs' files: beside a sqlite store's
+    file (the default store's is the repository's mlruns/; a store in a scratch folder keeps them
+    there too, not in whatever directory the process ran from), else the repository's mlruns/."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns"
+    return repo_root() / "mlruns"
+
+
 class Tracker:
     """A thin client bound to one profile's experiment (`experiment_name`); every call names its run
     id explicitly."""
@@ -87,7 +97,7 @@ class Tracker:
                     self.client.set_experiment_tag(experiment.experiment_id, key, value)
             return experiment.experiment_id
         try:
-            return self.client.create_experiment(name, artifact_location=(repo_root() / "mlruns").as_uri(),
+            return self.client.create_experiment(name, artifact_location=artifact_root(self.uri).as_uri(),
                                                  tags=EXPERIMENT_TAGS)
         except mlflow.exceptions.MlflowException:
             return self.client.get_experiment_by_name(name).experiment_id  # created meanwhile
