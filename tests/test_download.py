@@ -129,7 +129,7 @@ def test_a_mirror_that_exists_is_the_first_source_as_a_folder_or_a_file_url(synt
 
 def test_a_url_mirror_is_asked_under_its_base_and_any_failure_there_passes_to_the_next_source(
         synthetic_mnist, tmp_path, monkeypatch):
-    """A URL base, with its final slash or without, is asked for <base>/<file>.gz, then <base>/<file>;
+    """A URL base (here with a final slash, not doubled) is asked for <base>/<file>.gz, then <base>/<file>;
     torchvision's RuntimeError (too many redirects, say) passes to the next source as a refused
     connection does."""
     asked = []

@@ -92,7 +92,7 @@ def test_a_waiting_lock_waits_for_its_holder_and_a_lock_that_does_not_wait_is_re
         thread = threading.Thread(target=waiter)
         thread.start()
         assert trying.wait(10)
-        thread.join(0.5)  # long enough for the waiter to reach its lock; it must still be waiting there
+        thread.join(0.5)  # time for the waiter to reach its lock: one that does not wait is refused there at once
         order.append("holder lets go")
     thread.join(10)
     assert order == ["holder lets go", "waiter holds it"]

@@ -154,8 +154,6 @@ def test_each_epochs_metrics_are_logged_at_the_epoch_as_their_step(tmp_path):
 def test_each_profile_has_its_experiment_its_runs_table_its_order_and_a_sqlite_store_its_lock():
     """Records from before the profile key ("") are the paper protocol's; the UI's runs table is sorted
     by variant, ascending; only a sqlite store needs a lock beside it (a server serialises its own)."""
-    from pathlib import Path
-
     assert [tracking.experiment_name(p) for p in ("paper", "", "gpu")] == [
         "capsnet-repro", "capsnet-repro", "capsnet-repro-gpu"]
     url = tracking.runs_url(5000, "7")
