@@ -3372,6 +3372,10 @@ MUTATIONS = [
     Mutation("every store's artifacts in the repository's mlruns/", "pipeline/core/tracking.py",
              '    if uri.startswith("sqlite:///"):\n        return Path(uri.removeprefix', '    if False:\n        return Path(uri.removeprefix',
              (ARTIFACTS_BESIDE,)),
+    Mutation("a CPU profile counts an operator's callees' time as its own", "pipeline/training/profile.py",
+             "{e.key: (e.count, e.self_cpu_time_total) for e in prof.key_averages()",
+             "{e.key: (e.count, e.cpu_time_total) for e in prof.key_averages()",
+             ("tests/test_profile.py::test_a_cpu_profile_counts_each_operators_own_time_not_the_operators_it_called",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

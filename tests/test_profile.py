@@ -90,6 +90,17 @@ def test_device_time_counts_every_kernel_once_and_nothing_the_host_ran():
     assert profile.device_durations(events) == {"gemm_a": (2, 40.0), "Memset (Device)": (1, 2.0)}
 
 
+def test_a_cpu_profile_counts_each_operators_own_time_not_the_operators_it_called():
+    """On a CPU an operator's self time stands in for a kernel's: aten::linear's total holds the
+    aten::addmm it called, which is counted on its own, so totals would count that time twice; an
+    operator with no time of its own is left out."""
+    averages = [SimpleNamespace(key="aten::linear", count=2, self_cpu_time_total=5.0, cpu_time_total=45.0),
+                SimpleNamespace(key="aten::addmm", count=2, self_cpu_time_total=40.0, cpu_time_total=40.0),
+                SimpleNamespace(key="aten::view", count=4, self_cpu_time_total=0.0, cpu_time_total=0.0)]
+    prof = SimpleNamespace(key_averages=lambda: averages)
+    assert profile.operator_durations(prof) == {"aten::linear": (2, 5.0), "aten::addmm": (2, 40.0)}
+
+
 def bench_rows(*extra: str) -> list[dict]:
     result = CliRunner().invoke(main, ["bench", "--variant", "capsnet_r1", "--batch", "2", "--steps", "1", "--warmup", "0",
                                        "--device", "cpu", "--no-reference", "--params", str(REPO / "params.yaml"), *extra])
