@@ -55,21 +55,25 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a sqlite store (relative: to the current directory, as MLflow reads it);
+    None for other stores."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
 def _store_lock(uri: str) -> Path | None:
     """The lock file beside a sqlite store (creating a fresh store runs migrations that two
     processes must not run at once); None for other stores, whose servers serialise for us."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri.removeprefix("sqlite:///") + ".lock")
+    file = _sqlite_file(uri)
+    return None if file is None else file.with_name(file.name + ".lock")
 
 
 def artifact_root(uri: str) -> Path:
     """Where a new experiment of the store at ``uri`` keeps its runs' files: beside a sqlite store's
     file (the default store's is the repository's mlruns/; a store in a scratch folder keeps them
     there too, not in whatever directory the process ran from), else the repository's mlruns/."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns"
-    return repo_root() / "mlruns"
+    file = _sqlite_file(uri)
+    return repo_root() / "mlruns" if file is None else file.resolve().parent / "mlruns"
 
 
 class Tracker:
