@@ -57,51 +57,50 @@ def test_a_variant_trains_with_its_recipes_loss_and_model(tmp_path, variant, rec
     assert (0.08 < w_std < 0.095) if official else (0.009 < w_std < 0.0115)
 
 
-def test_tf32_is_on_only_where_train_tf32_says():
+@pytest.fixture
+def backend_flags():
+    """torch's process-wide backend switches (TF32, cuDNN autotuning, deterministic algorithms) as they
+    were before the test, whatever the test sets."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+             torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[:3]
+    torch.use_deterministic_algorithms(saved[3], warn_only=saved[4])
+
+
+def test_tf32_is_on_only_where_train_tf32_says(backend_flags):
     """On CUDA an fp32 run is fp32: train.tf32 (default false) sets TF32 for matmuls and cuDNN's
     convolutions, whose torch default is on; on a CPU nothing is touched. (A torch.device("cuda")
     object needs no GPU: only the flags are read.)"""
     cfg = one_step_config("capsnet_r1")
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # torch's cuDNN default
-        train_module.configure_backends(cfg, torch.device("cpu"))
-        assert torch.backends.cudnn.allow_tf32 is True
-        for flag in (False, True, False):
-            train_module.configure_backends(dataclasses.replace(cfg, tf32=flag), torch.device("cuda"))
-            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (flag, flag)
-        assert cfg.tf32 is False and dataclasses.replace(cfg, tf32=True).digest() != cfg.digest()  # precision: the key
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # torch's cuDNN default
+    train_module.configure_backends(cfg, torch.device("cpu"))
+    assert torch.backends.cudnn.allow_tf32 is True
+    for flag in (False, True, False):
+        train_module.configure_backends(dataclasses.replace(cfg, tf32=flag), torch.device("cuda"))
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (flag, flag)
+    assert cfg.tf32 is False and dataclasses.replace(cfg, tf32=True).digest() != cfg.digest()  # precision: the key
 
 
-def test_cudnn_autotunes_on_cuda_only_where_the_run_need_not_be_deterministic_and_adam_is_fused_there():
+def test_cudnn_autotunes_on_cuda_only_where_the_run_need_not_be_deterministic_and_adam_is_fused_there(backend_flags):
     """cuDNN's benchmark mode times convolution algorithms and keeps the fastest, which may differ from
     run to run: on CUDA it is on for deterministic: false (the gpu profiles') and off for deterministic:
     true, with torch's deterministic switch set to match; a CPU run leaves it as it is. On CUDA Adam is
     fused (one kernel for every parameter), on a CPU torch's default. (The devices need no GPU: only
     flags are set and read.)"""
     cfg = one_step_config("capsnet_r1")
-    saved = (torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cuda.matmul.allow_tf32,
-             torch.backends.cudnn.allow_tf32)
-    try:
-        for deterministic in (True, False, True):
-            train_module.configure_backends(dataclasses.replace(cfg, deterministic=deterministic), torch.device("cuda"))
-            assert torch.backends.cudnn.benchmark is (not deterministic)
-            assert torch.are_deterministic_algorithms_enabled() is deterministic
-        train_module.configure_backends(dataclasses.replace(cfg, deterministic=False), torch.device("cpu"))
-        assert torch.backends.cudnn.benchmark is False
-    finally:
-        torch.backends.cudnn.benchmark = saved[0]
-        torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[3:]
+    for deterministic in (True, False, True):
+        train_module.configure_backends(dataclasses.replace(cfg, deterministic=deterministic), torch.device("cuda"))
+        assert torch.backends.cudnn.benchmark is (not deterministic)
+        assert torch.are_deterministic_algorithms_enabled() is deterministic
+    train_module.configure_backends(dataclasses.replace(cfg, deterministic=False), torch.device("cpu"))
+    assert torch.backends.cudnn.benchmark is False
     for device, fused in (("cuda", True), ("cpu", False)):
         optimizer, _ = train_module.make_optimizer(torch.nn.Linear(2, 2), cfg, torch.device(device))
         assert bool(optimizer.defaults["fused"]) is fused, device
 
 
-def test_the_evaluate_stage_runs_the_model_in_the_precision_it_trained_in(tmp_path, monkeypatch):
+def test_the_evaluate_stage_runs_the_model_in_the_precision_it_trained_in(tmp_path, monkeypatch, backend_flags):
     """An fp32 run's evaluation on CUDA is fp32 too: the evaluate stage's load_model sets TF32 from the
     run's config as training did (the device faked: only the flags are read)."""
     import json
@@ -115,13 +114,9 @@ def test_the_evaluate_stage_runs_the_model_in_the_precision_it_trained_in(tmp_pa
     save_file(train_module.build_model(cfg).state_dict(), str(tmp_path / "model.safetensors"))
     monkeypatch.setattr(evaluate_stage, "resolve_device", lambda _: torch.device("cuda"))
     monkeypatch.setattr(evaluate_stage, "place_model", lambda model, *_: model)
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # torch's cuDNN default
-        evaluate_stage.load_model(tmp_path)
-        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # torch's cuDNN default
+    evaluate_stage.load_model(tmp_path)
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
 
 
 @pytest.mark.parametrize("compile_", [False, True])
