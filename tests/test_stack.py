@@ -357,23 +357,31 @@ def test_the_streams_layout_forks_every_seed_before_any_works_and_joins_them_aft
     assert stack_mod.compiled(fused) is fused and compiled_fns == [(fused, "default")]
 
 
+def seed_one_stops_after_epoch_one(monkeypatch, before_score=lambda call: None) -> dict:
+    """A constructed test error for a group of SEEDS with a target of 90 %: seed 1 reaches it at its
+    first score and no other seed ever does (scored in seed order: 0, 1, 2 in epoch 1, then 0, 2);
+    ``before_score(call)`` runs before each. The count of scores so far, in ["n"]; a run without a
+    target (target_accuracy_pct 0) never stops, whatever it is told."""
+    calls = {"n": 0}
+
+    def constructed(training, model, batch_size, amp):
+        calls["n"] += 1
+        before_score(calls["n"])
+        return 5.0 if calls["n"] == 2 else 50.0
+
+    monkeypatch.setattr("pipeline.experiments.table1.Training.test_error", constructed)
+    return calls
+
+
 def test_a_seed_that_stops_early_freezes_while_the_others_train_on(tmp_path, monkeypatch):
     """§5.2's early stopping per seed: a constructed error sequence stops seed 1 after epoch 1; it
     ends with its separate run's epoch-1 weights, the others train every epoch."""
     cfg = config("capsnet_r1", epochs=3, target_accuracy_pct=90.0)
-    errors = {}
-
-    def constructed(model, batch_size, amp):  # seed 1's model is scored second each epoch
-        errors["calls"] = errors.get("calls", 0) + 1
-        return 5.0 if (errors["calls"] == 2 and errors.get("stack")) else 50.0
-
-    monkeypatch.setattr("pipeline.experiments.table1.Training.test_error", lambda self, *a: constructed(*a))
-    errors["stack"] = True
+    seed_one_stops_after_epoch_one(monkeypatch)
     cfgs = [dataclasses.replace(cfg, seed=s) for s in SEEDS]
     stacked = train_group(cfgs, tiny_data(), tmp_path / "stack.pt")
     assert [len(r.history) for r in stacked] == [3, 1, 3]
     assert [r.stop_reason for r in stacked] == ["budget", "target", "budget"]
-    errors.clear()
     alone = train(dataclasses.replace(cfgs[1], epochs=1, target_accuracy_pct=0.0), tiny_data(), tmp_path / "one.pt")
     for name, value in alone.model.state_dict().items():
         assert_close_in_norm(stacked[1].model.state_dict()[name], value, f"seed 1 {name}")
@@ -388,19 +396,17 @@ def test_a_stopped_seeds_slice_gone_non_finite_fails_neither_the_others_steps_no
     on to epoch 3, checkpointed every epoch, and every result is finite (seed 1's: the weights it stopped with)."""
     from pipeline.training import train as train_module
 
-    built, calls = {}, {"n": 0}
+    built = {}
     build_group = train_module.build_group
     monkeypatch.setattr(train_module, "build_group", lambda *args: built.setdefault("group", build_group(*args)))
 
-    def constructed(model, batch_size, amp):  # scored in seed order: 0, 1, 2 in epoch 1, then 0, 2
-        calls["n"] += 1
-        if calls["n"] == 4:  # epoch 2, seed 1 stopped: its slice goes non-finite before the checkpoint
+    def poison_seed_one(call):
+        if call == 4:  # epoch 2, seed 1 stopped: its slice goes non-finite before the checkpoint
             with torch.no_grad():
                 for w in built["group"][0].seed_weights(1).values():
                     w.fill_(float("nan"))
-        return 5.0 if calls["n"] == 2 else 50.0
 
-    monkeypatch.setattr("pipeline.experiments.table1.Training.test_error", lambda self, *a: constructed(*a))
+    calls = seed_one_stops_after_epoch_one(monkeypatch, poison_seed_one)
     cfg = config("capsnet_r1", epochs=3, target_accuracy_pct=90.0, checkpoint_every=1)
     stacked = train_group([dataclasses.replace(cfg, seed=s) for s in SEEDS], tiny_data(), tmp_path / "stack.pt")
     assert [len(r.history) for r in stacked] == [3, 1, 3] and calls["n"] == 7
@@ -441,13 +447,7 @@ def test_a_group_killed_after_a_seed_stopped_resumes_with_its_stopped_weights_an
     ends as the uninterrupted group's, seed 1 with the weights it stopped with (its slice of the stack
     has drifted since, under Adam's momentum), and the checkpoint still carries each seed's extras
     (its tracking run id: a second resume logs on into it)."""
-    calls = {"n": 0}
-
-    def constructed(model, batch_size, amp):  # scored in seed order: 0, 1, 2 in epoch 1, then 0, 2
-        calls["n"] += 1
-        return 5.0 if calls["n"] == 2 else 50.0
-
-    monkeypatch.setattr("pipeline.experiments.table1.Training.test_error", lambda self, *a: constructed(*a))
+    calls = seed_one_stops_after_epoch_one(monkeypatch)
     cfgs = [dataclasses.replace(config("capsnet_r1", epochs=3, target_accuracy_pct=90.0), seed=s) for s in SEEDS]
     straight = train_group(cfgs, tiny_data(), tmp_path / "a.pt")
     calls["n"] = 0
