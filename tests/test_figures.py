@@ -152,3 +152,121 @@ def test_the_affine_montage_labels_each_transformed_digit_with_its_transform(dra
     axes = drawn[0].axes
     assert [ax.get_xlabel() for ax in axes[:2]] == ["", ""]  # the originals' row
     assert axes[2].get_xlabel().startswith("+15°") and axes[3].get_xlabel().startswith("-5°")
+
+
+def legend_labels(ax) -> list[str]:
+    return sorted(t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_the_affine_montage_puts_originals_above_transforms_in_uint8_grey_with_every_parameter(drawn, tmp_path):
+    originals, transformed = torch.zeros(1, 4, 4, dtype=torch.uint8), torch.full((1, 4, 4), 200, dtype=torch.uint8)
+    params = torch.tensor([[15.0, 0.1, 1.2, 0.9, 2.0, -1.0]])  # rotation, shear, scale x, scale y, tx, ty
+    figures.affine_montage(originals, transformed, params, tmp_path / "a.png")
+    top, bottom = drawn[0].axes
+    assert np.asarray(top.images[0].get_array()).max() == 0 and np.asarray(bottom.images[0].get_array()).min() == 200
+    assert top.images[0].get_clim() == bottom.images[0].get_clim() == (0, 255)  # uint8 grey levels, not rescaled
+    assert bottom.get_xlabel() == "+15° k+0.10\n×1.20,0.90\n(+2.0,-1.0)"
+    assert (top.get_ylabel(), bottom.get_ylabel()) == ("MNIST", "affine")
+
+
+def test_confusion_panels_carry_their_test_sets_name_and_write_dark_cells_in_white(drawn, tmp_path):
+    cm = [[9, 1], [2, 5]]
+    figures.confusion([(cm, "MNIST"), (cm, "affNIST")], "t", tmp_path / "c.png")
+    first, second = (ax for ax in drawn[0].axes if ax.get_label() != "<colorbar>")
+    assert (first.get_title(), second.get_title()) == ("MNIST", "affNIST")
+    colours = {t.get_text(): to_rgba(t.get_color()) for t in first.texts}
+    assert colours == {"9": to_rgba("white"), "5": to_rgba("white"), "1": to_rgba("black"), "2": to_rgba("black")}
+
+
+def test_learning_curve_panels_give_a_variant_one_colour_everywhere_and_a_dash_per_line(drawn, tmp_path):
+    """A variant's colour is the same in every panel; its second line in a panel is dashed; the test error
+    is on a log scale; a panel's protocol is wrapped under its title."""
+    seeds = [([1, 2], [2.0, 1.0])]
+    protocol = "gpu profile, 50 epochs, the paper's decay compressed into them, " * 2
+    mnist_lines = {"capsnet_r1 (paper)": seeds, "capsnet_r1 (official)": seeds, "baseline_cnn": seeds}
+    panels = {f"MNIST\n{protocol}": mnist_lines,
+              "affNIST": {"baseline_cnn": seeds, "capsnet_r1 (paper)": seeds}}
+    figures.learning_curve_panels(panels, {"cut": ([1, 2], [1e-3, 9e-4])}, tmp_path / "c.png")
+    mnist, affnist = drawn[0].axes[:2]
+    lines = {(ax.get_title().split("\n")[0], line.get_label()): line for ax in (mnist, affnist) for line in ax.lines}
+    colour = {key: to_rgba(line.get_color()) for key, line in lines.items()}
+    capsnet = colour["MNIST", "capsnet_r1 (paper) (n=1)"]
+    assert capsnet == colour["MNIST", "capsnet_r1 (official) (n=1)"] == colour["affNIST", "capsnet_r1 (paper) (n=1)"]
+    assert colour["MNIST", "baseline_cnn (n=1)"] == colour["affNIST", "baseline_cnn (n=1)"] != capsnet
+    styles = [lines["MNIST", label].get_linestyle() for label in ("capsnet_r1 (paper) (n=1)",
+                                                                   "capsnet_r1 (official) (n=1)")]
+    assert styles == ["-", "--"]
+    assert mnist.get_yscale() == affnist.get_yscale() == "log"
+    title = mnist.get_title().split("\n")
+    assert title[0] == "MNIST" and len(title) >= 3 and " ".join(title[1:]) == protocol.strip()
+
+
+def test_learning_curve_panels_past_four_fill_rows_of_three_with_the_schedule_last(drawn, tmp_path):
+    seeds = [([1], [1.0])]
+    panels = {f"set {k}": {"capsnet_r1": seeds} for k in range(4)}
+    figures.learning_curve_panels(panels, {"cut": ([1], [1e-3])}, tmp_path / "c.png")
+    axes = drawn[0].axes
+    assert len(axes) == 6 and axes[3].get_subplotspec().rowspan.start == 1  # 2 rows of 3
+    assert [ax.get_title() for ax in axes[:5]] == ["set 0", "set 1", "set 2", "set 3", "learning-rate schedule"]
+    assert [ax.axison for ax in axes] == [True] * 5 + [False]  # the spare panel is blank
+
+
+def test_image_grid_labels_each_row_and_column_at_its_tiles_centre_on_a_zero_to_one_scale(drawn, tmp_path):
+    rows = [torch.rand(3, 2, 2), torch.rand(3, 2, 2)]
+    figures.image_grid(rows, ["input", "reconstruction"], "t", tmp_path / "g.png", col_labels=["a", "b", "c"], gap=1)
+    ax = drawn[0].axes[0]
+    assert list(ax.get_yticks()) == [0.5, 3.5]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["input", "reconstruction"]
+    assert list(ax.get_xticks()) == [0.5, 3.5, 6.5] and [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
+    assert ax.images[0].get_clim() == (0, 1)
+
+
+def test_each_effects_note_is_on_its_row_beside_a_zero_line_and_the_legend_names_each_mark_once(drawn, tmp_path):
+    effects, notes = ["routing", "reconstruction", "recipe"], ["84 seeds", "none", "confounded"]
+    figures.effect_intervals(effects, [0.03, -0.11, -0.04], [(-0.15, 0.22), (-0.29, 0.06), (math.nan, math.nan)],
+                             [-0.04, -0.14, math.nan], notes, tmp_path / "e.png")
+    figures.effect_intervals(effects[:2], [0.03, -0.11], [(-0.15, 0.22), (-0.29, 0.06)], [-0.04, -0.14], notes[:2],
+                             tmp_path / "e2.png")
+    ax, unconfounded = (fig.axes[0] for fig in drawn)
+    row_of = {tick.get_text(): y for y, tick in zip(ax.get_yticks(), ax.get_yticklabels())}
+    assert {a.get_text(): a.xy[1] for a in ax.texts} == {note: row_of[e] for note, e in zip(notes, effects)}
+    assert [list(line.get_xdata()) for line in ax.lines if line.get_linestyle() == "--"] == [[0, 0]]
+    assert legend_labels(ax) == ["ours, 95 % seed-aware interval", "ours, no interval (confounded)", "paper (Table 1)"]
+    assert legend_labels(unconfounded) == ["ours, 95 % seed-aware interval", "paper (Table 1)"]
+
+
+def test_seed_errors_name_each_mark_once_in_the_legend(drawn, tmp_path):
+    figures.seed_errors(["a", "b"], [[0.3, 0.4], [0.5, 0.6]], [(0.1, 0.6), (0.2, 0.9)], [0.25, 0.35], [0.005, 0.01],
+                        tmp_path / "s.png")
+    assert legend_labels(drawn[0].axes[0]) == ["ours, each seed", "ours, mean and 95 % interval over seeds",
+                                               "paper (Table 1), mean ± σ"]
+
+
+def test_accuracy_by_transform_gives_each_model_its_colour_and_each_panel_its_parameter(drawn, tmp_path):
+    bins = {name: {"centres": [0.0], "accuracy_pct": [90.0], "std": [1.0]} for name in figures.BIN_LABELS}
+    figures.accuracy_by_transform({"capsnet": bins, "baseline": bins}, "t", tmp_path / "a.png")
+    figures.accuracy_by_transform({}, "t", tmp_path / "none.png")
+    panels, (empty,) = drawn[0].axes, drawn[1].axes
+    assert [ax.get_xlabel() for ax in panels] == list(figures.BIN_LABELS.values())
+    for ax in panels:
+        first, second = (to_rgba(c.lines[0].get_color()) for c in ax.containers)
+        assert first != second
+    assert [t.get_text() for t in empty.texts] == ["No transform parameters for this test set (real affNIST): "
+                                                   "no breakdown."]
+
+
+def test_multimnist_reconstructions_title_each_example_and_placeholders_say_why(drawn, tmp_path):
+    figures.multimnist_reconstructions(torch.zeros(2, 2, 2, dtype=torch.uint8), torch.zeros(2, 2, 2, 2),
+                                       ["3 and 7", "1 and 4"], "t", tmp_path / "m.png")
+    figures.placeholder("no runs yet: run `dvc repro`", tmp_path / "p.png")
+    assert [ax.get_title() for ax in drawn[0].axes[:2]] == ["3 and 7", "1 and 4"]
+    assert [t.get_text() for t in drawn[1].axes[0].texts] == ["no runs yet: run `dvc repro`"]
+
+
+def test_a_runs_learning_curve_plots_its_test_error_and_its_loss_on_a_log_scale(drawn, tmp_path):
+    history = [{"epoch": 1, "test_error_pct": 2.0, "train_loss": 0.5},
+               {"epoch": 2, "test_error_pct": 1.0, "train_loss": 0.1}]
+    figures.learning_curves(history, "capsnet_r1 seed 0", tmp_path / "c.png")
+    error, loss = drawn[0].axes
+    assert list(error.lines[0].get_ydata()) == [2.0, 1.0] and list(loss.lines[0].get_ydata()) == [0.5, 0.1]
+    assert loss.get_yscale() == "log"
