@@ -46,6 +46,14 @@ def proc_stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def cmdline(proc: Path) -> bytes:
+    """/proc/<pid>/cmdline, or nothing where the process ended meanwhile."""
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def held_stage(root, address, log, seed="0", **popen):
     """`capsnet train` of one seed of ``root``'s tiny pipeline, forked warm by the server at ``address``
     and held at the MLflow store's lock, which the caller holds: (its `capsnet` client, the stage's pid)."""
@@ -218,3 +226,58 @@ def test_a_stopped_server_ends_the_stages_still_running(tmp_path):
         else:
             raise AssertionError(f"the stage {stage} outlived its server")
     assert client.returncode != 0
+
+
+def test_an_omp_thread_count_torch_would_not_take_is_a_setting_that_differs():
+    """OMP_NUM_THREADS is the stage's own only as a positive count; anything else (a word, 0) is an
+    import-time setting like the others: refused by name, not a crash of the server reading it."""
+    assert (warm.thread_count("3"), warm.thread_count("four"), warm.thread_count("0"), warm.thread_count(None)) == \
+        (3, None, None, None)
+    request = {"package": str(warm.PACKAGE), "env": {"OMP_NUM_THREADS": "four"}}
+    assert warm.refusal(request, warm.fingerprint(), {"OMP_NUM_THREADS": "1"}) == \
+        "OMP_NUM_THREADS differ from the warm interpreter's"
+
+
+def test_the_server_imports_the_installed_package_in_a_session_of_its_own_and_leaves_no_folder(tmp_path, monkeypatch):
+    """`make smoke` starts the server from the repository; a `pipeline/` in the working directory that is not
+    the installed package is not what it imports (-P). It runs in its own session, so a Ctrl-C at the terminal
+    reaches the stages through `capsnet` only, and its socket's folder goes with it."""
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "pipeline" / "__init__.py").write_text('raise SystemExit("the working directory\'s package")\n')
+    monkeypatch.chdir(tmp_path)
+    with warm.running(tmp_path / "warm.log") as address:
+        assert address is not None, (tmp_path / "warm.log").read_text()
+        (server,) = [int(p.name) for p in Path("/proc").glob("[0-9]*") if address.encode() in cmdline(p)]
+        assert proc_stat(server)[3] != str(os.getsid(0))  # its session: a terminal's Ctrl-C does not reach it
+    assert not os.path.exists(os.path.dirname(address))
+
+
+def test_a_hangup_reaches_the_stage_as_itself(server, tmp_path):
+    """SIGHUP (the terminal closed) sent to `capsnet` reaches its stage, which ends by it as a cold stage
+    would: status 129, from the client (not the SIGTERM the server sends the stage of a client that died of it).
+    The stage is held at the MLflow store's lock, which the test holds."""
+    address, log = server
+    tiny_pipeline(tmp_path)
+    with file_lock(tmp_path / "mlflow.db.lock", wait=False):
+        client, _ = held_stage(tmp_path, address, log)
+        time.sleep(1)  # the client has its forwarding handlers once it has read the pid
+        client.send_signal(signal.SIGHUP)
+        client.communicate(timeout=60)
+    assert client.returncode == 128 + signal.SIGHUP
+
+
+def test_a_server_started_by_hand_removes_its_socket_when_stopped(tmp_path):
+    """`python -m pipeline.warm serve SOCKET` outside `warm.running` (which removes its folder): SIGTERM
+    stops it, and no stale socket is left for the next server to trip on."""
+    address = tmp_path / "socket"
+    server = subprocess.Popen([str(BIN / "python"), "-P", "-m", "pipeline.warm", "serve", str(address)], cwd=tmp_path)
+    try:
+        for _ in range(1200):
+            if address.exists() or server.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert address.exists()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert not address.exists()
