@@ -387,3 +387,68 @@ def test_the_time_between_epochs_is_read_from_a_runs_journal(tmp_path):
     alone = {tuple(line.split()[:2]): float(line.split()[3]) for line in done.stdout.splitlines()[1:]}
     assert alone[("capsnet_r1_official", "2")] == pytest.approx(0.03, abs=0.005)  # the one run alone on the GPU
     assert alone[("capsnet_r1_official", "2")] < gpu_queue.EPOCH_EVAL_SECONDS < alone[("capsnet_r3", "1")]
+
+
+def test_the_paper_protocol_trains_in_bf16_only_where_every_decided_precision_row_allows_it(tmp_path):
+    """scripts/gpu_window.py --paper-amp: each precision-check row with an interval over 3 seeds a side must
+    allow bf16; one beyond the seed noise keeps fp32 and is the row the reason names, wherever it stands;
+    a row without an interval decides nothing."""
+    import pandas as pd
+
+    params = tmp_path / "params.gpu.yaml"
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
+                    "--write", str(params)], check=True, cwd=REPO)
+    gpu = yaml.safe_load(params.read_text())
+
+    def check(*cis):
+        rows = [{"a": "capsnet_r3_recon", "b": "capsnet_r3_recon_fp32", "our_delta": (lo + hi) / 2, "ci_low": lo,
+                 "ci_high": hi, "n_seeds": seeds} for lo, hi, seeds in cis]
+        pd.DataFrame(rows).to_csv(tmp_path / "effects.csv", index=False)
+        return gpu_window.paper_precision(tmp_path / "effects.csv", gpu)
+
+    allowed, why = check((-0.1, 0.2, 3), (0.05, 0.3, 3))
+    assert not allowed and "[+0.05, +0.30]" in why and "beyond the seed noise" in why
+    allowed, why = check((-0.1, 0.2, 3), (0.05, 0.3, 2))  # the second row has no interval over 3 seeds
+    assert allowed and "[-0.10, +0.20]" in why
+
+
+def test_the_window_script_says_in_one_line_which_file_it_needs_and_how_to_write_it(tmp_path):
+    """scripts/gpu_window.py: a missing params file, paper params or fingerprint table is one line naming
+    the command that writes it; --paper-amp says why on stderr and prints the decision alone."""
+    params = tmp_path / "params.gpu.yaml"
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
+                    "--write", str(params)], check=True, cwd=REPO)
+
+    def window(*args):
+        done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_window.py"), *args], cwd=tmp_path,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        return done.returncode, done.stdout, done.stderr.splitlines()
+
+    code, _, err = window("--params", "absent.yaml")
+    assert code == 1 and err == ["absent.yaml does not exist: write it with "
+                                 "`python -m pipeline.profiles gpu --write absent.yaml`"]
+    for paper in ([], ["--paper", "absent-paper.yaml"]):
+        code, _, err = window("--params", str(params), *paper)
+        assert code == 1 and len(err) == 1 and err[0].startswith("--paper PARAMS is needed: write them with `python "
+                                                                 "-m pipeline.profiles paper-gpu --set train.amp=")
+    code, _, err = window("--params", str(params), "--paper", str(params), "--fingerprints", "absent.json")
+    assert code == 1 and err == [f"absent.json does not exist: write it with `capsnet fingerprint absent.json "
+                                 f"--params {params}`"]
+    code, out, err = window("--params", str(params), "--paper-amp", "--effects", "absent.csv")
+    assert (code, out) == (0, "false\n") and len(err) == 1 and "the precision check has not decided" in err[0]
+
+
+def test_the_cuda_tests_key_changes_with_a_files_name_and_only_pytests_summary_line_finishes_a_log(tmp_path):
+    """scripts/gpu_proof.py: a file renamed (its content the same) is other code; a log that merely mentions
+    a count of passed tests in a test's output is not finished."""
+    root = tmp_path / "tree"
+    (root / "pipeline").mkdir(parents=True)
+    (root / "tests").mkdir()
+    for part in ("params.yaml", "tests/conftest.py"):
+        shutil.copy(REPO / part, root / part)
+    (root / "pipeline" / "a.py").write_text("x = 1\n")
+    base = gpu_proof.code_digest(root, [])
+    (root / "pipeline" / "a.py").rename(root / "pipeline" / "b.py")
+    assert gpu_proof.code_digest(root, []) != base
+    assert not gpu_proof.finished("tests/test_gpu.py::test_x PASSED [ 50%]\nE   assert '3 passed in 1.0s' == ''\n")
+    assert gpu_proof.finished(FINISHED_LOG)

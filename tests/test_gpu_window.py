@@ -770,3 +770,19 @@ def test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head(tmp_path
         assert change in dirty.stderr and not dirty.stdout
         subprocess.run(["git", "checkout", "-q", "--", "."], **tree)
         (tmp_path / "new.py").unlink(missing_ok=True)
+
+
+def test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file(tmp_path):
+    """scripts/gpu_travel.py: a tracked file deleted from the working tree does not travel (the device tool
+    sends the tree), nor does a link (it leaves links out); a carried path may be a single file."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".gitignore").write_text("/weights.pt\n")
+    (tmp_path / "gone.txt").write_text("x")
+    (tmp_path / "kept.txt").write_text("y" * 10)
+    (tmp_path / "link.txt").symlink_to(tmp_path / "kept.txt")
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    (tmp_path / "gone.txt").unlink()
+    (tmp_path / "weights.pt").write_bytes(b"w" * 5)
+    listed = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_travel.py"), "--list", "--carry",
+                             "weights.pt"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    assert sorted(filter(None, listed.split("\0"))) == [".gitignore", "kept.txt", "weights.pt"]

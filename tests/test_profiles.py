@@ -592,3 +592,64 @@ def test_the_fp32_twin_trains_with_the_fastest_fp32_mode_its_cuda_tests_prove(tm
     assert "capsnet-fp32 (fp32 twin) — capsnet: fp32, stack fused: 15,000 images/s" in out
     assert (twin.train.compile, twin.train.cuda_graph) == (False, False)  # eager fp32
     assert "FAILED" in gpu_levers.run_unproven(recorded, gpu_levers.test_outcomes((tmp_path / "tests.txt").read_text()))
+
+
+def test_gpu_levers_count_only_a_passed_proof_and_write_what_each_choice_trains_with(tmp_path):
+    """scripts/gpu_levers.py: a proving CUDA test that was skipped proves nothing (a streams row refused, and
+    counted among the modes not proven); pytest-xdist's lines count; a CNN given a compiled mode compiles
+    (compile_cnns); the fp32 twin never takes a bf16 row, and with no fp32 row falls back to eager fp32 in
+    the fused layout, whatever layout the profile stacks in; --check-run fails a run whose settings no
+    passed test proves, naming it, and a missing params file is one line naming the command that writes it."""
+    import json
+
+    from pipeline.core.params import load_params
+
+    params = tmp_path / "params.gpu.yaml"
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
+                    "--write", str(params)], check=True, cwd=REPO)
+    raw = yaml.safe_load(params.read_text())
+    raw["train"]["stack_layout"] = "streams"
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    def row(variant, mode, rate, seeds=3, stack="fused"):
+        return {"variant": variant, "mode": mode, "seeds": seeds, "train_images_per_s": rate, "captured": True,
+                **({"stack": stack} if seeds > 1 else {})}
+
+    rows = [row("capsnet_r3_recon", "bf16-compile-capture", 150_000, stack="streams"),
+            row("capsnet_r3_recon", "bf16-compile", 60_000), row("capsnet_r3_recon", "bf16-cl", 10_000, seeds=1),
+            row("baseline_cnn", "bf16-compile", 80_000), row("baseline_cnn", "bf16", 30_000)]
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    capture = "tests/test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
+    (tmp_path / "tests.txt").write_text("\n".join([
+        "[gw0] [ 1%] PASSED tests/test_gpu.py::test_bf16_compiled_step_matches_eager_fp32[capsnet_r3_recon]",
+        "[gw1] [ 2%] PASSED tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon]",
+        "tests/test_gpu.py::test_bf16_compiled_step_matches_eager_fp32[baseline_cnn] PASSED [ 3%]",
+        "tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[baseline_cnn] PASSED [ 4%]",
+        f"{capture}[capsnet_r3_recon-bf16-compiled-fused-3seed] PASSED [ 5%]",
+        f"{capture}[capsnet_r3_recon-bf16-compiled-streams-3seed] SKIPPED [ 6%]"]))
+
+    def levers(*args):
+        return subprocess.run([sys.executable, "scripts/gpu_levers.py", "--tests", str(tmp_path / "tests.txt"), *args],
+                              cwd=REPO, capture_output=True, text=True)
+
+    out = levers("--bench", str(tmp_path / "bench"), "--params", str(params)).stdout
+    assert "capsnet: bf16-compile, stack fused: 60,000 images/s (capsnet_r3_recon, 3 seeds; 1 mode(s) not proven" in out
+    cnn = load_params(tmp_path / "params.gpu.baseline_cnn.yaml").train
+    assert (cnn.compile, cnn.compile_cnns) == (True, True)  # the CNN trains the compiled mode it was picked for
+    twin = load_params(tmp_path / "params.gpu.capsnet-fp32.yaml").train
+    assert (twin.compile, twin.cuda_graph, twin.stack_layout) == (False, False, "fused")
+    captured = {"model": "capsnet", "amp": True, "compile": True, "compile_mode": "default", "channels_last": False,
+                "cuda_graph": True, "stack_layout": "streams"}
+    streams = {"config": captured, "stacked_seeds": [0, 1, 2]}
+    (tmp_path / "run.json").write_text(json.dumps(streams))
+    refused = levers("--check-run", str(tmp_path / "run.json"))
+    assert refused.returncode == 1 and refused.stderr.strip().endswith("-streams-3seed] SKIPPED")
+    fused = {**captured, "cuda_graph": False, "stack_layout": "fused"}
+    (tmp_path / "run.json").write_text(json.dumps({**streams, "config": fused}))
+    assert levers("--check-run", str(tmp_path / "run.json")).returncode == 0
+    missing = tmp_path / "absent.yaml"
+    absent = levers("--params", str(missing))
+    assert absent.returncode == 1
+    writes = f"python -m pipeline.profiles gpu --write {missing}"
+    assert absent.stderr == f"{missing} does not exist: write it with `{writes}`\n"
