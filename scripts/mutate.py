@@ -3544,6 +3544,9 @@ MUTATIONS = [
     Mutation("gpu_levers.py without its params file fails with a traceback", "scripts/gpu_levers.py",
              "    if not args.params.is_file():\n", "    if False:\n",
              (f"{PROFILES}::test_gpu_levers_count_only_a_passed_proof_and_write_what_each_choice_trains_with",)),
+    Mutation("the paper window's queue ignores this host's fingerprint tables beside its own", "scripts/gpu_window.py",
+             "    here = lineage.load_tables(args.fingerprints.parent) if args.fingerprints else []", "    here = []",
+             (f"{PAPER}::test_the_window_script_carries_a_run_of_another_environment_through_this_hosts_table_beside_its_own",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

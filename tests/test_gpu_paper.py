@@ -452,3 +452,33 @@ def test_the_cuda_tests_key_changes_with_a_files_name_and_only_pytests_summary_l
     assert gpu_proof.code_digest(root, []) != base
     assert not gpu_proof.finished("tests/test_gpu.py::test_x PASSED [ 50%]\nE   assert '3 passed in 1.0s' == ''\n")
     assert gpu_proof.finished(FINISHED_LOG)
+
+
+def test_the_window_script_carries_a_run_of_another_environment_through_this_hosts_table_beside_its_own(tmp_path):
+    """scripts/gpu_window.py --fingerprints F: the tables beside F (gpu_plan.sh's, computed on this host) carry a
+    seed published in another fingerprint environment whose commit's table there vouches for it, where this
+    host's table of that commit gives F's fingerprint; without one, that seed is queued again."""
+    for name, profile, sets in (("params.gpu.yaml", "gpu", []),
+                                ("params.paper-gpu.yaml", "paper-gpu", ["--set", "train.amp=true"])):
+        subprocess.run([sys.executable, "-m", "pipeline.profiles", profile, "--params", str(REPO / "params.yaml"),
+                        *sets, "--write", str(tmp_path / name)], check=True, cwd=REPO)
+    old, commit = "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE", "d0" * 20
+    publish_seed0(tmp_path, "a" * 16, old, commit)
+    (tmp_path / "reports" / "runs" / "fingerprints").mkdir()
+    (tmp_path / "reports" / "runs" / "fingerprints" / f"{commit}.json").write_text(json.dumps(
+        {"commit": commit, "environment": old, "fingerprints": {"capsnet_r3_recon": "a" * 16}}))
+    here, tables = f"{old}, GenuineIntel, glibc 2.39", tmp_path / "fingerprints"
+    tables.mkdir()
+    (tables / "c0ffee1.json").write_text(json.dumps(
+        {"commit": "c0ffee1", "environment": here, "fingerprints": {"capsnet_r3_recon": "b" * 16}}))
+
+    def queued() -> list[str]:
+        return subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_window.py"), "--params", "params.gpu.yaml",
+                               "--paper", "params.paper-gpu.yaml", "--effects", "absent.csv", "--fingerprints",
+                               str(tables / "c0ffee1.json")], cwd=tmp_path, capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.split()
+
+    assert "capsnet_r3_recon:0,1,2" in queued()
+    (tables / f"{commit}-here.json").write_text(json.dumps(
+        {"commit": commit, "environment": here, "fingerprints": {"capsnet_r3_recon": "b" * 16}}))
+    assert "capsnet_r3_recon:1,2" in queued()
