@@ -786,3 +786,75 @@ def test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_fi
     listed = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_travel.py"), "--list", "--carry",
                              "weights.pt"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert sorted(filter(None, listed.split("\0"))) == [".gitignore", "kept.txt", "weights.pt"]
+
+
+def test_a_job_is_priced_by_rows_of_its_own_stack_layout_that_measured_a_rate(gpu_params):
+    """trained_rows: a stacked row of another layout than the params stack in, or one without images/s (a
+    bench that measured nothing), prices nothing; a one-seed row prices whatever its layout. job_seconds:
+    with no row of that many seeds, the nearest stacked count's."""
+    three = {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 3, "stack": "fused", "train_images_per_s": 60_000}
+    candidates = [three, {**three, "stack": "bmm", "train_images_per_s": 90_000},
+                  {**three, "seeds": 6, "train_images_per_s": 120_000},
+                  {**three, "seeds": 1, "train_images_per_s": 0}, {**three, "seeds": 1, "stack": "bmm",
+                                                                   "train_images_per_s": 24_000}]
+    benched, priced = gpu_queue.trained_rows(gpu_params, "capsnet_r1", candidates)
+    assert gpu_params["train"]["stack_layout"] == "fused" and benched == "capsnet_r3_recon"
+    assert priced == [candidates[0], candidates[2], candidates[4]]
+    _, source = gpu_queue.job_seconds(gpu_params, "capsnet_r1", 2, candidates, parallel=1)
+    assert f"capsnet_r3_recon {CAPS} ×3: 60,000 images/s" in source  # 3 stacked is nearer 2 than 6
+
+
+def test_the_queue_skips_variants_its_params_lack_and_a_table_lacking_one_vouches_for_none(gpu_params, tmp_path):
+    """A params file without one of GROUPS' variants queues the others (none of its seeds, no crash); a
+    fingerprint table that has no entry for a variant says a record of it with a fingerprint was not trained
+    by that code, whatever that fingerprint is known as."""
+    lacking = {**gpu_params, "variants": {v: s for v, s in gpu_params["variants"].items() if v != "capsnet_r1"}}
+    items = gpu_queue.queue(tmp_path / "runs", lacking)
+    assert items and not any(i.startswith("capsnet_r1:") for i in items)
+    table = {"commit": "c" * 40, "environment": "env", "fingerprints": {"capsnet_r3": "a" * 16}}
+    here, elsewhere = ({"training_fingerprint": "a" * 16, "environment": {"fingerprint_environment": env}}
+                       for env in ("env", "another env"))
+    assert gpu_queue.same_training(here, "capsnet_r3", table)
+    assert not gpu_queue.same_training(here, "capsnet_r1", table)
+    assert not gpu_queue.same_training(elsewhere, "capsnet_r1", table)  # its fingerprint unknown here, as the variant
+
+
+def test_the_queues_command_line_records_jobs_one_a_line_and_says_what_each_option_needs(gpu_params, tmp_path):
+    """--record appends a measured job (each of a window's jobs kept), at one process at least, to its one
+    --jobs file; --stack lists a variant's seeds as one item (gpu_plan.sh's queue where gpu_window.py fails);
+    --bridges needs --fingerprints and a missing params file names the command that writes it, each in one
+    line."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(gpu_params))
+
+    def queue(*args):
+        return subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(tmp_path / "params.yaml"),
+                               *args], cwd=REPO, capture_output=True, text=True)
+
+    jobs = tmp_path / "jobs" / "measured.jsonl"
+    for item, seconds in (("capsnet_r1:0", "60"), ("capsnet_r3:0,1", "90")):
+        assert queue("--record", item, "--seconds", seconds, "--parallel", "0", "--jobs", str(jobs)).returncode == 0
+    recorded = [json.loads(line) for line in jobs.read_text().splitlines()]
+    assert [(r["variant"], r["seeds"], r["seconds"], r["parallel"]) for r in recorded] == [("capsnet_r1", 1, 60.0, 1),
+                                                                                          ("capsnet_r3", 2, 90.0, 1)]
+    two = queue("--record", "capsnet_r1:1", "--seconds", "60", "--jobs", str(jobs), "--jobs", str(tmp_path / "b"))
+    assert two.returncode == 1 and two.stderr == "--record needs one --jobs FILE to append to\n"
+    assert queue("--runs", str(tmp_path / "none"), "--stack").stdout.split()[0] == "capsnet_r3_recon:0,1,2"
+    bridges = queue("--bridges")
+    assert bridges.returncode == 1 and bridges.stderr.startswith("--bridges needs --fingerprints")
+    absent = tmp_path / "absent.yaml"
+    missing = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(absent)], cwd=REPO,
+                             capture_output=True, text=True)
+    writes = f"python -m pipeline.profiles gpu --write {absent}"
+    assert missing.returncode == 1 and missing.stderr == f"{absent} does not exist: write it with `{writes}`\n"
+
+
+def test_without_the_flop_table_an_image_costs_its_area(monkeypatch, tmp_path):
+    """reports/bench/flop_per_image.json absent (a bare copy without it): the FLOP table is empty, not an error."""
+    monkeypatch.setattr(gpu_queue, "FLOPS", tmp_path / "absent.json")
+    gpu_queue.flop_table.cache_clear()
+    try:
+        assert gpu_queue.flop_table() == {}
+        cost, _ = gpu_queue.image_cost("capsnet_affnist", "capsnet_r3_recon", "affnist")
+        assert cost == pytest.approx((40 / 28) ** 2)
+    finally:
+        gpu_queue.flop_table.cache_clear()
