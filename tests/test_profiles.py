@@ -653,3 +653,35 @@ def test_gpu_levers_count_only_a_passed_proof_and_write_what_each_choice_trains_
     assert absent.returncode == 1
     writes = f"python -m pipeline.profiles gpu --write {missing}"
     assert absent.stderr == f"{missing} does not exist: write it with `{writes}`\n"
+
+
+def test_the_queue_plans_the_protocol_the_train_stage_records_from_the_same_params(tmp_path):
+    """pipeline.core.protocol: a params file that leaves base.profile, train.tf32 and the device to their
+    defaults is planned (gpu_queue.py, a device left to auto counting as CUDA) as the protocol its run records
+    on a GPU, cuda:N included; a record's device is the resolved one it wrote (params), not the config's
+    `auto`; another base rate is another protocol, and a record without a profile says so. The precision
+    check's rule: no interval end, no decision."""
+    import dataclasses
+    import math
+
+    from pipeline.core import protocol
+    from pipeline.core.params import load_params
+    from pipeline.training.config import run_config
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["base"].pop("profile", None)
+    raw["train"].pop("tf32", None)
+    for amp in (False, True):
+        raw["train"].update(device="auto", amp=amp)
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+        recorded = dataclasses.asdict(run_config(load_params(tmp_path / "params.yaml"), "capsnet_r1", 0))
+        cfg = {k: v for k, v in recorded.items() if v is not None}  # as config.json records it
+        for device in ("cuda", "cuda:1"):
+            assert protocol.planned(raw, "capsnet_r1") == protocol.protocol_key(cfg, device)
+    assert protocol.precision(cfg, "cuda:1") == "bf16 autocast"
+    assert protocol.device_of({"config": {**cfg, "device": "auto"}, "params": {"device": "cuda"}}) == "cuda"
+    assert protocol.protocol_key({**cfg, "lr": cfg["lr"] / 2}, "cuda") != protocol.protocol_key(cfg, "cuda")
+    assert protocol.protocol_key({k: v for k, v in cfg.items() if k != "profile"}, "cuda")[0] == protocol.NOT_RECORDED
+    # the precision check: undecided without either end of an interval, and an interval ending at 0 holds it
+    assert protocol.bf16_allowed(math.nan, 0.2, 3) is None and protocol.bf16_allowed(-0.1, math.nan, 3) is None
+    assert protocol.bf16_allowed(0.0, 0.2, 3) is True and protocol.bf16_allowed(-0.2, 0.0, 3) is True
