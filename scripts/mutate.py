@@ -3612,6 +3612,16 @@ MUTATIONS = [
     Mutation("the precision check refuses bf16 where its interval ends at 0", "pipeline/core/protocol.py",
              "    return ci_low <= 0 <= ci_high", "    return ci_low < 0 < ci_high",
              (f"{PROFILES}::test_the_queue_plans_the_protocol_the_train_stage_records_from_the_same_params",)),
+    # --- publishing: whole runs only, and every displaced record where the report reads it ---
+    Mutation("a run missing one of its records is published", "pipeline/report/publish.py",
+             "        if missing_runs(models_dir, results_dir, [variant], [seed]):\n            continue\n", "",
+             (f"{REPORT}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
+    Mutation("a record set aside a second time nests inside its first copy", "pipeline/report/publish.py",
+             "            shutil.rmtree(target, ignore_errors=True)\n", "",
+             (f"{REPORT}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
+    Mutation("a published record without a run id is set aside where the report never reads it", "pipeline/report/publish.py",
+             'return json.loads((model_dir / "config.json").read_text()).get("run_id") or "unrecorded"', 'return json.loads((model_dir / "config.json").read_text()).get("run_id", "")',
+             (f"{REPORT}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

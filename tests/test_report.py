@@ -1528,3 +1528,25 @@ def test_runs_that_record_no_commit_share_no_commit(tmp_path):
     assert math.isnan(effect.ci_low) and effect.status.endswith("no commit in common")
     assert cohorts({"a": ["c1"], "b": ["c2", "c1"], "c": ["c2"], "old": []}) == [  # such a row: a group of its own
         ("c1", ["a", "b"]), ("c2", ["c"]), ("old", ["old"])]
+
+
+def test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before(tmp_path):
+    """publish_runs: a run missing one of its records is not published; a published record older than run
+    ids goes to earlier/unrecorded/, where the report reads it; a record set aside a second time replaces
+    its first copy there (republishing the older run, then the newer, again)."""
+    partial, old, new, pub = (tmp_path / name for name in ("partial", "old", "new", "pub"))
+    fabricate(partial, "capsnet_r3", 0, 1.0)
+    (partial / "models" / "capsnet_r3" / "seed0" / "history.csv").unlink()
+    assert publish.publish_runs(partial / "models", partial / "results", pub) == []
+    assert not (pub / "models" / "capsnet_r3" / "seed0").exists()
+    fabricate(old, "capsnet_r3", 0, 1.0, commit="17bb48c")
+    edit_record(old, "capsnet_r3", 0, lambda record: record.pop("run_id"))
+    fabricate(new, "capsnet_r3", 0, 0.5, commit="b8f3efe")
+    for run in (old, new, old, new):
+        assert publish.publish_runs(run / "models", run / "results", pub) == [("capsnet_r3", 0)]
+    aside = pub / "earlier" / "unrecorded" / "models" / "capsnet_r3" / "seed0"
+    assert (aside / "config.json").is_file() and not (aside / "seed0").exists()
+    current = rr.load_runs(pub / "models", pub / "results", ["capsnet_r3"], [0])
+    runs = publish.with_earlier(current, pub / "models", ["capsnet_r3"], [0])
+    assert [r.metrics["error_pct"] for r in runs if r.commit == "17bb48c"] == [1.0]  # read back from there, once
+    assert runs[-1].commit == "b8f3efe"  # the current record
