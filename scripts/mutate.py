@@ -3622,6 +3622,12 @@ MUTATIONS = [
     Mutation("a published record without a run id is set aside where the report never reads it", "pipeline/report/publish.py",
              'return json.loads((model_dir / "config.json").read_text()).get("run_id") or "unrecorded"', 'return json.loads((model_dir / "config.json").read_text()).get("run_id", "")',
              (f"{REPORT}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
+    Mutation("seeds needed counts one seed, which has no interval", "pipeline/report/power.py",
+             "    for n in range(2, max_seeds + 1):", "    for n in range(1, max_seeds + 1):",
+             ("tests/test_power.py::test_the_paper_terms_are_the_verdicts_own_and_an_interval_needs_two_seeds",)),
+    Mutation("the paper's term takes its trials, not trials - 1, as degrees of freedom", "pipeline/report/power.py",
+             "(paper_std ** 2 / paper_trials, paper_trials - 1)", "(paper_std ** 2 / paper_trials, paper_trials)",
+             ("tests/test_power.py::test_the_paper_terms_are_the_verdicts_own_and_an_interval_needs_two_seeds",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

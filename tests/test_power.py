@@ -12,6 +12,7 @@ from scipy import stats as sps
 from pipeline.report import claims as rc
 from pipeline.report import costs
 from pipeline.report import power
+from pipeline.report import stats
 from pipeline.report.stats import EffectParts, satterthwaite
 
 Z95, Z80 = 1.959964, 0.841621  # normal quantiles: two-sided 95 %, 80 % power
@@ -348,3 +349,13 @@ def test_the_paper_protocols_cost_is_priced_while_either_arm_trained_fewer_than_
     full, short = FakeRun("capsnet_r3_recon", images=38_400_000, epochs=640), FakeRun("baseline_cnn", images=3_000_000)
     assert rc.paper_protocol_cost([full], [short], 4, rows) == pytest.approx(
         4 * 60_000 * 640 / 24_000 / 3600 + 4 * 60_000 * 640 / 12_000 / 3600)
+
+
+def test_the_paper_terms_are_the_verdicts_own_and_an_interval_needs_two_seeds():
+    """paper_terms is the verdict's interval (stats.against_paper: the paper's σ over its trials with their
+    degrees of freedom), and however large the effect, one seed has no interval: two at the least."""
+    ours, paper, sigma = [0.30, 0.35, 0.42], 0.25, 0.02
+    terms = power.paper_terms(float(np.var(ours, ddof=1)), len(ours), sigma)
+    mine, theirs = stats.t_interval(float(np.mean(ours)) - paper, terms), stats.against_paper(ours, paper, sigma)
+    assert (mine.lo, mine.hi, mine.df) == pytest.approx((theirs.lo, theirs.hi, theirs.df))
+    assert power.seeds_needed(10.0, lambda n: [(0.01 / n, n - 1)]) == 2
