@@ -389,16 +389,20 @@ def test_the_time_between_epochs_is_read_from_a_runs_journal(tmp_path):
     assert alone[("capsnet_r1_official", "2")] < gpu_queue.EPOCH_EVAL_SECONDS < alone[("capsnet_r3", "1")]
 
 
+def write_profile(folder: Path, profile: str = "gpu", *sets: str, name: str = "params.gpu.yaml") -> Path:
+    """``profile``'s params (`python -m pipeline.profiles PROFILE --set ... --write`) as ``folder``/``name``."""
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", profile, "--params", str(REPO / "params.yaml"), *sets,
+                    "--write", str(folder / name)], check=True, cwd=REPO)
+    return folder / name
+
+
 def test_the_paper_protocol_trains_in_bf16_only_where_every_decided_precision_row_allows_it(tmp_path):
     """scripts/gpu_window.py --paper-amp: each precision-check row with an interval over 3 seeds a side must
     allow bf16; one beyond the seed noise keeps fp32 and is the row the reason names, wherever it stands;
     a row without an interval decides nothing."""
     import pandas as pd
 
-    params = tmp_path / "params.gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
-                    "--write", str(params)], check=True, cwd=REPO)
-    gpu = yaml.safe_load(params.read_text())
+    gpu = yaml.safe_load(write_profile(tmp_path).read_text())
 
     def check(*cis):
         rows = [{"a": "capsnet_r3_recon", "b": "capsnet_r3_recon_fp32", "our_delta": (lo + hi) / 2, "ci_low": lo,
@@ -415,9 +419,7 @@ def test_the_paper_protocol_trains_in_bf16_only_where_every_decided_precision_ro
 def test_the_window_script_says_in_one_line_which_file_it_needs_and_how_to_write_it(tmp_path):
     """scripts/gpu_window.py: a missing params file, paper params or fingerprint table is one line naming
     the command that writes it; --paper-amp says why on stderr and prints the decision alone."""
-    params = tmp_path / "params.gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
-                    "--write", str(params)], check=True, cwd=REPO)
+    params = write_profile(tmp_path)
 
     def window(*args):
         done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_window.py"), *args], cwd=tmp_path,
@@ -458,10 +460,8 @@ def test_the_window_script_carries_a_run_of_another_environment_through_this_hos
     """scripts/gpu_window.py --fingerprints F: the tables beside F (gpu_plan.sh's, computed on this host) carry a
     seed published in another fingerprint environment whose commit's table there vouches for it, where this
     host's table of that commit gives F's fingerprint; without one, that seed is queued again."""
-    for name, profile, sets in (("params.gpu.yaml", "gpu", []),
-                                ("params.paper-gpu.yaml", "paper-gpu", ["--set", "train.amp=true"])):
-        subprocess.run([sys.executable, "-m", "pipeline.profiles", profile, "--params", str(REPO / "params.yaml"),
-                        *sets, "--write", str(tmp_path / name)], check=True, cwd=REPO)
+    write_profile(tmp_path)
+    write_profile(tmp_path, "paper-gpu", "--set", "train.amp=true", name="params.paper-gpu.yaml")
     old, commit = "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE", "d0" * 20
     publish_seed0(tmp_path, "a" * 16, old, commit)
     (tmp_path / "reports" / "runs" / "fingerprints").mkdir()

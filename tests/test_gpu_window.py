@@ -793,10 +793,11 @@ def test_a_job_is_priced_by_rows_of_its_own_stack_layout_that_measured_a_rate(gp
     bench that measured nothing), prices nothing; a one-seed row prices whatever its layout. job_seconds:
     with no row of that many seeds, the nearest stacked count's."""
     three = {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 3, "stack": "fused", "train_images_per_s": 60_000}
-    candidates = [three, {**three, "stack": "bmm", "train_images_per_s": 90_000},
+    candidates = [three,
+                  {**three, "stack": "bmm", "train_images_per_s": 90_000},  # another layout
                   {**three, "seeds": 6, "train_images_per_s": 120_000},
-                  {**three, "seeds": 1, "train_images_per_s": 0}, {**three, "seeds": 1, "stack": "bmm",
-                                                                   "train_images_per_s": 24_000}]
+                  {**three, "seeds": 1, "train_images_per_s": 0},  # measured nothing
+                  {**three, "seeds": 1, "stack": "bmm", "train_images_per_s": 24_000}]  # one seed: any layout
     benched, priced = gpu_queue.trained_rows(gpu_params, "capsnet_r1", candidates)
     assert gpu_params["train"]["stack_layout"] == "fused" and benched == "capsnet_r3_recon"
     assert priced == [candidates[0], candidates[2], candidates[4]]
@@ -816,7 +817,8 @@ def test_the_queue_skips_variants_its_params_lack_and_a_table_lacking_one_vouche
                        for env in ("env", "another env"))
     assert gpu_queue.same_training(here, "capsnet_r3", table)
     assert not gpu_queue.same_training(here, "capsnet_r1", table)
-    assert not gpu_queue.same_training(elsewhere, "capsnet_r1", table)  # its fingerprint unknown here, as the variant
+    # a fingerprint this environment does not know, of a variant the table lacks
+    assert not gpu_queue.same_training(elsewhere, "capsnet_r1", table)
 
 
 def test_the_queues_command_line_records_jobs_one_a_line_and_says_what_each_option_needs(gpu_params, tmp_path):

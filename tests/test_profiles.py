@@ -678,7 +678,7 @@ def test_the_queue_plans_the_protocol_the_train_stage_records_from_the_same_para
         cfg = {k: v for k, v in recorded.items() if v is not None}  # as config.json records it
         for device in ("cuda", "cuda:1"):
             assert protocol.planned(raw, "capsnet_r1") == protocol.protocol_key(cfg, device)
-    assert protocol.precision(cfg, "cuda:1") == "bf16 autocast"
+    assert protocol.precision(cfg, "cuda:1") == "bf16 autocast"  # the last record's: amp on
     assert protocol.device_of({"config": {**cfg, "device": "auto"}, "params": {"device": "cuda"}}) == "cuda"
     assert protocol.protocol_key({**cfg, "lr": cfg["lr"] / 2}, "cuda") != protocol.protocol_key(cfg, "cuda")
     assert protocol.protocol_key({k: v for k, v in cfg.items() if k != "profile"}, "cuda")[0] == protocol.NOT_RECORDED

@@ -231,11 +231,10 @@ def test_a_stopped_server_ends_the_stages_still_running(tmp_path):
 def test_an_omp_thread_count_torch_would_not_take_is_a_setting_that_differs():
     """OMP_NUM_THREADS is the stage's own only as a positive count; anything else (a word, 0) is an
     import-time setting like the others: refused by name, not a crash of the server reading it."""
-    assert (warm.thread_count("3"), warm.thread_count("four"), warm.thread_count("0"), warm.thread_count(None)) == \
-        (3, None, None, None)
+    assert [warm.thread_count(value) for value in ("3", "four", "0", None)] == [3, None, None, None]
     request = {"package": str(warm.PACKAGE), "env": {"OMP_NUM_THREADS": "four"}}
-    assert warm.refusal(request, warm.fingerprint(), {"OMP_NUM_THREADS": "1"}) == \
-        "OMP_NUM_THREADS differ from the warm interpreter's"
+    refused = warm.refusal(request, warm.fingerprint(), {"OMP_NUM_THREADS": "1"})
+    assert refused == "OMP_NUM_THREADS differ from the warm interpreter's"
 
 
 def test_the_server_imports_the_installed_package_in_a_session_of_its_own_and_leaves_no_folder(tmp_path, monkeypatch):
