@@ -18,6 +18,14 @@ SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
 BIN = Path(sys.executable).parent  # this environment's capsnet, dvc, mlflow
 
 
+def write_profile(path: Path, profile: str = "gpu", *sets: str) -> Path:
+    """``profile``'s params from the committed params.yaml, with ``sets`` (`--set KEY=VALUE` ...), written to
+    ``path`` as `python -m pipeline.profiles PROFILE --write` writes them (what gpu_plan.sh runs)."""
+    subprocess.run([sys.executable, "-m", "pipeline.profiles", profile, "--params", str(REPO / "params.yaml"), *sets,
+                    "--write", str(path)], check=True, cwd=REPO)
+    return path
+
+
 def script(name: str) -> ModuleType:
     """scripts/<name>.py as a module. scripts/ is no package: it is on sys.path only while importing
     (a script's imports of its siblings resolve then), and a script is imported once per session."""

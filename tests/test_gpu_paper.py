@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, script
+from conftest import REPO, script, write_profile
 from test_gpu_window import CAPS, STUB_GPU, device_tree, plan_until_the_queue, publish_seed0, python3_on_path
 
 epoch_overhead, gpu_levers, gpu_proof, gpu_queue, gpu_window = (
@@ -176,9 +176,8 @@ def test_a_window_trains_the_paper_protocols_next_seed_alone_once_the_short_queu
     first; then, where the published precision check allows bf16 (3 seeds a side, its interval holding 0),
     the paper protocol's capsnet_r3_recon_official and capsnet_r3_recon, one seed a window, each variant's
     seeds in turn; then §5.2; then the paper protocol's other variants. In fp32 a paper seed never trains."""
-    for name, profile, sets in (("params.gpu.yaml", "gpu", []), ("params.paper-gpu.yaml", "paper-gpu", ["--set", "train.amp=true"])):
-        subprocess.run([sys.executable, "-m", "pipeline.profiles", profile, "--params", str(REPO / "params.yaml"), *sets,
-                        "--write", str(tmp_path / name)], check=True, cwd=REPO)
+    write_profile(tmp_path / "params.gpu.yaml")
+    write_profile(tmp_path / "params.paper-gpu.yaml", "paper-gpu", "--set", "train.amp=true")
     gpu, paper = (yaml.safe_load((tmp_path / n).read_text()) for n in ("params.gpu.yaml", "params.paper-gpu.yaml"))
     runs, effects = tmp_path / "reports" / "runs", tmp_path / "effects.csv"
     publish_before_paper(tmp_path, but=("multimnist_baseline", 2))
@@ -321,9 +320,7 @@ def test_the_plan_prices_a_paper_seed_as_its_job_will_and_goes_on_with_one_an_ea
     """gpu_window.paper_price: gpu_queue.py's fit, alone on the GPU, with the session's seconds before the job
     taken off the window; a seed an earlier call of the window started (training on, or its checkpoint) or
     trained (its config.json) goes on whatever is left, so that every call plans the same window."""
-    path = tmp_path / "params.paper-gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--params", str(REPO / "params.yaml"),
-                    "--set", "train.amp=true", "--write", str(path)], check=True, cwd=REPO)
+    path = write_profile(tmp_path / "params.paper-gpu.yaml", "paper-gpu", "--set", "train.amp=true")
     paper = yaml.safe_load(path.read_text())
     h200 = gpu_levers.bench_rows(REPO / "reports" / "bench" / "nvidia-h200")
     item = "capsnet_r3_recon_official:0"
@@ -354,9 +351,7 @@ def test_a_paper_seed_is_priced_with_its_evaluations_and_never_starts_unpriced(t
     trains on through the next); it fits the first call of a fresh window (900 s less about 30 s of start and
     transfer, 60 s allowed after, about 15 s of fingerprint table); with no bench row it never starts (the
     window's end would lose it whole), where a short job would."""
-    path = tmp_path / "params.paper-gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "paper-gpu", "--params", str(REPO / "params.yaml"),
-                    "--set", "train.amp=true", "--write", str(path)], check=True, cwd=REPO)
+    path = write_profile(tmp_path / "params.paper-gpu.yaml", "paper-gpu", "--set", "train.amp=true")
     paper = yaml.safe_load(path.read_text())
     h200 = [r for f in sorted((REPO / "reports" / "bench" / "nvidia-h200").glob("*.jsonl")) for r in gpu_levers.bench_rows(f)]
     seconds, source = gpu_queue.job_seconds(paper, "capsnet_r3_recon_official", 1, h200, parallel=1)
@@ -389,12 +384,6 @@ def test_the_time_between_epochs_is_read_from_a_runs_journal(tmp_path):
     assert alone[("capsnet_r1_official", "2")] < gpu_queue.EPOCH_EVAL_SECONDS < alone[("capsnet_r3", "1")]
 
 
-def write_profile(folder: Path, profile: str = "gpu", *sets: str, name: str = "params.gpu.yaml") -> Path:
-    """``profile``'s params (`python -m pipeline.profiles PROFILE --set ... --write`) as ``folder``/``name``."""
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", profile, "--params", str(REPO / "params.yaml"), *sets,
-                    "--write", str(folder / name)], check=True, cwd=REPO)
-    return folder / name
-
 
 def test_the_paper_protocol_trains_in_bf16_only_where_every_decided_precision_row_allows_it(tmp_path):
     """scripts/gpu_window.py --paper-amp: each precision-check row with an interval over 3 seeds a side must
@@ -402,7 +391,7 @@ def test_the_paper_protocol_trains_in_bf16_only_where_every_decided_precision_ro
     a row without an interval decides nothing."""
     import pandas as pd
 
-    gpu = yaml.safe_load(write_profile(tmp_path).read_text())
+    gpu = yaml.safe_load(write_profile(tmp_path / "params.gpu.yaml").read_text())
 
     def check(*cis):
         rows = [{"a": "capsnet_r3_recon", "b": "capsnet_r3_recon_fp32", "our_delta": (lo + hi) / 2, "ci_low": lo,
@@ -419,7 +408,7 @@ def test_the_paper_protocol_trains_in_bf16_only_where_every_decided_precision_ro
 def test_the_window_script_says_in_one_line_which_file_it_needs_and_how_to_write_it(tmp_path):
     """scripts/gpu_window.py: a missing params file, paper params or fingerprint table is one line naming
     the command that writes it; --paper-amp says why on stderr and prints the decision alone."""
-    params = write_profile(tmp_path)
+    params = write_profile(tmp_path / "params.gpu.yaml")
 
     def window(*args):
         done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_window.py"), *args], cwd=tmp_path,
@@ -460,8 +449,8 @@ def test_the_window_script_carries_a_run_of_another_environment_through_this_hos
     """scripts/gpu_window.py --fingerprints F: the tables beside F (gpu_plan.sh's, computed on this host) carry a
     seed published in another fingerprint environment whose commit's table there vouches for it, where this
     host's table of that commit gives F's fingerprint; without one, that seed is queued again."""
-    write_profile(tmp_path)
-    write_profile(tmp_path, "paper-gpu", "--set", "train.amp=true", name="params.paper-gpu.yaml")
+    write_profile(tmp_path / "params.gpu.yaml")
+    write_profile(tmp_path / "params.paper-gpu.yaml", "paper-gpu", "--set", "train.amp=true")
     old, commit = "torch 2.11.0+cu130, CPU AVX2 capped, MKL COMPATIBLE", "d0" * 20
     publish_seed0(tmp_path, "a" * 16, old, commit)
     (tmp_path / "reports" / "runs" / "fingerprints").mkdir()

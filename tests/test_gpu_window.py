@@ -15,17 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, script
+from conftest import REPO, script, write_profile
 
 gpu_levers, gpu_queue = script("gpu_levers"), script("gpu_queue")
 
 
 @pytest.fixture(scope="module")
 def gpu_params(tmp_path_factory):
-    path = tmp_path_factory.mktemp("params") / "params.gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
-                    "--write", str(path)], check=True, cwd=REPO)
-    return yaml.safe_load(path.read_text())
+    return yaml.safe_load(write_profile(tmp_path_factory.mktemp("params") / "params.gpu.yaml").read_text())
 
 
 CAPS, CNN = "bf16-compile-capture", "bf16-capture"  # the gpu profile's bench modes (asserted below)
@@ -457,8 +454,7 @@ def plan_until_the_queue(tmp_path: Path) -> str:
     fragment = fragment[:fragment.index("\n", fragment.index("ALONGSIDE=(--params")) + 1]
     for name in ("scripts", "pipeline", "params.yaml"):
         (tmp_path / name).symlink_to(REPO / name)
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
-                    "--write", str(tmp_path / "params.gpu.yaml")], check=True, cwd=REPO)
+    write_profile(tmp_path / "params.gpu.yaml")
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python3").write_text(STUB_FINGERPRINT % sys.executable)
     (tmp_path / "bin" / "python3").chmod(0o755)

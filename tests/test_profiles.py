@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, script
+from conftest import REPO, script, write_profile
 from pipeline import profiles
 from pipeline.core.params import ablation_variants, parse_params
 
@@ -117,8 +117,7 @@ def test_dvc_arguments_and_written_file(tmp_path):
     args = profiles.dvc_set_args("smoke", yaml.safe_load((REPO / "params.yaml").read_text()))
     assert args[:2] == ["-S", "base.profile=smoke"] and "ablation.seeds=[0, 1]" in args and "train.device=cpu" in args
     out = tmp_path / "p.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
-                    "--write", str(out)], check=True, cwd=REPO)
+    write_profile(out)
     assert parse_params(yaml.safe_load(out.read_text())).base.profile == "gpu"
 
 
@@ -342,9 +341,7 @@ def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path)
 
     gpu_queue = script("gpu_queue")
     assert gpu_queue.EARLIER == publish.EARLIER
-    params = tmp_path / "params.gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
-                    "--write", str(params)], check=True, cwd=REPO)
+    params = write_profile(tmp_path / "params.gpu.yaml")
     raw = yaml.safe_load(params.read_text())
     gpu = parse_params(raw)
     runs = tmp_path / "runs"
@@ -476,9 +473,7 @@ def test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove(tmp_path):
 
     from pipeline.core.params import load_params
 
-    params = tmp_path / "params.gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
-                    "--write", str(params)], check=True, cwd=REPO)
+    params = write_profile(tmp_path / "params.gpu.yaml")
 
     def row(variant, mode, rate, seeds=3, stack="fused", **more):
         return {"variant": variant, "mode": mode, "seeds": seeds, "train_images_per_s": rate,
@@ -548,9 +543,7 @@ def test_the_fp32_twin_trains_with_the_fastest_fp32_mode_its_cuda_tests_prove(tm
     from pipeline.core.params import load_params
     from pipeline.training.config import run_config
 
-    params = tmp_path / "params.gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
-                    "--write", str(params)], check=True, cwd=REPO)
+    params = write_profile(tmp_path / "params.gpu.yaml")
     gpu_levers, gpu_queue = script("gpu_levers"), script("gpu_queue")
 
     def key(variant):
@@ -604,9 +597,7 @@ def test_gpu_levers_count_only_a_passed_proof_and_write_what_each_choice_trains_
 
     from pipeline.core.params import load_params
 
-    params = tmp_path / "params.gpu.yaml"
-    subprocess.run([sys.executable, "-m", "pipeline.profiles", "gpu", "--params", str(REPO / "params.yaml"),
-                    "--write", str(params)], check=True, cwd=REPO)
+    params = write_profile(tmp_path / "params.gpu.yaml")
     raw = yaml.safe_load(params.read_text())
     raw["train"]["stack_layout"] = "streams"
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
