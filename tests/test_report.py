@@ -1416,6 +1416,58 @@ def test_the_error_figure_and_curves_tell_a_variants_commits_apart_and_one_seed_
     assert drawn["effects"][4] == ["±0.04 pp: 30 seeds/arm"]
 
 
+def test_the_figures_and_plot_data_read_the_headline_protocol_and_its_best_rows_best_run(tmp_path, monkeypatch):
+    """table1_errors.png draws the headline protocol's rows alone, titled with it: each row its own seeds,
+    our mean's interval, the paper's mean and σ; reconstructions.png and fig4.png are the lowest-error
+    reconstruction row's own lowest-error run's two figures, named with its seed; learning_curves.csv and
+    confusion.csv read the headline protocol alone, the confusion (actual, predicted) from its
+    lowest-error row's best run."""
+    from pipeline.report import figures
+
+    other = "abcdef0" + "1" * 33
+    head, short = tmp_path / "head", tmp_path / "short"  # the headline protocol has more runs
+    for variant, seed, err, commit in (("capsnet_r3_recon", 0, 0.3, COMMIT), ("capsnet_r3_recon", 1, 0.4, COMMIT),
+                                       ("capsnet_r3_recon", 2, 0.8, COMMIT), ("capsnet_r3_recon", 3, 0.1, other),
+                                       ("capsnet_r3_recon", 4, 1.5, other), ("capsnet_r1_recon", 0, 0.6, COMMIT),
+                                       ("capsnet_r1_recon", 1, 0.7, COMMIT), ("capsnet_r1_recon", 2, 0.8, COMMIT)):
+        fabricate(head, variant, seed, err, n=1000, commit=commit)
+        for name in ("reconstructions.png", "fig4.png"):
+            path = rr.run_figure(head / "results" / variant / f"seed{seed}", name)
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(f"{variant} seed {seed} {name}")
+    for seed, err in ((0, 0.9), (1, 0.2)):  # the same variant and commit under a compressed schedule
+        fabricate(short, "capsnet_r3_recon", seed, err, n=1000, lr_schedule_epochs=640)
+    runs = (load(head, ["capsnet_r3_recon"], range(5)) + load(head, ["capsnet_r1_recon"], range(3))
+            + load(short, ["capsnet_r3_recon"], [0, 1]))
+    summary = t1.summarize(runs, REFERENCE)
+    headline = runs[0].protocol
+    assert summary.protocol.iloc[0] == headline != runs[-1].protocol
+    drawn = {}
+    monkeypatch.setattr(figures, "seed_errors", lambda *args: drawn.update(errors=args))
+    (tmp_path / "figures").mkdir()
+    shown = t1_figures.figures_of(runs, summary, head / "results", tmp_path / "figures")
+    labels, per_seed, intervals, paper, paper_std, _ = drawn["errors"]
+    rows = dict(zip(labels, zip(per_seed, intervals)))
+    assert sorted(rows) == ["capsnet_r1_recon", "capsnet_r3_recon (abcdef0)", "capsnet_r3_recon (c0ffee0)"]
+    assert rows["capsnet_r3_recon (c0ffee0)"][0] == [0.3, 0.4, 0.8]
+    assert rows["capsnet_r3_recon (abcdef0)"][0] == [0.1, 1.5]
+    assert sum(rows["capsnet_r3_recon (c0ffee0)"][1]) / 2 == pytest.approx(0.5)  # the mean's, not the median's
+    table = REFERENCE["table1"]
+    assert paper == [table[v.split()[0]]["test_error_pct"] for v in labels]
+    assert paper_std == [table[v.split()[0]]["test_error_std"] for v in labels]
+    assert shown == {f"Test error per variant ({headline})": "figures/table1_errors.png",
+                     "Reconstructions (capsnet_r3_recon, seed 0)": "figures/reconstructions.png",
+                     "Fig. 4 perturbations (capsnet_r3_recon, seed 0)": "figures/fig4.png"}
+    for name in ("reconstructions.png", "fig4.png"):
+        assert (tmp_path / "figures" / name).read_text() == f"capsnet_r3_recon seed 0 {name}"
+    t1_figures.dvc_plot_data(runs, summary, head / "results", tmp_path)
+    curves = (tmp_path / "learning_curves.csv").read_text().splitlines()
+    assert sorted(curves[1:]) == ['"capsnet_r3_recon (1 ep, abcdef0)",1,0.8000',  # a label with a comma, quoted
+                                  '"capsnet_r3_recon (1 ep, c0ffee0)",1,0.5000', "capsnet_r1_recon,1,0.7000"]
+    confusion = pd.read_csv(tmp_path / "confusion.csv")
+    assert (confusion.actual == 0).all() and list(confusion.predicted.value_counts().sort_index()) == [997, 3]
+
+
 def test_each_protocol_has_its_own_learning_curve_panel(tmp_path, monkeypatch):
     """A cut and a compressed schedule never share a panel, as they never share a table (headline protocol
     first); a variant trained by two codes under one protocol is two lines there, told apart by their
