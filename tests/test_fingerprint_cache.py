@@ -3,6 +3,7 @@ configuration and environment, kept whole or not at all, shared by processes."""
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +155,139 @@ def test_the_capped_process_answers_from_the_cache_once_it_holds_the_answer(tmp_
 
     monkeypatch.setattr(fp.subprocess, "run", no_process)
     assert fp.in_capped_process([]) == computed
+
+
+def test_the_cache_lives_where_its_variable_or_xdg_says_and_off_keeps_nothing(tmp_path, monkeypatch):
+    from pipeline.training import fingerprint_cache as cache
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(cache.CACHE_ENV, "off")
+    computed = []
+    for _ in range(2):
+        cache.cached([], {}, lambda: computed.append(1) or answer())
+    assert cache.folder() is None and computed == [1, 1] and list(tmp_path.iterdir()) == []  # no folder named off
+    monkeypatch.delenv(cache.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.folder() == tmp_path / "xdg" / "capsnet-repro" / "fingerprints"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.folder() == tmp_path / "home" / ".cache" / "capsnet-repro" / "fingerprints"
+
+
+def test_the_key_follows_the_python_the_torch_build_and_each_files_name_and_bytes(tmp_path, monkeypatch):
+    """Another interpreter, torch version or libtorch_cpu build (its size or its time) is another key; so
+    is a package file renamed with its bytes, or edited to the same size."""
+    import os
+    import shutil
+    import types
+
+    from pipeline.training import fingerprint_cache as cache
+
+    lib = tmp_path / "torch" / "lib" / "libtorch_cpu.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"build")
+    os.utime(lib, ns=(10**18, 10**18))
+    monkeypatch.setattr(cache, "torch", types.SimpleNamespace(__file__=str(lib.parents[1] / "__init__.py"),
+                                                              __version__="2.15.0"))
+    base = cache.key([], {})
+    with monkeypatch.context() as patch:
+        patch.setattr(cache.sys, "executable", "/another/python3")
+        assert cache.key([], {}) != base
+    with monkeypatch.context() as patch:
+        patch.setattr(cache.torch, "__version__", "2.16.0")
+        assert cache.key([], {}) != base
+    lib.write_bytes(b"build, rebuilt")
+    os.utime(lib, ns=(10**18, 10**18))
+    assert cache.key([], {}) != base
+    lib.write_bytes(b"build")
+    os.utime(lib, ns=(10**18, 10**18))
+    assert cache.key([], {}) == base
+    os.utime(lib, ns=(2 * 10**18, 2 * 10**18))  # rebuilt to the same size
+    assert cache.key([], {}) != base
+    copy = tmp_path / "pipeline"
+    shutil.copytree(cache.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    models = copy / "models"
+    (models / "capsnet.py").rename(models / "capsnet_renamed.py")
+    assert cache.code_digest.__wrapped__(copy) != cache.code_digest()
+    (models / "capsnet_renamed.py").rename(models / "capsnet.py")
+    source = (models / "capsnet.py").read_bytes()
+    (models / "capsnet.py").write_bytes(source[:-1] + (b" " if source[-1:] != b" " else b"#"))
+    assert cache.code_digest.__wrapped__(copy) != cache.code_digest()
+
+
+def test_the_processors_fields_are_the_first_of_their_exact_name(tmp_path, monkeypatch):
+    from pipeline.training import fingerprint_cache as cache
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nmodel\t\t: 1\n"
+                    "flags\t\t: avx2 fma\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\nmodel name\t: Xeon\n"
+                    "model\t\t: 2\nflags\t\t: avx512f\n")
+    monkeypatch.setattr(cache, "CPUINFO", info)
+    fields = ("vendor_id", "model", "model name", "Features")
+    assert [cache.cpuinfo(f) for f in fields] == ["AuthenticAMD", "1", "AMD EPYC", ""]
+    assert cache.processor.__wrapped__() == "vendor_id: AuthenticAMD; model name: AMD EPYC; flags: avx2 fma"
+    monkeypatch.setattr(cache, "CPUINFO", tmp_path / "absent")  # not Linux
+    assert cache.cpuinfo("vendor_id") == ""
+    monkeypatch.setattr(cache.platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(cache.platform, "processor", lambda: "arm")
+    assert cache.processor.__wrapped__() == "arm64 arm"
+
+
+def test_an_entry_holds_the_answer_alone_written_whole_and_a_malformed_one_is_no_answer(tmp_path, monkeypatch):
+    """The file is a temporary beside the entry renamed over it (a rename within one folder is whole); it
+    holds the fingerprints and the environment, nothing else the computing returned; an entry whose
+    fingerprints or environment are not strings, or not there, reads as no answer."""
+    import os
+
+    from pipeline.training import fingerprint_cache as cache
+
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
+    renamed, replace = [], os.replace
+    monkeypatch.setattr(cache.os, "replace", lambda a, b: renamed.append((Path(a), Path(b))) or replace(a, b))
+    cache.cached([], {}, lambda: answer() | {"log": "computed in 2 s"})
+    (entry,) = tmp_path.glob("*.json")
+    assert json.loads(entry.read_text()) == answer()
+    ((temporary, target),) = renamed
+    assert (temporary.parent, target) == (tmp_path, entry) and not temporary.exists()
+    for malformed in ({"fingerprints": [1], "environment": "x"}, {"fingerprints": ["a"], "environment": None},
+                      {"fingerprints": ["a"]}, {"fingerprints": 1, "environment": "x"}, ["a"]):
+        entry.write_text(json.dumps(malformed))
+        assert cache.read(entry, 1) is None, malformed
+
+
+def test_a_cache_that_cannot_be_written_or_touched_still_answers(tmp_path, monkeypatch):
+    import os
+
+    from pipeline.training import fingerprint_cache as cache
+
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
+
+    def fails(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cache, "write", fails)
+        assert cache.cached([], {}, answer) == answer()
+    cache.cached([], {}, answer)
+    with monkeypatch.context() as patch:
+        patch.setattr(cache.os, "utime", fails)
+        assert cache.cached([], {}, lambda: answer("again")) == answer()  # the hit, untouched
+
+
+def test_pruning_keeps_a_month_and_files_that_only_contain_a_keys_name_and_survives_one_gone(tmp_path):
+    import os
+
+    from pipeline.training import fingerprint_cache as cache
+
+    def aged(name, days):
+        (tmp_path / name).write_text("{}")
+        then = time.time() - days * 86400
+        os.utime(tmp_path / name, (then, then))
+
+    aged(f"{'a' * 64}.json", 29)
+    aged(f"{'b' * 64}.json", 31)
+    aged(f"notes-{'c' * 64}.json.bak", 31)  # holds a key's name; not the cache's
+    (tmp_path / f"{'d' * 64}.lock").symlink_to(tmp_path / "gone")  # removed by another process meanwhile
+    cache.prune(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{'a' * 64}.json", f"{'d' * 64}.lock",
+                                                          f"notes-{'c' * 64}.json.bak"]
