@@ -405,6 +405,51 @@ def test_the_bench_table_is_what_the_report_prices_seeds_with(tmp_path):
     assert empty.returncode != 0 and "holds no bench rows" in empty.stderr and "gpu_import.sh" in empty.stderr
 
 
+def test_the_bench_table_names_each_rows_levers_keeps_its_last_bench_and_marks_targets_from_its_own_rows(tmp_path):
+    """scripts/bench_table.py: a heading with every device, date and batch the rows name; each mode by its
+    levers (fp32 or bf16, NHWC, capture), "ran uncaptured" only for a captured mode that did not capture;
+    an entry benched twice shows its last row, two stacked seed counts of one layout each theirs; the
+    reference row by its name; a target only from capsnet_r3_recon's own modes, reached at equality."""
+    common = {"device": "NVIDIA H100 80GB HBM3", "commit": "abc1234", "torch": "2.11.0", "batch": 128,
+              "flop_per_image_train": 1.2e9, "variant": "capsnet_r3_recon", "seeds": 1}
+    rows = [{**common, "date": "2026-12-02", "mode": "reference", "train_images_per_s": 90_000,
+             "speedup_vs_reference": 1.0},
+            {**common, "date": "2026-12-01", "mode": "bf16-cl", "train_images_per_s": 50_000, "ms_per_step": 1.234,
+             "speedup_vs_reference": 2.5},
+            {**common, "date": "2026-12-01", "mode": "bf16-cl", "train_images_per_s": 75_000},  # benched again
+            {**common, "date": "2026-12-01", "mode": "capture", "train_images_per_s": 40_000, "captured": True},
+            {**common, "date": "2026-12-01", "mode": "bf16", "train_images_per_s": 20_000},
+            {**common, "date": "2026-12-01", "mode": "bf16", "seeds": 2, "stack": "bmm", "train_images_per_s": 60_000},
+            {**common, "date": "2026-12-01", "mode": "bf16", "seeds": 3, "stack": "bmm", "train_images_per_s": 61_000},
+            {**common, "date": "2026-12-01", "mode": "bf16", "seeds": 2, "train_images_per_s": 62_000},  # no layout
+            {**common, "date": "2026-12-01", "variant": "baseline_cnn", "mode": "bf16", "train_images_per_s": 99_000,
+             "batch": 100}]
+    folder = tmp_path / "nvidia-h100-80gb-hbm3"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == "## GPU: one NVIDIA H100 80GB HBM3 (device tool, 2026-12-01, 2026-12-02)"
+    assert "(gpu profile, batch 100, 128)" in out and "### capsnet_r3_recon (1.20 GFLOP per training image)" in lines
+    assert "| reference (eager fp32, DataLoader) | 90,000 | – | – | – | – | – | 1.00 |" in lines
+    assert "| capsnet-repro bf16-cl: bf16, NHWC convolutions | 75,000 | – | – | – | – | – | – |" in lines
+    assert "| 50,000 |" not in out and "(ran uncaptured)" not in out
+    captured = "capsnet-repro capture: fp32, the whole step as one CUDA graph"
+    assert f"| {captured} | 40,000 | – | – | – | – | – | – |" in lines
+    assert [line.split(" | ")[1:4] for line in lines if line.startswith("| stacked bf16")] == [
+        ["2", "bmm", "60,000"], ["3", "bmm", "61,000"], ["2", "fused", "62,000"]]
+    assert "- 1 seed ≥ 75,000 images/s: **reached**, 75,000 (bf16-cl: bf16, NHWC convolutions)" in lines
+    assert "- 3 seeds stacked ≥ 150,000 images/s: **missed**, 61,000 (bf16 autocast, bmm)" in lines
+    one = [{**common, "date": "2026-12-01", "mode": "bf16-cl", "train_images_per_s": 70_000, "ms_per_step": 1.234,
+            "speedup_vs_reference": 2.5}]
+    (folder / "a.jsonl").write_text(json.dumps(one[0]) + "\n")
+    out = subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert "| capsnet-repro bf16-cl: bf16, NHWC convolutions | 70,000 | 1.23 | – | – | – | – | 2.50 |" in out
+    assert "- 3 seeds stacked ≥ 150,000 images/s: not measured" in out
+
+
 def test_a_mistyped_commit_gives_way_to_the_trees_head(tmp_path):
     """scripts/gpu_plan.sh: where the copy has .git (the device tool's does), the runs record its HEAD,
     not a CAPSNET_GIT_COMMIT that differs from it (a padded b8f3efe named the first H200 window's runs)."""

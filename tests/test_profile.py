@@ -184,3 +184,25 @@ def test_the_bench_table_shows_where_a_profiled_steps_time_goes(tmp_path):
     assert "3 seeds: none (cuda kernels: none recorded)" in out
     assert "| 3 | bmm | – | failed: RuntimeError: no | – | – | – | – | – | – | – | – |" in out
     assert out.count("\n| bf16") == 3  # the profiled rows alone (the one-seed table's rows read "| capsnet-repro …")
+
+
+def test_the_bench_tables_categories_come_from_a_row_that_recorded_them_and_five_kernels_are_named(tmp_path):
+    """A first profiled row that recorded no kernel leaves the columns to one that did; each profiled row
+    names its five longest kernels, its seed count in words."""
+    common = {"device": "NVIDIA H200", "date": "2026-12-01", "commit": "abc1234", "torch": "2.11.0", "batch": 128,
+              "flop_per_image_train": 1.2e9, "variant": "capsnet_r3_recon", "mode": "bf16-compile"}
+    kernels = {f"triton_poi_fused_{k}": (10, 1000.0 * (k + 1)) for k in range(6)}
+    rows = [{**common, "seeds": 1, "train_images_per_s": 31_000,
+             "profile": profile.summarize({}, steps=10, wall_s=0.05, activity="cuda kernels")},
+            {**common, "seeds": 3, "stack": "fused", "train_images_per_s": 66_000,
+             "profile": profile.summarize(kernels, steps=10, wall_s=0.05, activity="cuda kernels")}]
+    folder = tmp_path / "nvidia-h200"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    header = next(line for line in out if line.startswith("| configuration | seeds | layout | wall |"))
+    assert header.endswith(" | " + " | ".join(rows[1]["profile"]["categories_ms_per_step"]) + " |")
+    assert "- bf16 + compile (model+loss), 1 seed: none (cuda kernels: none recorded)" in out
+    (named,) = [line for line in out if line.startswith("- bf16 + compile (model+loss), 3 seeds: ")]
+    assert named.count("`triton_poi_fused_") == 5 and "`triton_poi_fused_0`" not in named  # the five longest
