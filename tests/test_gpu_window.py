@@ -293,6 +293,115 @@ def test_the_import_reads_a_calls_checks_from_their_archive_and_from_an_older_ca
     assert [p.name for p in new.iterdir()] == ["checks.tar.gz"]  # the device tool's folders are read-only: unpacked elsewhere
 
 
+IMPORT_CAPSNET = """#!/bin/sh
+echo "capsnet $*" >>calls.log
+if [ "$1" = publish ]; then mkdir -p "$4"; fi
+if [ "$1" = report ]; then
+  mkdir -p "$4/metrics" && echo {} >"$4/metrics/capsnet_r1.json" && echo "# written" >"$4/ablation.md"
+fi
+"""
+IMPORT_PYTHON = """#!/bin/sh
+case "$1" in
+  -m) echo "python $*" >>calls.log; echo "profile $3" >"$5" ;;
+  -c) shift 2; echo "keep_tables $*" >>calls.log ;;
+  *) echo "python $*" >>calls.log ;;
+esac
+"""
+
+
+def window_archive(folder: Path, stamp: str, files: dict[str, str]) -> None:
+    """A call's runs archive as gpu_session.sh leaves it: runs-STAMP.tar.gz split in parts."""
+    import io
+
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    half = len(data.getvalue()) // 2
+    for part, chunk in (("aa", data.getvalue()[:half]), ("ab", data.getvalue()[half:])):
+        (folder / f"runs-{stamp}.tar.gz.part-{part}").write_bytes(chunk)
+
+
+def test_the_import_brings_each_folders_newest_archive_home_and_rewrites_the_report_from_it(tmp_path):
+    """scripts/gpu_import.sh end to end, its tools stubbed: each folder's newest archive (a warm machine's
+    are cumulative) joined from its parts; models and results where the stages write them; the journal
+    replayed and kept; the runs published; the profile's params written (CAPSNET_GPU_PROFILE's for a
+    rehearsal); bench rows and measured jobs under the GPU model; fingerprint tables kept; the report
+    written fresh over reports/, its stale metrics gone; each call's account, CUDA tests' log and pins."""
+    work = tmp_path / "work"
+    (work / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "gpu_import.sh", work / "scripts")
+    (work / "scripts" / "gpu_travel.py").write_text('print("the next window sends 3 MiB")\n')
+    (work / ".venv" / "bin").mkdir(parents=True)
+    for name, stub in (("capsnet", IMPORT_CAPSNET), ("python", IMPORT_PYTHON)):
+        (work / ".venv" / "bin" / name).write_text(stub)
+        (work / ".venv" / "bin" / name).chmod(0o755)
+    (work / "reports" / "metrics").mkdir(parents=True)
+    (work / "reports" / "metrics" / "renamed_row.json").write_text("{}")
+    first, second = tmp_path / "device" / "1", tmp_path / "device" / "2"
+    first.mkdir(parents=True), second.mkdir()
+    window_archive(first, "20261201T090000", {"models/capsnet_r1/seed0/config.json": "older",
+                                               "models/capsnet_r1/seed9/config.json": "older"})
+    window_archive(first, "20261201T093000", {
+        "models/capsnet_r1/seed0/config.json": "newest", "results/capsnet_r1/seed0/metrics.json": "{}",
+        "journal/a.jsonl": "{}\n", "logs/bench/.device": "nvidia-h200\n", "logs/bench/capsnet_r1@bf16#1.jsonl": "{}\n",
+        "logs/jobs/seconds.jsonl": '{"job": 1}\n', "fingerprints/abc1234-env.json": "{}"})
+    window_archive(second, "20261201T110000", {
+        "models/baseline_cnn/seed0/config.json": "cnn", "results/baseline_cnn/seed0/metrics.json": "{}",
+        "journal/b.jsonl": "{}\n"})
+    (first / "session.log").write_text("12:20:01 call starts\n[plan] window 420 s, plan 380 s\n...\n"
+                                       "12:31:05 session done\n")
+    checks = {"gpu_tests.key": "key\n", "gpu_tests.txt": "9 passed\n", "fingerprint_pins.txt": "5 passed\n"}
+    with tarfile.open(first / "checks.tar.gz", "w:gz") as tar:
+        for name, text in checks.items():
+            (tmp_path / name).write_text(text)
+            tar.add(tmp_path / name, arcname=name)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    done = subprocess.run(["bash", "scripts/gpu_import.sh", str(first), str(second)], cwd=work, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = (work / "calls.log").read_text().splitlines()
+    assert calls[:4] == ["capsnet track sync .gpu-import/journal",
+                         "capsnet publish .gpu-import/models .gpu-import/results reports/runs",
+                         "python -m pipeline.profiles gpu --write reports/runs/params.yaml",
+                         "keep_tables .gpu-import/fingerprints/abc1234-env.json"]
+    fresh = calls[4].split()[4]
+    assert calls[4] == (f"capsnet report reports/runs/models reports/runs/results {fresh} "
+                        "--params reports/runs/params.yaml --missing list --readme README.md "
+                        "--fingerprints reports/runs/fingerprints --benchmarks reports/benchmarks.md")
+    assert Path(fresh).parent.parent == tmp_path / "tmp" and not Path(fresh).parent.exists()  # removed once copied
+    assert calls[5:] == ["python scripts/gpu_proof.py keep .gpu-import/checks-1/gpu_tests.key "
+                         ".gpu-import/checks-1/gpu_tests.txt reports/bench"]
+    assert (work / "models" / "capsnet_r1" / "seed0" / "config.json").read_text() == "newest"
+    assert not (work / "models" / "capsnet_r1" / "seed9").exists()  # only in the older archive of that call
+    assert (work / "models" / "baseline_cnn" / "seed0" / "config.json").read_text() == "cnn"
+    assert (work / "results" / "capsnet_r1" / "seed0" / "metrics.json").exists()
+    assert sorted(p.name for p in (work / "reports" / "runs" / "journal").iterdir()) == ["a.jsonl", "b.jsonl"]
+    assert (work / "reports" / "runs" / "params.yaml").read_text() == "profile gpu\n"
+    bench = work / "reports" / "bench" / "nvidia-h200"
+    assert (bench / "capsnet_r1@bf16#1.jsonl").exists()
+    assert (bench / "jobs" / "seconds.jsonl").read_text() == '{"job": 1}\n'
+    assert sorted(p.name for p in (work / "reports" / "metrics").iterdir()) == ["capsnet_r1.json"]
+    assert (work / "reports" / "ablation.md").read_text() == "# written\n"
+    assert done.stdout.splitlines() == [
+        "bench rows kept in reports/bench/nvidia-h200",
+        "1 measured job(s) kept in reports/bench/nvidia-h200/jobs/seconds.jsonl",
+        f"call 1 ({first}): [plan] window 420 s, plan 380 s; the session ended at 12:31:05",
+        f"fingerprint pins on the GPU host's CPU ({first}): 5 passed",
+        "the next window sends 3 MiB"]
+    (work / "calls.log").unlink()
+    rehearsal = subprocess.run(["bash", "scripts/gpu_import.sh", str(second)], cwd=work,
+                               env=env | {"CAPSNET_GPU_PROFILE": "smoke"}, capture_output=True, text=True)
+    assert rehearsal.returncode == 0, rehearsal.stderr
+    assert "python -m pipeline.profiles smoke --write reports/runs/params.yaml" in (work / "calls.log").read_text()
+    assert sorted(p.name for p in (work / ".gpu-import" / "models").iterdir()) == ["baseline_cnn"]  # staged afresh
+    usage = subprocess.run(["bash", "scripts/gpu_import.sh"], cwd=work, capture_output=True, text=True)
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: ")
+
+
 def test_the_import_keeps_each_measured_job_once_per_gpu_model(tmp_path):
     """gpu_import.sh adds a window's measured jobs (logs/jobs/seconds.jsonl) to reports/bench/<model>/jobs/:
     the window began from a copy of those kept, which are not added again, nor on a second import."""
