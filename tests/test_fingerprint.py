@@ -110,6 +110,20 @@ def test_protocol_and_speed_settings_do_not_change_it_but_the_model_does(params)
     assert fp.training_fingerprint(run_config(params, "capsnet_r1_recon", 0)) != fp.training_fingerprint(cfg)
 
 
+def test_the_small_configuration_fixes_every_protocol_speed_and_bookkeeping_setting(params):
+    """What differs between two runs of one variant, its protocol (epochs, batch, rate, schedule, early
+    stop, MultiMNIST's epoch), its speed levers and its bookkeeping (profile, logging, checkpoints, evaluation
+    batch), is fixed in the configuration the fingerprint trains, so no setting of it reaches the fingerprint."""
+    cfg = run_config(params, "multimnist_r3_recon", 0)
+    other = dataclasses.replace(cfg, seed=2, profile="gpu", epochs=50, batch_size=128, lr=5e-4, lr_decay_rate=0.9,
+                                lr_decay_steps=500, lr_min=0.0, lr_schedule_epochs=640, target_accuracy_pct=99.5,
+                                multimnist_epoch_size=10, amp=True, compile=True, deterministic=False, log_every=7,
+                                eval_batch_size=3, device="cuda", checkpoint_every=5, channels_last=True,
+                                compile_mode="max-autotune-no-cudagraphs", stack_layout="bmm", cuda_graph=True)
+    assert fp.fingerprint_config(other) == fp.fingerprint_config(cfg)
+    assert fp.fingerprint_config(cfg).variant == "fingerprint" and fp.fingerprint_config(cfg).device == "cpu"
+
+
 def test_the_hosts_kernels_do_not_reach_it(params, monkeypatch):
     here = pinned_environment()
     if here not in PINNED:
@@ -321,3 +335,58 @@ def test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_besi
     assert said[0] == f"fingerprint probe of Intel(R) Xeon(R) Processor (GenuineIntel, glibc 2.39) kept in {folder}/GenuineIntel-glibc-2.39-torch-x.jsonl"
     verdicts = dict(v.split(": ") for v in said[1].split(": ", 1)[1].split(", "))
     assert verdicts == {name: "differs" if name in ("capped", "mkl-strict") else "same" for name in probe.PROBES}
+
+
+def test_the_probe_runs_every_cap_at_once_keeps_a_failed_one_and_compares_only_like_with_like(tmp_path, monkeypatch):
+    """scripts/fingerprint_probe.py: all probes at once, a failing one a line with its settings and error;
+    the host's processor by its model; a verdict says why two lines do not compare (one absent, an error on
+    either side, another variant); a file is named by its host and torch (a failed first line aside), its
+    blank lines skipped, compared with every other host's file but itself, in order; an empty one says so."""
+    import threading
+
+    probe = script("fingerprint_probe")
+    together = threading.Barrier(len(probe.PROBES), timeout=30)  # broken unless every probe runs at once
+
+    def fake(smalls, caps=None):
+        together.wait()
+        if caps.get("ATEN_CPU_CAPABILITY") == "default" and "GLIBC_TUNABLES" not in caps:
+            raise fp.FingerprintError("the training fingerprint failed in its CPU process: ValueError: no")
+        return {"fingerprints": ["f" * 16], "environment": "torch 2.15.0+cu132, CPU AVX2 capped"}
+
+    monkeypatch.setattr(probe.fp, "in_capped_process", fake)
+    monkeypatch.setattr(probe.fp, "host_numerics", lambda: "AuthenticAMD, glibc 2.36")
+    monkeypatch.setattr(probe.fp, "cpuinfo", {"model name": "AMD EPYC 9B14", "vendor_id": "AuthenticAMD"}.get)
+    lines = {line["probe"]: line for line in probe.probe("capsnet_r3_recon", REPO / "params.yaml")}
+    failed = lines["aten-default"]
+    assert failed["settings"] == fp.CAPPED | probe.PROBES["aten-default"] and "fingerprint" not in failed
+    assert failed["error"].endswith("ValueError: no") and lines["capped"]["cpu"] == "AMD EPYC 9B14"
+    mine = list(lines.values())
+    theirs = [line | {"host": "GenuineIntel, glibc 2.39"} for line in mine if line["probe"] != "mkl-strict"]
+    theirs = [line | ({"error": "theirs failed"} if line["probe"] == "capped" else {}) for line in theirs]
+    for line in theirs:
+        if line["probe"] == "capped":
+            del line["fingerprint"]
+        if line["probe"] == "libm-generic":
+            line["variant"] = "capsnet_r1"
+    verdicts = dict(v.split(": ", 1) for v in probe.compare(mine, theirs))
+    assert verdicts["mkl-strict"] == "not comparable (absent in one)"
+    assert verdicts["aten-default"] == f"not comparable ({failed['error']})"
+    assert verdicts["capped"] == "not comparable (theirs failed)"
+    assert verdicts["libm-generic"] == "not comparable (capsnet_r3_recon and capsnet_r1)"
+    assert verdicts["all-generic"] == "same"
+    folder = tmp_path / "kept"
+    files = {}
+    for host, first_failed in (("GenuineIntel, glibc 2.39", True), ("AuthenticAMD, glibc 2.36", False),
+                               ("ARM, glibc 2.40", False)):
+        ordered = sorted(mine, key=lambda line: "error" not in line) if first_failed else mine
+        files[host] = tmp_path / f"{host[:3]}.jsonl"
+        files[host].write_text("\n\n".join(json.dumps(line | {"host": host}) for line in ordered) + "\n")
+    said = [probe.keep(files[host], folder) for host in files]
+    assert said[0][0].endswith("kept in " + str(folder / "GenuineIntel-glibc-2.39-torch-2.15.0+cu132.jsonl"))
+    assert [line.split(":")[0] for line in said[2][1:]] == [
+        "  against AuthenticAMD-glibc-2.36-torch-2.15.0+cu132", "  against GenuineIntel-glibc-2.39-torch-2.15.0+cu132"]
+    unknown = tmp_path / "unknown.jsonl"
+    unknown.write_text(json.dumps(failed | {"host": "AuthenticAMD, glibc 2.36"}) + "\n")
+    assert probe.keep(unknown, folder)[0].endswith("AuthenticAMD-glibc-2.36-torch-unknown.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    assert probe.keep(tmp_path / "empty.jsonl", folder) == [f"{tmp_path / 'empty.jsonl'} holds no probe"]
