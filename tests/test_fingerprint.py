@@ -390,3 +390,93 @@ def test_the_probe_runs_every_cap_at_once_keeps_a_failed_one_and_compares_only_l
     assert probe.keep(unknown, folder)[0].endswith("AuthenticAMD-glibc-2.36-torch-unknown.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
     assert probe.keep(tmp_path / "empty.jsonl", folder) == [f"{tmp_path / 'empty.jsonl'} holds no probe"]
+
+
+def test_the_capped_process_imports_this_checkout_first_and_a_silent_failure_names_its_exit(monkeypatch):
+    monkeypatch.syspath_prepend("/opt/elsewhere")
+    path = fp.capped_env()["PYTHONPATH"].split(os.pathsep)
+    assert path[0] == str(REPO) and "/opt/elsewhere" in path and path.count(str(REPO)) == 1
+    monkeypatch.setenv("CAPSNET_FINGERPRINT_CACHE", "off")
+    monkeypatch.setattr(fp.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 3, "", "\n"))
+    with pytest.raises(fp.FingerprintError, match=r"failed in its CPU process: exit 3$"):
+        fp.in_capped_process([])
+
+
+def test_mkls_branch_reads_absent_unreported_or_its_number(monkeypatch):
+    """Where torch has no MKL, where its library does not load or export the query, and a branch number
+    the table does not name."""
+    import types
+
+    monkeypatch.setattr(fp.torch.backends.mkl, "is_available", lambda: False)
+    assert fp.mkl_branch() == "absent"
+    monkeypatch.setattr(fp.torch.backends.mkl, "is_available", lambda: True)
+
+    def unloadable(path):
+        raise OSError(f"{path}: cannot open shared object file")
+
+    for library in (unloadable, lambda path: types.SimpleNamespace()):
+        monkeypatch.setattr(fp.ctypes, "CDLL", library)
+        assert fp.mkl_branch() == "unreported"
+    monkeypatch.setattr(fp.ctypes, "CDLL", lambda path: types.SimpleNamespace(mkl_serv_cbwr_get=lambda what: 99))
+    assert fp.mkl_branch() == "branch 99"
+
+
+def test_the_environment_is_read_once_and_dev_shm_with_exactly_the_room_is_used(monkeypatch, tmp_path):
+    monkeypatch.setattr(fp, "_ENVIRONMENT", ["torch 9, what a capped process reported"])
+    assert fp.fingerprint_environment() == "torch 9, what a capped process reported"
+    monkeypatch.setattr(fp, "SCRATCH", tmp_path)
+    monkeypatch.setattr(fp.shutil, "disk_usage", lambda path: type("Usage", (), {"free": fp.SCRATCH_BYTES})())
+    assert fp.scratch() == tmp_path
+
+
+def test_the_table_computes_every_variant_at_once_in_order_and_stops_at_the_first_failure(params, monkeypatch):
+    """fingerprint_table: a capped process per variant at once (as many as there are cores), the table in the
+    variants' order, progress counted from 1 as each comes; a failure raised as it comes, before the
+    progress of the variants still computing."""
+    import threading
+
+    variants = ["capsnet_r3_recon", "baseline_cnn", "capsnet_r1"]
+    monkeypatch.setattr(fp.os, "cpu_count", lambda: 8)
+    together = threading.Barrier(len(variants), timeout=30)  # broken unless all three compute at once
+
+    def fingerprint(cfg):
+        together.wait()
+        return cfg.variant[:4]
+
+    monkeypatch.setattr(fp, "training_fingerprint", fingerprint)
+    said = []
+    table = fp.fingerprint_table(params, variants, lambda done, variant: said.append(done))
+    assert list(table.items()) == [("capsnet_r3_recon", "caps"), ("baseline_cnn", "base"), ("capsnet_r1", "caps")]
+    assert said == [1, 2, 3]
+    release = threading.Event()
+
+    def failing(cfg):
+        if cfg.variant == "capsnet_r1":
+            raise fp.FingerprintError("capsnet_r1: failed")
+        release.wait(30)  # the others finish after the failure
+        return "x"
+
+    monkeypatch.setattr(fp, "training_fingerprint", failing)
+    said.clear()
+    threading.Timer(1.0, release.set).start()
+    with pytest.raises(fp.FingerprintError, match="capsnet_r1: failed"):
+        fp.fingerprint_table(params, variants, lambda done, variant: said.append(variant))
+    assert said == []  # no progress once a variant failed
+
+
+def test_computing_it_prints_nothing_of_its_training(params, capsys):
+    fp._compute(fp.fingerprint_config(run_config(params, "capsnet_r1", 0)))
+    assert capsys.readouterr().out == ""
+
+
+def test_an_experiment_its_process_cannot_import_is_one_line_saying_where_to_register_it(tmp_path):
+    import pickle
+
+    from pipeline.core.errors import UserError
+
+    (tmp_path / "configs.pkl").write_bytes(pickle.dumps({"configs": [], "experiments": {"toy": "toy_notebook_cell"}}))
+    with pytest.raises(UserError) as refused:
+        fp.main(str(tmp_path))
+    assert str(refused.value) == ("experiment 'toy' was registered from module 'toy_notebook_cell', which a process of "
+                                  "its own cannot import (No module named 'toy_notebook_cell'): register an experiment "
+                                  "from a module on the import path")
