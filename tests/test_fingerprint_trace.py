@@ -183,3 +183,89 @@ def test_a_window_traces_unchanged_kernels_against_another_hosts_trace_and_keeps
     assert said[-1].startswith(f"  its first operation parting from the trace it ran against, inputs and outputs, kept in "
                                f"{tmp_path / 'kept' / ft.host_name(here[0])}-first-difference.pt")
     assert (tmp_path / "kept" / f"{ft.host_name(here[0])}-first-difference.pt").read_bytes() == dump.read_bytes()
+
+
+def test_comparing_traces_and_tensors_names_each_way_they_part(tmp_path):
+    """first_difference: another variant does not compare, an operation on other inputs is another
+    operation, a difference at the first operation has none before it; difference: NaN where both hold
+    it is no difference, units in the last place only between numbers of one sign, the largest difference,
+    and other dtypes without them; read skips blank lines, write is sorted and stamped 0 (the same trace,
+    the same bytes); keep of an empty file says so."""
+    here = trace_of(["a", "b", "c", "d"])
+    other = [here[0] | {"variant": "capsnet_r1"}, *here[1:]]
+    assert ft.first_difference(here, other) == "not comparable (capsnet_r3_recon and capsnet_r1)"
+    wider = [here[0], here[1], here[2] | {"in": ["float32[1, 3]"]}, *here[3:]]
+    assert ft.first_difference(here, wider).startswith(
+        "ran other operations from #1 of 4 (aten.mul.Tensor float32[1, 2] against aten.mul.Tensor float32[1, 3])")
+    first = ft.first_difference(here, trace_of(["z", "b", "c", "d"]))
+    assert first.endswith("all 0 before it the same (the last: none)")
+    nan = float("nan")
+    assert ft.difference(torch.tensor([nan, 1.0, 2.0]), torch.tensor([nan, 1.0, 3.0])) == \
+        "1 of 3 elements differ, by at most 1 (4194304 ulp)"
+    tiny = torch.tensor([1e-45, 1.0])  # the smallest subnormal, either side of zero: no ulp count across signs
+    assert ft.difference(tiny, tiny * torch.tensor([-1.0, 1.0])) == "1 of 2 elements differ, by at most 2.8e-45"
+    assert ft.difference(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.5, 2.0, 5.0])) == \
+        "2 of 3 elements differ, by at most 1 (4194304 ulp)"
+    doubles = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    assert ft.difference(doubles, doubles * torch.tensor([1.0, 1.5], dtype=torch.float64)) == "1 of 2 elements differ"
+    ft.write(tmp_path / "t.jsonl.gz", here)
+    data = (tmp_path / "t.jsonl.gz").read_bytes()
+    assert data[4:8] == b"\0\0\0\0"  # gzip's MTIME
+    text = gzip.decompress(data).decode()
+    assert text.splitlines()[0] == json.dumps(here[0], sort_keys=True)
+    (tmp_path / "blank.jsonl.gz").write_bytes(gzip.compress(text.replace("\n", "\n\n").encode()))
+    assert ft.read(tmp_path / "blank.jsonl.gz") == here
+    (tmp_path / "empty.jsonl.gz").write_bytes(gzip.compress(b"\n"))
+    assert ft.keep(tmp_path / "empty.jsonl.gz", tmp_path / "kept") == [f"{tmp_path / 'empty.jsonl.gz'} holds no trace"]
+
+
+def test_a_first_difference_keeps_its_operations_tensors_as_they_were_whole_up_to_the_limit():
+    """A kept input is a copy (an in-place operation after it does not change it); inputs and outputs
+    together at exactly DUMP_BYTES are kept whole, over it (outputs counted) by signature; an operation past
+    the other trace's end is the first difference, with nothing expected there."""
+    a = torch.tensor([1.0, 2.0])
+    record = ft.operation_record(0, torch.ops.aten.mul.Tensor, (a, 2), {}, a * 2, None)
+    a.add_(1.0)
+    assert torch.equal(record["args"][0], torch.tensor([1.0, 2.0]))
+    half = torch.zeros(ft.DUMP_BYTES // 8)  # input and output of the limit's half each
+    assert ft.operation_record(0, torch.ops.aten.neg.default, (half,), {}, half, None)["whole"]
+    assert not ft.operation_record(0, torch.ops.aten.neg.default, (half,), {}, torch.zeros(ft.DUMP_BYTES // 8 + 1),
+                                   None)["whole"]
+    reference = ft.Trace()
+    with reference:
+        torch.tensor([1.0]) * 2
+    recorder = ft.Trace(reference.ops)
+    with recorder:
+        torch.tensor([1.0]) * 2
+        torch.tensor([1.0]) * 3
+    assert recorder.first_difference["index"] == len(reference.ops) and recorder.first_difference["expected"] is None
+
+
+def test_a_trace_runs_against_the_first_other_hosts_trace_of_its_torch_and_variant(tmp_path, monkeypatch):
+    monkeypatch.setattr(ft.fp, "host_numerics", lambda: "AuthenticAMD, glibc 2.36")
+    monkeypatch.setattr(ft.torch, "__version__", "2.11.0")
+    for name, variant in (("AMD-x-torch-2.15.0", "capsnet_r3_recon"),  # another torch
+                          ("ARM-glibc-2.40-torch-2.11.0", "capsnet_r1"),  # another variant
+                          ("AuthenticAMD-glibc-2.36-torch-2.11.0", "capsnet_r3_recon"),  # this host's own
+                          ("GenuineIntel-glibc-2.39-torch-2.11.0", "capsnet_r3_recon"),
+                          ("Zhaoxin-glibc-2.39-torch-2.11.0", "capsnet_r3_recon")):
+        ft.write(tmp_path / f"{name}.trace.jsonl.gz", [trace_of(["a"])[0] | {"variant": variant}])
+    intel = tmp_path / "GenuineIntel-glibc-2.39-torch-2.11.0.trace.jsonl.gz"
+    assert ft.reference(tmp_path, "capsnet_r3_recon") == intel
+    assert ft.reference(tmp_path, "baseline_cnn") is None
+
+
+def test_a_replay_says_when_nothing_was_kept_and_when_this_host_computes_otherwise(tmp_path):
+    from pathlib import Path
+
+    assert ft.first_difference_path(Path("out/fingerprint_trace.jsonl.gz")) == Path(
+        "out/fingerprint_trace-first-difference.pt")
+    a = torch.tensor([1.0, 2.0])
+    record = ft.operation_record(4, torch.ops.aten.mul.Tensor, (a, 2), {}, a * 2,
+                                 {"op": "aten.mul.Tensor", "in": ["float32[2]"], "out": "0" * ft.HASH_DIGITS})
+    torch.save(record, tmp_path / "r.pt")
+    assert ft.replay_worker(tmp_path / "r.pt") == ("aten.mul.Tensor (#4 of the trace): output 0 float32[2]: the same; "
+                                                   "here it computes other than what this host's trace holds there")
+    torch.save(record | {"whole": False}, tmp_path / "big.pt")
+    assert ft.replay_worker(tmp_path / "big.pt") == (f"aten.mul.Tensor (#4 of the trace): its tensors were over "
+                                                     f"{ft.DUMP_BYTES} bytes and were not kept: nothing to replay")
