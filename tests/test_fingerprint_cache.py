@@ -256,8 +256,6 @@ def test_an_entry_holds_the_answer_alone_written_whole_and_a_malformed_one_is_no
 
 
 def test_a_cache_that_cannot_be_written_or_touched_still_answers(tmp_path, monkeypatch):
-    import os
-
     from pipeline.training import fingerprint_cache as cache
 
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
