@@ -211,7 +211,7 @@ def test_the_key_follows_the_python_the_torch_build_and_each_files_name_and_byte
     assert cache.code_digest.__wrapped__(copy) != cache.code_digest()
     (models / "capsnet_renamed.py").rename(models / "capsnet.py")
     source = (models / "capsnet.py").read_bytes()
-    (models / "capsnet.py").write_bytes(source[:-1] + (b" " if source[-1:] != b" " else b"#"))
+    (models / "capsnet.py").write_bytes(source[:-1] + (b" " if source[-1:] != b" " else b"#"))  # its size kept
     assert cache.code_digest.__wrapped__(copy) != cache.code_digest()
 
 
@@ -266,7 +266,7 @@ def test_a_cache_that_cannot_be_written_or_touched_still_answers(tmp_path, monke
     with monkeypatch.context() as patch:
         patch.setattr(cache, "write", fails)
         assert cache.cached([], {}, answer) == answer()
-    cache.cached([], {}, answer)
+    cache.cached([], {}, answer)  # kept this time: the next asking is a hit
     with monkeypatch.context() as patch:
         patch.setattr(cache.os, "utime", fails)
         assert cache.cached([], {}, lambda: answer("again")) == answer()  # the hit, untouched

@@ -293,6 +293,9 @@ def test_the_import_reads_a_calls_checks_from_their_archive_and_from_an_older_ca
     assert [p.name for p in new.iterdir()] == ["checks.tar.gz"]  # the device tool's folders are read-only: unpacked elsewhere
 
 
+# the tools gpu_import.sh calls, each logging its call: `capsnet publish` makes its folder, `capsnet report`
+# writes a metrics file and ablation.md; `python -m pipeline.profiles NAME --write PATH` writes "profile NAME";
+# `python -c CODE FILE…` (lineage.keep_tables) logs its files
 IMPORT_CAPSNET = """#!/bin/sh
 echo "capsnet $*" >>calls.log
 if [ "$1" = publish ]; then mkdir -p "$4"; fi
