@@ -26,6 +26,12 @@ def write_profile(path: Path, profile: str = "gpu", *sets: str) -> Path:
     return path
 
 
+def bench_table(folder: Path) -> str:
+    """What `python3 scripts/bench_table.py FOLDER` prints for a folder of bench rows."""
+    return subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout
+
+
 def script(name: str) -> ModuleType:
     """scripts/<name>.py as a module. scripts/ is no package: it is on sys.path only while importing
     (a script's imports of its siblings resolve then), and a script is imported once per session."""

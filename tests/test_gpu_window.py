@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, script, write_profile
+from conftest import REPO, bench_table, script, write_profile
 
 gpu_levers, gpu_queue = script("gpu_levers"), script("gpu_queue")
 
@@ -496,8 +496,7 @@ def test_the_bench_table_is_what_the_report_prices_seeds_with(tmp_path):
     folder.mkdir()
     (folder / "a.jsonl").write_text("\n".join(json.dumps(r) for r in kept[:2]) + "\n")
     (folder / "b.jsonl").write_text("\n".join(json.dumps(r) for r in kept[2:]) + "\ntorn")
-    out = subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    out = bench_table(folder)
     (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n" + out)
     rows = costs.bench_rows(tmp_path / "benchmarks.md")
     assert {(r.variant, r.images_per_s) for r in rows} == {("capsnet_r3_recon", 80_000), ("capsnet_r3_recon", 70_000),
@@ -539,8 +538,7 @@ def test_the_bench_table_names_each_rows_levers_keeps_its_last_bench_and_marks_t
     folder = tmp_path / "nvidia-h100-80gb-hbm3"
     folder.mkdir()
     (folder / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    out = bench_table(folder)
     lines = out.splitlines()
     assert lines[0] == "## GPU: one NVIDIA H100 80GB HBM3 (device tool, 2026-12-01, 2026-12-02)"
     assert "(gpu profile, batch 100, 128)" in out and "### capsnet_r3_recon (1.20 GFLOP per training image)" in lines
@@ -556,8 +554,7 @@ def test_the_bench_table_names_each_rows_levers_keeps_its_last_bench_and_marks_t
     one = [{**common, "date": "2026-12-01", "mode": "bf16-cl", "train_images_per_s": 70_000, "ms_per_step": 1.234,
             "speedup_vs_reference": 2.5}]
     (folder / "a.jsonl").write_text(json.dumps(one[0]) + "\n")
-    out = subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout.splitlines()
+    out = bench_table(folder).splitlines()
     assert "| capsnet-repro bf16-cl: bf16, NHWC convolutions | 70,000 | 1.23 | – | – | – | – | 2.50 |" in out
     assert "- 3 seeds stacked ≥ 150,000 images/s: not measured" in out
 

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 from torch.autograd import DeviceType
 
+from conftest import bench_table
 from test_gpu_window import device_tree, python3_on_path
 
 from pipeline.cli import main
@@ -173,8 +174,7 @@ def test_the_bench_table_shows_where_a_profiled_steps_time_goes(tmp_path):
     folder = tmp_path / "nvidia-h200"
     folder.mkdir()
     (folder / "a.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    out = subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    out = bench_table(folder)
     assert "torch.profiler over 10 steps" in out
     assert ("| bf16-compile-capture: bf16, compile default, the whole step as one CUDA graph | 1 | – | 2.00 | 1.20 (60%) | 6 "
             "| 0.80 | 0.00 | 0.40 | 0.00 | 0.00 | 0.00 | 0.00 |") in out
@@ -199,8 +199,7 @@ def test_the_bench_tables_categories_come_from_a_row_that_recorded_them_and_five
     folder = tmp_path / "nvidia-h200"
     folder.mkdir()
     (folder / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout.splitlines()
+    out = bench_table(folder).splitlines()
     header = next(line for line in out if line.startswith("| configuration | seeds | layout | wall |"))
     assert header.endswith(" | " + " | ".join(rows[1]["profile"]["categories_ms_per_step"]) + " |")
     assert "- bf16 + compile (model+loss), 1 seed: none (cuda kernels: none recorded)" in out
