@@ -227,6 +227,8 @@ BENCH_PROFILE = f"{PROFILE}::test_the_bench_tables_categories_come_from_a_row_th
 IMPORT = f"{WINDOW}::test_the_import_brings_each_folders_newest_archive_home_and_rewrites_the_report_from_it"
 SMALL = f"{FINGERPRINT}::test_the_small_configuration_fixes_every_protocol_speed_and_bookkeeping_setting"
 PROBE_KEEP = f"{FINGERPRINT}::test_the_probe_runs_every_cap_at_once_keeps_a_failed_one_and_compares_only_like_with_like"
+SPLIT_ARRAYS = "tests/test_evaluate.py::test_a_split_s_compact_predictions_are_bytes_and_half_scores_and_an_absent_class_reads_zero"
+BIN_EDGES = "tests/test_evaluate.py::test_a_value_on_a_bins_edge_counts_in_the_bin_below_and_the_edges_keep_six_decimals"
 
 MUTATIONS = [
     # --- equations (paper) ---
@@ -4112,6 +4114,45 @@ MUTATIONS = [
     Mutation("every trace's first difference goes to one file name", "scripts/fingerprint_trace.py",
              'return trace_path.with_name(trace_path.name.removesuffix(".jsonl.gz") + "-" + FIRST_DIFFERENCE)', "return trace_path.with_name(FIRST_DIFFERENCE)",
              (f"{TRACE}::test_a_replay_says_when_nothing_was_kept_and_when_this_host_computes_otherwise",)),
+    Mutation("images are scaled by 1/256, so white is not 1", "pipeline/training/experiment.py",
+             ".float().div_(255)", ".float().div_(256)",
+             ("tests/test_evaluate.py::test_to_float_maps_the_byte_range_onto_0_to_1_exactly_with_a_channel",)),
+    Mutation("predictions under amp are fp16, not bf16", "pipeline/training/experiment.py",
+             "dtype=torch.bfloat16, enabled=amp", "dtype=torch.float16, enabled=amp",
+             ("tests/test_evaluate.py::test_predictions_under_amp_are_bf16_not_fp16",)),
+    Mutation("a 3-byte IDX file is struct's traceback, not the too-short line", "pipeline/data/idx.py",
+             "    if len(data) < 4:", "    if len(data) < 3:",
+             ("tests/test_data.py::test_read_idx_rejects_bad_files",)),
+    Mutation("an empty set's error reads 0 %, not NaN", "pipeline/training/evaluate.py",
+             'if n else float("nan")', "if n else 0.0",
+             (SPLIT_ARRAYS,)),
+    Mutation("a class absent from a set has NaN accuracy (invalid JSON)", "pipeline/training/evaluate.py",
+             "cm.sum(dim=1).clamp(min=1)", "cm.sum(dim=1)",
+             (SPLIT_ARRAYS,)),
+    Mutation("per-class accuracy rounded to 2 decimals", "pipeline/training/evaluate.py",
+             "round(a, 6)", "round(a, 2)",
+             (SPLIT_ARRAYS,)),
+    Mutation("per-image scores kept in float32 (twice the size)", "pipeline/training/evaluate.py",
+             '"scores": scores.half()}', '"scores": scores}',
+             (SPLIT_ARRAYS,)),
+    Mutation("per-image predictions kept as int64", "pipeline/training/evaluate.py",
+             '"preds": preds.to(torch.uint8)', '"preds": preds',
+             (SPLIT_ARRAYS,)),
+    Mutation("per-image labels kept in the dtype they came in", "pipeline/training/evaluate.py",
+             '"labels": labels.to(torch.uint8)', '"labels": labels',
+             (SPLIT_ARRAYS,)),
+    Mutation("a transform on a bin edge counts in the bin above", "pipeline/training/evaluate.py",
+             "torch.bucketize(column, edges[1:-1])", "torch.bucketize(column, edges[1:-1], right=True)",
+             (BIN_EDGES,)),
+    Mutation("bin edges rounded to one decimal", "pipeline/training/evaluate.py",
+             "round(e, 6) for e in edges", "round(e, 1) for e in edges",
+             (BIN_EDGES,)),
+    Mutation("reconstructions decoded in the mode the model was left in", "pipeline/training/evaluate.py",
+             "    model.eval()\n    device = next(model.parameters()).device\n    return", "    device = next(model.parameters()).device\n    return",
+             ("tests/test_evaluate.py::test_reconstructions_are_decoded_in_eval_mode_from_float_images",)),
+    Mutation("Fig. 4 decoded in the mode the model was left in", "pipeline/training/evaluate.py",
+             "    model.eval()\n    device = next(model.parameters()).device\n    out =", "    device = next(model.parameters()).device\n    out =",
+             ("tests/test_evaluate.py::test_fig4_perturbs_each_dimension_of_the_winning_capsule_by_the_papers_steps",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

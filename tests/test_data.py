@@ -28,6 +28,7 @@ def test_read_idx_roundtrip(tmp_path):
     (lambda b: b[:-7], "truncated"),
     (lambda b: b + b"\x00", "longer than its header"),
     (lambda b: b[:2], "too short"),
+    (lambda b: b[:3], "too short"),  # one byte short of the magic number: still this line, not struct's
     (lambda b: b[:9], "truncated header"),
 ])
 def test_read_idx_rejects_bad_files(tmp_path, mutate, match):

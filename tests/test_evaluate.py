@@ -1,5 +1,7 @@
 """Evaluation arithmetic on hand-made predictions."""
 
+import math
+
 import pytest
 import torch
 
@@ -30,6 +32,20 @@ def test_accuracy_by_bins_on_a_hand_computed_example():
     assert bins["scale_y"]["edges"] == [0.8, 0.9, 1.0, 1.1, 1.2] and bins["scale_y"]["count"] == [3, 0, 0, 3]
 
 
+def test_a_value_on_a_bins_edge_counts_in_the_bin_below_and_the_edges_keep_six_decimals():
+    """Bins are (lower, upper]: a rotation of exactly −10° or 0° counts in the bin it closes, the span's
+    lower end in the first. Eight bins of a ±0.2 shear span have edges 0.05 apart, kept to 6 decimals."""
+    params = torch.zeros(4, 6)
+    params[:, 0] = torch.tensor([-20.0, -10.0, 0.0, 10.0])
+    params[:, 1] = 0.0
+    params[:, 2:4] = 1.0
+    bins = accuracy_by_bins(torch.tensor([True, True, False, True]), params, RANGES, n_bins=4)
+    assert bins["rotation_deg"]["count"] == [2, 1, 1, 0]
+    assert bins["rotation_deg"]["accuracy_pct"] == [100.0, 0.0, 100.0, None]
+    shear = accuracy_by_bins(torch.tensor([True]), torch.zeros(1, 6), RANGES)["shear"]["edges"]
+    assert shear == [-0.2, -0.15, -0.1, -0.05, 0.0, 0.05, 0.1, 0.15, 0.2]
+
+
 def test_confusion_matrix_rows_are_true_classes():
     cm = confusion_matrix(torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1, 1, 1]), 3)
     assert cm.tolist() == [[1, 1, 0], [0, 1, 0], [0, 1, 0]]
@@ -56,6 +72,29 @@ def test_per_class_accuracy_is_each_true_class_s_share_predicted_right():
     metrics, arrays = evaluate_split(Answers(3), images, labels, batch_size=3, num_classes=3)
     assert metrics["per_class_accuracy"] == {"0": 0.5, "1": 1.0, "2": 0.0}
     assert metrics["error_pct"] == 50.0 and arrays["preds"].tolist() == answers.tolist() and metrics["n"] == 4
+
+
+def test_a_split_s_compact_predictions_are_bytes_and_half_scores_and_an_absent_class_reads_zero():
+    """evaluate_split's arrays are what predictions.safetensors keeps per image: labels and predictions
+    as uint8, scores as float16. Per-class accuracy is rounded to 6 decimals (1/3 → 0.333333) and a
+    class with no digit in the set reads 0, not NaN (which JSON cannot hold); an empty set's error is NaN."""
+    labels, answers = torch.tensor([0, 0, 0, 1]), torch.tensor([0, 1, 1, 1])  # int64 labels: stored as bytes too
+    images = torch.zeros(4, 28, 28, dtype=torch.uint8)
+    images[:, 0, 0] = (10 * answers).to(torch.uint8)
+    metrics, arrays = evaluate_split(Answers(3), images, labels, batch_size=4, num_classes=3)
+    assert metrics["per_class_accuracy"] == {"0": 0.333333, "1": 1.0, "2": 0.0}
+    assert (arrays["labels"].dtype, arrays["preds"].dtype, arrays["scores"].dtype) == (
+        torch.uint8, torch.uint8, torch.float16)
+    assert arrays["scores"].shape == (4, 3) and arrays["labels"].tolist() == labels.tolist()
+    empty = torch.zeros(0, dtype=torch.uint8)
+    assert math.isnan(error_pct(empty, empty))
+
+
+def test_to_float_maps_the_byte_range_onto_0_to_1_exactly_with_a_channel():
+    images = torch.tensor([[[0, 51], [255, 102]]], dtype=torch.uint8)  # (1, 2, 2)
+    x = to_float(images)
+    assert x.shape == (1, 1, 2, 2) and x.dtype == torch.float32
+    assert torch.equal(x.flatten(), torch.tensor([0.0, 0.2, 1.0, 0.4])) and x.max() == 1.0  # k / 255, rounded once
 
 
 def test_predictions_are_made_with_dropout_off_and_leave_the_model_training():
@@ -93,6 +132,20 @@ def test_predictions_under_amp_are_bf16_arithmetic_returned_as_fp32_scores():
     assert torch.equal(preds, mixed.argmax(dim=1))
 
 
+def test_predictions_under_amp_are_bf16_not_fp16():
+    """A linear classifier under amp gives what its layer computes in bf16, bit for bit (fp16 keeps two
+    more mantissa bits and answers otherwise)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 3))
+    images = torch.randint(0, 256, (4, 28, 28), dtype=torch.uint8)
+    mixed, _ = predict(model, images, batch_size=4, amp=True)
+    linear = model[1]
+    with torch.no_grad():
+        bf16 = torch.nn.functional.linear(to_float(images).flatten(1).bfloat16(), linear.weight.bfloat16(),
+                                          linear.bias.bfloat16()).float()
+    assert torch.equal(mixed, bf16)
+
+
 def test_an_error_rate_is_its_count_over_n_written_and_read():
     """39 of 10,000 wrong is 0.39 % exactly (a float32 mean stores 0.38999998…), and the report reads
     older records' float32 values as the counts they are, so a mean of 0.39 and 0.36 is the exact 0.375
@@ -121,20 +174,40 @@ def test_fig4_perturbs_each_dimension_of_the_winning_capsule_by_the_papers_steps
             super().__init__()
             self.unused = torch.nn.Parameter(torch.zeros(1))
 
-        def forward(self, images):  # capsule 3 wins, its pose all ones; the others are silent
+        def forward(self, images):  # capsule 3 wins, its pose all ones (in eval mode); the others are silent
             poses = torch.zeros(len(images), 10, 16)
-            poses[:, 3] = 1.0
+            poses[:, 3] = 1.0 if not self.training else 2.0
             return SimpleNamespace(lengths=poses.norm(dim=-1), poses=poses)
 
         def decoder(self, poses, target):  # (B, K, D) -> (B, 1, 1, D): the target's pose as one image row
             return poses[torch.arange(len(poses)), target].view(-1, 1, 1, 16)
 
-    grid = fig4_grid(Stub(), torch.zeros(28, 28, dtype=torch.uint8))
+    grid = fig4_grid(Stub().train(), torch.zeros(28, 28, dtype=torch.uint8))  # evaluated, whatever the mode
     steps = [round(-0.25 + 0.05 * k, 2) for k in range(11)]
     expected = torch.ones(16, 11, 1, 16)
     for dim in range(16):
         expected[dim, :, 0, dim] += torch.tensor(steps)
     assert grid.shape == (16, 11, 1, 16) and torch.allclose(grid, expected)
+
+
+def test_reconstructions_are_decoded_in_eval_mode_from_float_images():
+    """`reconstructions` runs the model in eval mode on the images as floats in [0, 1] and returns its
+    decoder's images without their channel, on the CPU."""
+    from types import SimpleNamespace
+
+    from pipeline.training.evaluate import reconstructions
+
+    class Stub(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):  # (B, 1, H, W): its input back, doubled while training
+            return SimpleNamespace(reconstructions=x * (2 if self.training else 1))
+
+    images = torch.tensor([[[0, 255], [51, 0]]], dtype=torch.uint8)
+    out = reconstructions(Stub().train(), images)
+    assert out.shape == (1, 2, 2) and torch.equal(out, to_float(images)[:, 0])
 
 
 def test_the_evaluate_stage_loads_the_trained_weights_in_eval_mode(tmp_path):
