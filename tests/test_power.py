@@ -155,10 +155,14 @@ def test_a_runs_speed_settings_name_its_bench_row_and_only_well_formed_gpu_rows_
     assert costs.configuration(compiled | {"compile_mode": "reduce-overhead"}) == "bf16-graphs"
     assert costs.configuration({"amp": True, "compile": False, "channels_last": True}) == "bf16-cl"
     assert costs.configuration({"amp": False, "compile": True, "cuda_graph": True}) == "compile-capture"
+    assert costs.configuration({"amp": True}) == "bf16 autocast"  # no compile recorded: off, as the published rows say
+    assert costs.configuration({}) == "eager fp32"
     assert costs.bench_rows(tmp_path / "absent.md") == []
     rows = bench_rows(tmp_path, BENCH + "| capsnet-repro bf16-capture | failed: out of memory |\n"
                                 "## GPU: one NVIDIA H200 (device tool, 2026-11-28)\n"
-                                "| capsnet-repro eager fp32 | 30,000 |\n")
+                                "| capsnet-repro eager fp32 | 30,000 |\n"
+                                "## CPU: one AMD EPYC host (2 cores)\n### baseline_cnn\n"  # a CPU never prices GPU time
+                                "| capsnet-repro eager fp32 | 900 |\n")
     assert [(r.variant, r.images_per_s) for r in rows] == [
         ("capsnet_r3_recon", 21_096.0), ("capsnet_r3_recon", 24_000.0), ("baseline_cnn", 12_000.0)]
     h100 = "NVIDIA H100 80GB HBM3"
@@ -166,6 +170,45 @@ def test_a_runs_speed_settings_name_its_bench_row_and_only_well_formed_gpu_rows_
     levers = [costs.BenchRow("baseline_cnn", h100, f"capsnet-repro {name}", speed, "GPU: one H100")
               for name, speed in ((captured, 50_000.0), ("compile (model+loss)", 20_000.0))]
     assert costs.speed(levers, "baseline_cnn", h100, {"amp": False, "compile": True}).images_per_s == 20_000.0
+
+
+def test_a_later_section_of_a_device_prices_over_an_earlier_one_and_cites_it(tmp_path):
+    """A window's section is appended below the earlier ones (scripts/bench_table.py … >> benchmarks.md): where
+    two sections time one device, a run is priced at the later (newest) row, and the citation names its section.
+    A configuration only the earlier section timed is still priced from it."""
+    later = ("## GPU: one NVIDIA H100 80GB HBM3 (device tool, 2026-12-01)\n### baseline_cnn (11.78 GFLOP)\n"
+             "| capsnet-repro bf16 + compile (model+loss) | 15,000 | 3.70 |\n")
+    rows = bench_rows(tmp_path, BENCH + later)
+    hours, source = rc.run_cost([FakeRun("baseline_cnn")], 10, rows)
+    assert hours == pytest.approx(10 * 6e6 / 15_000 / 3600)
+    assert source == ("GPU: one NVIDIA H100 80GB HBM3 (device tool, 2026-12-01) | "
+                      "baseline_cnn bf16 + compile (model+loss): 15,000 images/s")  # BenchRow.cite
+    assert costs.speed(rows, "capsnet_r3_recon", "NVIDIA H100 80GB HBM3", {}).images_per_s == 21_096.0
+
+
+def test_cited_rows_read_as_one_sentence_per_section_each_row_once():
+    cites = ["S1 | a bf16: 1 images/s", "S2 | b fp32: 2 images/s", "S1 | c bf16: 3 images/s", "S1 | a bf16: 1 images/s"]
+    assert costs.sources(cites) == ("reports/benchmarks.md, S1: a bf16: 1 images/s, c bf16: 3 images/s. "
+                                    "reports/benchmarks.md, S2: b fp32: 2 images/s.")
+
+
+def test_a_stand_in_is_the_lightest_variant_on_the_device_that_does_the_work_and_lends_only_its_own_rows():
+    """Per device: capsnet_r1 takes capsnet_r3's rows over capsnet_r3_recon's (as much routing, no decoder)
+    where both are benched, nothing where neither is, and never another variant's row (the CNN's); a benched
+    variant the params no longer name is passed over. The decoder alone reads as just that."""
+    net = costs.Network
+    networks = {"capsnet_r1": net("capsnet", "table1", 1, False), "capsnet_r3": net("capsnet", "table1", 3, False),
+                "capsnet_r3_recon": net("capsnet", "table1", 3, True), "baseline_cnn": net("baseline_cnn", "table1", 0, False)}
+    assert networks["capsnet_r3"].relation(networks["capsnet_r3_recon"]) == "an upper bound: the decoder too"
+
+    def row(variant, device, speed):
+        return costs.BenchRow(variant, device, "capsnet-repro eager fp32", speed, f"GPU: one {device}")
+
+    rows = [row("capsnet_r3_recon", "H100", 10.0), row("capsnet_r3", "H100", 20.0), row("baseline_cnn", "H100", 30.0),
+            row("capsnet_r9_retired", "H100", 40.0), row("capsnet_r3_recon", "H200", 50.0)]
+    stood = [(r.variant, r.device, r.stand_in, r.images_per_s) for r in costs.with_stand_ins(rows, networks) if r.stand_in]
+    assert stood == [("capsnet_r1", "H100", "capsnet_r3", 20.0),
+                     ("capsnet_r1", "H200", "capsnet_r3_recon", 50.0), ("capsnet_r3", "H200", "capsnet_r3_recon", 50.0)]
 
 
 def test_a_variant_never_benched_takes_the_row_of_one_with_its_layers_or_more_and_says_so(tmp_path):

@@ -136,9 +136,11 @@ def configuration(cfg: dict) -> str:
 def speed(rows: list[BenchRow], variant: str, device: str, cfg: dict) -> BenchRow | None:
     """``variant``'s row on ``device`` (a run's recorded device name) in the configuration its config
     ``cfg`` trained with (`configuration`), or None when none was measured; a captured mode's row the
-    bench ran uncaptured prices no run."""
+    bench ran uncaptured prices no run. Where several sections time the device, the last row wins: a
+    window's section is appended below the earlier ones (scripts/bench_table.py), so the newest
+    measurement prices."""
     wanted = configuration(cfg)
-    for row in rows:
+    for row in reversed(rows):
         name = row.configuration.removeprefix("capsnet-repro ")
         if (row.variant == variant and row.device and row.device in device and not name.endswith("(ran uncaptured)")
                 and (name == wanted or name.startswith((wanted + " (", wanted + ":")))):
