@@ -198,7 +198,8 @@ def test_a_stand_in_is_the_lightest_variant_on_the_device_that_does_the_work_and
     variant the params no longer name is passed over. The decoder alone reads as just that."""
     net = costs.Network
     networks = {"capsnet_r1": net("capsnet", "table1", 1, False), "capsnet_r3": net("capsnet", "table1", 3, False),
-                "capsnet_r3_recon": net("capsnet", "table1", 3, True), "baseline_cnn": net("baseline_cnn", "table1", 0, False)}
+                "capsnet_r3_recon": net("capsnet", "table1", 3, True),
+                "baseline_cnn": net("baseline_cnn", "table1", 0, False)}
     assert networks["capsnet_r3"].relation(networks["capsnet_r3_recon"]) == "an upper bound: the decoder too"
 
     def row(variant, device, speed):
@@ -206,7 +207,8 @@ def test_a_stand_in_is_the_lightest_variant_on_the_device_that_does_the_work_and
 
     rows = [row("capsnet_r3_recon", "H100", 10.0), row("capsnet_r3", "H100", 20.0), row("baseline_cnn", "H100", 30.0),
             row("capsnet_r9_retired", "H100", 40.0), row("capsnet_r3_recon", "H200", 50.0)]
-    stood = [(r.variant, r.device, r.stand_in, r.images_per_s) for r in costs.with_stand_ins(rows, networks) if r.stand_in]
+    stood = [(r.variant, r.device, r.stand_in, r.images_per_s)
+             for r in costs.with_stand_ins(rows, networks) if r.stand_in]
     assert stood == [("capsnet_r1", "H100", "capsnet_r3", 20.0),
                      ("capsnet_r1", "H200", "capsnet_r3_recon", 50.0), ("capsnet_r3", "H200", "capsnet_r3_recon", 50.0)]
 
@@ -385,6 +387,106 @@ def test_a_cost_that_cannot_be_estimated_says_which_arm_and_why(tmp_path):
     hours, why = rc.pair_cost([FakeRun("capsnet_r1")], [unpriced], 4, rows)
     assert math.isnan(hours) and why.startswith("no bench row for capsnet_r1 (")
     assert why.endswith("in reports/benchmarks.md; baseline_cnn: training length not recorded")
+
+
+def test_a_rows_verdict_plans_from_its_seeds_spread_and_prices_the_seeds_it_needs_at_its_runs_mean_length(tmp_path):
+    """verdict_settling (ours − the paper's value): the margin and the seeds to separate from the seeds'
+    sample variance (n − 1), priced at the mean training length of the row's runs; no plan from one seed,
+    without a paper value, or where ours equals the paper's (nothing to separate, nothing priced)."""
+    rows = bench_rows(tmp_path)
+    runs = [FakeRun("capsnet_r3_recon", images=3_000_000), FakeRun("capsnet_r3_recon", images=6_000_000)]
+    errors, paper, sigma = [0.30, 0.35, 0.42], 0.25, None  # no paper σ: our seeds' spread alone
+    out = rc.verdict_settling(runs, errors, paper, sigma, rows)
+    var, delta = 0.0036333, 0.3566667 - paper  # by hand: mean 0.35667, squares 0.00317 + 0.00004 + 0.00406 over 2
+    assert float(np.var(errors, ddof=1)) == pytest.approx(var, rel=1e-4)
+    assert out["equivalence_margin"] == pytest.approx(power.equivalence_margin(delta, power.paper_terms(var, 3, sigma)),
+                                                      rel=1e-4)
+    needed = power.seeds_needed(delta, lambda k: power.paper_terms(var, k, sigma))
+    assert out["seeds_to_separate"] == str(needed) and needed > 2
+    assert out["gpu_hours_to_separate"] == pytest.approx(needed * 4.5e6 / 24_000 / 3600)
+    assert out["cost_source"].endswith("capsnet_r3_recon bf16 + compile (model+loss): 24,000 images/s")
+    none = {"equivalence_margin": math.nan, "seeds_to_separate": "–", "gpu_hours_to_separate": math.nan,
+            "cost_source": ""}
+    for errors_, paper_ in (([0.30], paper), (errors, math.nan), ([0.25, 0.25, 0.25], 0.25)):
+        out = rc.verdict_settling(runs, errors_, paper_, sigma, rows)
+        assert {k: v for k, v in out.items() if k != "equivalence_margin"} == {
+            k: v for k, v in none.items() if k != "equivalence_margin"}
+        assert math.isnan(out["equivalence_margin"]) == (errors_ != [0.25, 0.25, 0.25])
+
+
+def test_a_runs_cost_names_its_device_or_says_it_has_none_and_each_run_of_an_arm_counts(tmp_path):
+    """run_cost: a run without a recorded device says 'its device'; any run of the arm that trained to a
+    target has no paper-length cost; images per epoch average the runs that recorded both; a pair's two
+    citations are joined by '; ', which the Claims section splits into one sentence per section."""
+    rows = bench_rows(tmp_path)
+    hours, why = rc.run_cost([FakeRun("baseline_cnn", device="")], 10, rows)
+    assert math.isnan(hours)
+    assert why == "no bench row for baseline_cnn (bf16 + compile) on its device in reports/benchmarks.md"
+    assert math.isnan(rc.run_cost([FakeRun("baseline_cnn"), FakeRun("baseline_cnn", stop_reason="target")], 10, rows,
+                                  epochs=640)[0])
+    counted = [FakeRun("baseline_cnn", images=3_000_000, epochs=50),
+               FakeRun("baseline_cnn", images=9_000_000, epochs=0)]  # its epochs not recorded: left out
+    assert rc.run_cost(counted, 10, rows, epochs=640)[0] == pytest.approx(10 * 60_000 * 640 / 12_000 / 3600)
+    hours, source = rc.pair_cost([FakeRun("capsnet_r3_recon")], [FakeRun("baseline_cnn")], 4, rows)
+    assert source == f"{rows[1].cite()}; {rows[2].cite()}"
+    claim = _effect("CapsNet r3 + recon vs baseline", -0.14, -0.29, 0.06, seeds="10", hours=hours, cost_source=source)
+    cited = [line for line in rc.render_claims(rc.effect_claims(pd.DataFrame([claim]), "p"), "p")
+             if line.startswith("GPU time from")]
+    assert cited == ["GPU time from reports/benchmarks.md, GPU: one NVIDIA H100 80GB HBM3 (device tool, 2026-11-22): "
+                     "capsnet_r3_recon bf16 + compile (model+loss): 24,000 images/s, "
+                     "baseline_cnn bf16 + compile (model+loss): 12,000 images/s."]
+
+
+def test_an_effect_plans_only_with_two_seeds_a_side_and_more_than_the_budget_is_not_none_suffices():
+    """effect_settling and equivalence_settling plan nothing while an arm has one seed; the equivalence
+    plan detects EQUIVALENCE_PP, not the estimate; an effect that more than MAX_SEEDS would detect, but
+    unlimited seeds would (the test set's floor is low), needs "more than 100", not "none suffices"."""
+    one_a_side = stats.EffectParts(0.2, 0.01, 1, 0.01, 3, 0.0004, 10_000)
+    effect = rc.effect_settling(one_a_side, 0.05, [], [], [])
+    equivalence = rc.equivalence_settling(one_a_side, [], [], [])
+    assert math.isnan(effect["mde"]) and effect["seeds_needed"] == "–"
+    assert math.isnan(equivalence["equivalence_margin"]) and equivalence["equivalence_seeds"] == "–"
+    parts = stats.EffectParts(0.2, 0.004, 3, 0.004, 3, 0.00004, 10_000)
+    needed = power.effect_seeds_needed(parts, rc.EQUIVALENCE_PP)
+    assert needed != power.effect_seeds_needed(parts, parts.estimate)
+    arm = [FakeRun("capsnet_r3_recon")]
+    assert rc.equivalence_settling(parts, arm, arm, [])["equivalence_seeds"] == str(needed)
+    noisy = stats.EffectParts(0.0, 100.0, 3, 100.0, 3, 1e-8, 10_000)  # seeds spread widely; the test set is no floor
+    assert rc.effect_settling(noisy, 0.05, [], [], [])["seeds_needed"] == f"more than {power.MAX_SEEDS}"
+
+
+def test_hours_read_whole_from_10_on_and_a_phrase_needs_a_seed_count():
+    assert [rc.hours_text(h) for h in (0.642, 9.4, 99.6, 1234.4, math.nan)] == ["0.64", "9.4", "100", "1,234", "–"]
+    assert rc.hours_phrase("–", math.nan) == "" and rc.hours_phrase("more than 100", 5.0) == ""
+    assert rc.hours_phrase("12", math.nan) == ", GPU time not estimated (no bench row)"
+
+
+def test_a_claim_of_a_positive_effect_reads_its_side_and_each_claim_reads_its_own_protocols_effect():
+    """The §5.2 gap (the paper's +13 pp) is supported above 0, contradicted below, not resolvable across
+    it; a claim reads its effect under the protocol asked for, not another protocol's; a positive paper
+    effect and our interval are signed."""
+    def gap(lo, hi):
+        return rc.gap_claim({"gap": (lo + hi) / 2, "ci_low": lo, "ci_high": hi, "paper_gap": 13.0, "n_seeds": 3,
+                             "seeds_needed": "4", "gpu_hours": 1.0, "cost_source": "", "set": "affNIST-style set",
+                             "verdict": "", "protocol": "p"}).status[0]
+    assert (gap(2.0, 8.0), gap(-8.0, -2.0)) == ("supported", "contradicted")
+    assert gap(-1.0, 5.0).startswith("not resolvable at 3 seeds — needs 4 per arm")
+    routing = "routing 3 vs 1, with reconstruction"
+    table = pd.DataFrame([_effect(routing, -0.04, -0.30, -0.06),
+                          _effect(routing, -0.04, 0.10, 0.30) | {"protocol": "q"}])
+    first = rc.effect_claims(table, "p").iloc[0]
+    assert (first.status, first.ours, first.protocol) == ("supported", "-0.18 pp [-0.30, -0.06]", "p")
+    assert rc.effect_claims(table, "q").status[0] == "contradicted"
+    positive = rc.effect_claims(pd.DataFrame([_effect(routing, 0.10, 0.02, 0.30)]), "p").iloc[0]
+    assert (positive.paper, positive.ours, positive.status) == ("+0.10 pp", "+0.16 pp [+0.02, +0.30]", "supported")
+
+
+def test_a_confounded_recipe_claim_says_what_settles_it_then_the_seeds_and_hours_of_the_plan():
+    confounded = _effect("official vs paper recipe, routing 3, with reconstruction", math.nan, math.nan, math.nan,
+                         status="confounded: no commit in common", equivalence_seeds="30", equivalence_hours=2.5)
+    assert rc.effect_claims(pd.DataFrame([confounded]), "p").status[0] == (
+        "not resolvable: confounded: no commit in common; settling it needs both recipes at one commit, 30 seeds per "
+        "arm to detect a 0.04 pp difference (Table 1's smallest effect) at 80 % power, about 2.5 GPU-hours")
 
 
 def test_the_paper_protocols_cost_is_priced_while_either_arm_trained_fewer_than_640_epochs(tmp_path):

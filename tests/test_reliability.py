@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import tiny_pipeline
 from pipeline.core import provenance, tracking
-from pipeline.core.errors import first_line
+from pipeline.core.errors import UserError, first_line
 from pipeline.core.files import atomic_path, file_lock
 from pipeline.stages import train as train_stage
 from pipeline.training.checkpoint import NonFiniteLossError, save_checkpoint
@@ -242,3 +242,125 @@ def test_sigterm_raises_is_a_no_op_off_the_main_thread():
     thread.start()
     thread.join()
     assert errors == [] and signal.getsignal(signal.SIGTERM) is before
+
+
+def _stub_training(tmp_path, monkeypatch, results):
+    """run_group's inputs for `capsnet_r1` seeds 0 and 1 without training: tiny data and no datasets, a
+    fixed fingerprint, and train_group replaced by ``results(cfgs, extras)`` (a TrainResult per seed).
+    Returns the params (smoke, 5 epochs of batches of 16, on the CPU) and what was handed over."""
+    import dataclasses
+
+    from conftest import REPO, tiny_data
+    from pipeline.core.params import load_params
+    from pipeline.experiments import table1
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setattr(table1, "training_data", lambda data_dir, cfg: (tiny_data(), []))
+    monkeypatch.setattr(train_stage, "training_fingerprint", lambda cfg: "f" * 16)
+    monkeypatch.setattr(train_stage, "fingerprint_environment", lambda: "cpu, torch x")
+    seen = {"curves": []}
+
+    def train_group(cfgs, data, checkpoint, loggers, extras, state):
+        seen["extras"] = extras
+        return results(cfgs)
+
+    def learning_curves(history, title, path):
+        seen["curves"].append(title)
+        path.write_bytes(b"png")
+
+    monkeypatch.setattr(train_stage, "train_group", train_group)
+    monkeypatch.setattr(train_stage.figures, "learning_curves", learning_curves)
+    params = load_params(REPO / "params.yaml")
+    base = dataclasses.replace(params.base, profile="smoke")
+    train = dataclasses.replace(params.train, epochs=5, batch_size=16, device="cpu")
+    return dataclasses.replace(params, base=base, train=train), seen
+
+
+def test_each_seed_s_result_is_written_and_logged_as_its_own(tmp_path, monkeypatch):
+    """run_group with training stubbed: each seed's config.json records its own result (steps, epochs,
+    stop reason, resumes), the group's seeds, the fingerprint and its environment, and the wall time;
+    history.csv keeps the history's column order; each learning curve is titled with its seed; each run
+    logs its epochs trained and whether it reached the target at its last epoch."""
+    import json
+
+    from pipeline.training.train import TrainResult, build_model
+
+    history = [{"epoch": e, "train_loss": 1.0 / e, "test_error_pct": 9.0 - e, "lr": 1e-3} for e in (1, 2)]
+
+    def results(cfgs):
+        return [TrainResult(build_model(c), history, steps=6 + k, resumed_from_epoch=0, resumed_at=[k],
+                            stop_reason=("target", "budget")[k]) for k, c in enumerate(cfgs)]
+
+    params, seen = _stub_training(tmp_path, monkeypatch, results)
+    outs = [tmp_path / "models" / f"seed{s}" for s in (0, 1)]
+    outcomes = train_stage.run_group(params, "capsnet_r1", [0, 1], tmp_path / "data", outs, tmp_path / "c.pt")
+    assert seen["extras"] == [{"run_id": o.run_id, "fingerprint": "f" * 16} for o in outcomes]
+    assert seen["curves"] == ["capsnet_r1 seed 0", "capsnet_r1 seed 1"]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    for k, (out, outcome) in enumerate(zip(outs, outcomes)):
+        config = json.loads((out / "config.json").read_text())
+        assert (config["steps_trained"], config["epochs_trained"]) == (6 + k, 2)
+        assert config["stop_reason"] == outcome.stop_reason == ("target", "budget")[k]
+        assert (config["resumed_from_epoch"], config["resumed_at_epochs"], config["stacked_seeds"]) == (0, [k], [0, 1])
+        assert config["training_fingerprint"] == "f" * 16
+        assert config["environment"]["fingerprint_environment"] == "cpu, torch x"
+        assert config["train_seconds"] > 0 and config["params"]["epochs"] == 5
+        assert (out / "history.csv").read_text().splitlines()[0] == "epoch,train_loss,test_error_pct,lr"
+        logged = {m: [(x.step, x.value) for x in client.get_metric_history(outcome.run_id, m)]
+                  for m in ("epochs_trained", "reached_target")}
+        assert logged == {"epochs_trained": [(2, 2.0)], "reached_target": [(2, 1.0 - k)]}
+
+
+def test_a_seed_s_non_finite_weights_stop_the_group_before_its_model_is_written(tmp_path, monkeypatch):
+    """Weights that come back from training non-finite are never saved as a model: the stage stops
+    naming the seed, and the group's runs end FAILED."""
+    from pipeline.training.train import TrainResult, build_model
+
+    def results(cfgs):
+        models = [build_model(c) for c in cfgs]
+        with torch.no_grad():
+            next(models[1].parameters()).fill_(float("nan"))
+        return [TrainResult(m, [{"epoch": 1, "train_loss": 1.0}], 3, 0, [], "budget") for m in models]
+
+    params, _ = _stub_training(tmp_path, monkeypatch, results)
+    outs = [tmp_path / "models" / f"seed{s}" for s in (0, 1)]
+    with pytest.raises(NonFiniteLossError, match="capsnet_r1 seed 1: non-finite weights"):
+        train_stage.run_group(params, "capsnet_r1", [0, 1], tmp_path / "data", outs, tmp_path / "c.pt")
+    assert not (outs[1] / "model.safetensors").exists()
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name(tracking.experiment_name("smoke"))
+    assert sorted(r.info.status for r in client.search_runs([experiment.experiment_id])) == ["FAILED", "FAILED"]
+
+
+def test_every_seed_s_output_directory_is_checked_before_any_work(tmp_path, monkeypatch):
+    params, seen = _stub_training(tmp_path, monkeypatch, lambda cfgs: [])
+    (tmp_path / "file").write_text("")
+    outs = [tmp_path / "models" / "seed0", tmp_path / "file" / "seed1"]
+    with pytest.raises(UserError, match="cannot write the output directory .*file/seed1"):
+        train_stage.run_group(params, "capsnet_r1", [0, 1], tmp_path / "data", outs, tmp_path / "c.pt")
+    assert "extras" not in seen and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_runs_mlflow_params_are_its_own_settings_and_its_steps_whole_batches_of_each_epoch():
+    """run_params: each setting under its own key (every one here differs from the committed params and
+    from the others), the device the run resolved to, not the one asked for, and the steps as epochs ×
+    whole batches of the epoch's images (100 // 32 = 3 a epoch)."""
+    import dataclasses
+
+    from conftest import REPO
+    from pipeline.core.params import load_params
+    from pipeline.training.config import run_config
+    from pipeline.training.train import count_params
+
+    cfg = dataclasses.replace(run_config(load_params(REPO / "params.yaml"), "capsnet_r1", 3), lr=0.002,
+                              lr_decay_rate=0.97, lr_decay_steps=1234, lr_schedule_epochs=640, epochs=5, batch_size=32,
+                              device="auto", recipe="official", routing_iterations=2)
+    data = {"train_images": torch.zeros(100, 28, 28, dtype=torch.uint8),
+            "test_images": torch.zeros(7, 28, 28, dtype=torch.uint8)}
+    assert train_stage.run_params(cfg, data, torch.device("cpu"), {"torch_version": "9.9"}) == {
+        "variant": "capsnet_r1", "model": "capsnet", "routing_iterations": 2, "reconstruction": False, "seed": 3,
+        "batch_size": 32, "lr": 0.002, "lr_decay_rate": 0.97, "lr_decay_steps": 1234, "lr_schedule_epochs": 640,
+        "epochs": 5, "steps": 15, "amp": cfg.amp, "compile": cfg.compile, "n_params": count_params(cfg),
+        "device": "cpu", "torch_version": "9.9", "profile": cfg.profile, "recipe": "official", "experiment": "table1",
+        "image_size": 28, "n_train": 100, "n_test": 7}
