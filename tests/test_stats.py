@@ -55,6 +55,29 @@ def test_the_test_term_splits_into_seed_noise_and_the_systematic_difference_by_h
     assert parts.terms(4, 4)[2][0] == pytest.approx(parts.v_test * (5000 / 3 + 1250 / 4) / (6875 / 3))
 
 
+def test_each_arm_s_seed_noise_leaves_the_test_term_over_its_own_seeds_and_one_image_has_none_systematic():
+    """B's three seeds err on image 1 once: its per-image seed variance is 0, 3333⅓, 0, 0 pp² (mean 833⅓,
+    which B's 3 seeds divide, A's 2 divide its 1250); the difference 100, 16⅔, 0, 0 pp has variance
+    6875/3, so 6875/3 − 1250/2 − 2500/9 = 12500/9 is systematic. One image has no variance to split."""
+    a = np.array([[1, 1, 0, 0], [1, 0, 0, 0]], dtype=bool)
+    b = np.array([[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], dtype=bool)
+    parts = stats.effect_parts(a, b)
+    assert (parts.within_a, parts.within_b) == (pytest.approx(1250.0), pytest.approx(2500 / 3))
+    assert parts.systematic == pytest.approx(12500 / 9)
+    one_image = stats.effect_parts(np.array([[1], [0]], dtype=bool), np.array([[0], [0]], dtype=bool))
+    assert one_image.systematic == 0.0
+
+
+def test_a_test_term_of_one_group_adds_nothing_to_the_interval():
+    """Every image from one source digit: one unit to resample, a test term (0, 0 df) that the
+    degrees of freedom pass over (no division by its zero df), so the seed terms alone make the interval."""
+    assert stats.satterthwaite([(0.01, 2), (0.0, 0)]) == pytest.approx(2.0)
+    a, b = nested_errors([1, 2, 3], 100), nested_errors([0, 0, 0], 100)
+    grouped = stats.effect(a, b, np.zeros(100, dtype=int))
+    seeds_alone = stats.t_interval(2.0, [(1 / 3, 2)])
+    assert (grouped.lo, grouped.hi) == pytest.approx((seeds_alone.lo, seeds_alone.hi))
+
+
 def test_cluster_term_resamples_whole_digits_by_hand():
     digits, k = 100, 10
     a = np.zeros((3, digits * k), dtype=bool)
@@ -119,6 +142,8 @@ def test_verdict_boundary_is_the_interval_edge():
     assert stats.verdict(stats.Interval(-0.1, -0.2, -1e-9, 0.05, 4)) == "better"
     assert stats.effect_words(stats.Interval(-0.1, -0.2, -1e-9, 0.05, 4)) == "A lower, beyond seed and test noise"
     assert stats.effect_words(iv) == "not distinguishable from noise"
+    upper = stats.Interval(-0.1, -0.2, 0.0, 0.05, 4)  # touching 0 from below covers it too
+    assert (stats.verdict(upper), stats.effect_words(upper)) == ("consistent", "not distinguishable from noise")
 
 
 def test_seeds_that_agree_exactly_give_an_interval_of_one_point_not_none():
