@@ -385,6 +385,31 @@ def test_the_time_between_epochs_is_read_from_a_runs_journal(tmp_path):
 
 
 
+def test_the_time_between_epochs_is_listed_for_runs_of_the_commit_asked_for_with_three_epochs_or_more(tmp_path):
+    """epoch_overhead.py --runs --commit: one line per run of that commit whose journal holds 3 epochs or
+    more, with the medians of its overheads and of its epochs' own seconds; a run of another commit, one
+    of 2 epochs and one without a journal are left out."""
+    def record(variant, seed, commit, epochs):
+        folder = tmp_path / "models" / variant / f"seed{seed}"
+        folder.mkdir(parents=True)
+        run_id = f"{variant}-{seed}"
+        (folder / "config.json").write_text(json.dumps({"run_id": run_id, "environment": {"git_commit": commit}}))
+        if epochs:
+            (tmp_path / "journal").mkdir(exist_ok=True)
+            events = [{"event": "metrics", "time_ms": t, "metrics": {"epoch_seconds": e}, "step": k}
+                      for k, (t, e) in enumerate(epochs, start=1)]
+            (tmp_path / "journal" / f"{run_id}.jsonl").write_text("\n".join(map(json.dumps, events)) + "\n")
+
+    record("capsnet_r1", 0, "abc1234def", [(1_000, 1.0), (2_100, 1.0), (3_500, 1.2), (4_800, 1.25)])
+    record("capsnet_r1", 1, "abc1234def", [(1_000, 1.0), (2_100, 1.0)])
+    record("capsnet_r3", 0, "fff0000aaa", [(1_000, 1.0), (2_100, 1.0), (3_200, 1.0)])
+    record("capsnet_r3", 1, "abc1234def", [])
+    done = subprocess.run([sys.executable, "scripts/epoch_overhead.py", "--runs", str(tmp_path), "--commit", "abc1234"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    # overheads 0.1, 0.2, 0.05 s (median 0.1); epochs 1.0, 1.0, 1.2, 1.25 s (median 1.1)
+    assert done.stdout.splitlines()[1:] == ["capsnet_r1 0 abc1234 0.100 1.10"]
+
+
 def test_the_paper_protocol_trains_in_bf16_only_where_every_decided_precision_row_allows_it(tmp_path):
     """scripts/gpu_window.py --paper-amp: each precision-check row with an interval over 3 seeds a side must
     allow bf16; one beyond the seed noise keeps fp32 and is the row the reason names, wherever it stands;
