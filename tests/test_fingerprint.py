@@ -156,7 +156,8 @@ def test_its_environment_names_the_branch_mkl_itself_reports():
 def test_an_earlier_commits_table_is_its_own_code_under_this_cap(tmp_path, params, monkeypatch):
     """scripts/fingerprint_at.py: a commit's code, checked out in a worktree of its own, computes under
     this checkout's cap what this checkout computes where training is the same, and the table names the
-    commit and this environment; a name that is no commit gets one line."""
+    commit and this environment, in a folder made for it; a name that is no commit gets one line, and so does a
+    commit whose gpu profile or fingerprint process fails (its last line; no table, no worktree left)."""
     import shutil
 
     repo = tmp_path / "repo"
@@ -170,17 +171,34 @@ def test_an_earlier_commits_table_is_its_own_code_under_this_cap(tmp_path, param
     head = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
     script = [sys.executable, str(repo / "scripts" / "fingerprint_at.py")]
     monkeypatch.setenv("CAPSNET_FINGERPRINT_CACHE", str(tmp_path / "cache"))
-    subprocess.run(script + [head[:7], str(tmp_path / "table.json"), "--variants", "capsnet_r1"], check=True,
-                   capture_output=True, text=True)
+    out = tmp_path / "tables" / "table.json"  # its folder made
+    subprocess.run(script + [head[:7], str(out), "--variants", "capsnet_r1"], check=True, capture_output=True,
+                   text=True)
     kept = [json.loads(p.read_text())["fingerprints"] for p in (tmp_path / "cache").glob("*.json")]
     assert [1] == [len(f) for f in kept if f]  # capsnet_r1's, in the cache it was given, not the user's
-    table = json.loads((tmp_path / "table.json").read_text())
+    table = json.loads(out.read_text())
     assert table["commit"] == head and table["environment"] == fp.fingerprint_environment()
     assert table["fingerprints"] == {"capsnet_r1": fp.training_fingerprint(run_config(params, "capsnet_r1", 0))}
+    assert table["computed"] == f"{head[:7]}'s code under {head[:7]}'s cap (scripts/fingerprint_at.py)"
     assert subprocess.run(git + ["worktree", "list"], capture_output=True, text=True).stdout.count("\n") == 1  # removed
     none = subprocess.run(script + ["nosuch", str(tmp_path / "none.json")], capture_output=True, text=True)
     assert none.returncode == 1 and none.stderr.strip().splitlines() == [
         "nosuch is no commit of this repository: name one as `git log --oneline` shows it"]
+    # a variant its params lack: its fingerprint process fails, and only its last line is said, nothing kept
+    failed = subprocess.run(script + [head[:7], str(tmp_path / "no.json"), "--variants", "capsnet_r99"],
+                            capture_output=True, text=True)
+    assert failed.returncode == 1 and not (tmp_path / "no.json").exists()
+    [line] = failed.stderr.strip().splitlines()
+    assert line.startswith(f"{head[:7]}'s fingerprint table failed: ") and "capsnet_r99" in line
+    for args in (["rm", "-q", "params.yaml"], ["commit", "-qm", "no params"]):
+        subprocess.run(git + args, check=True)
+    bare = subprocess.run(git + ["rev-parse", "--short=7", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()  # a commit without params.yaml: its gpu profile fails
+    unmade = subprocess.run(script + [bare, str(tmp_path / "no.json")], capture_output=True, text=True)
+    assert unmade.returncode == 1 and not (tmp_path / "no.json").exists()
+    [line] = unmade.stderr.strip().splitlines()
+    assert line.startswith(f"{bare}'s gpu profile failed: ")
+    assert subprocess.run(git + ["worktree", "list"], capture_output=True, text=True).stdout.count("\n") == 1
 
 
 def test_a_commit_before_the_capped_process_gets_one_line_not_a_worktree(tmp_path):
