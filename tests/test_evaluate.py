@@ -133,7 +133,7 @@ def test_predictions_under_amp_are_bf16_arithmetic_returned_as_fp32_scores():
 
 
 def test_predictions_under_amp_are_bf16_not_fp16():
-    """A linear classifier under amp gives what its layer computes in bf16, bit for bit (fp16 keeps two
+    """A linear classifier under amp gives what its layer computes in bf16, bit for bit (fp16 keeps three
     more mantissa bits and answers otherwise)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 3))
@@ -192,7 +192,7 @@ def test_fig4_perturbs_each_dimension_of_the_winning_capsule_by_the_papers_steps
 
 def test_reconstructions_are_decoded_in_eval_mode_from_float_images():
     """`reconstructions` runs the model in eval mode on the images as floats in [0, 1] and returns its
-    decoder's images without their channel, on the CPU."""
+    decoder's images without their channel."""
     from types import SimpleNamespace
 
     from pipeline.training.evaluate import reconstructions

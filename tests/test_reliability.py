@@ -246,8 +246,9 @@ def test_sigterm_raises_is_a_no_op_off_the_main_thread():
 
 def _stub_training(tmp_path, monkeypatch, results):
     """run_group's inputs for `capsnet_r1` seeds 0 and 1 without training: tiny data and no datasets, a
-    fixed fingerprint, and train_group replaced by ``results(cfgs, extras)`` (a TrainResult per seed).
-    Returns the params (smoke, 5 epochs of batches of 16, on the CPU) and what was handed over."""
+    fixed fingerprint, and train_group replaced by ``results(cfgs)`` (a TrainResult per seed). Returns the
+    params (smoke, 5 epochs of batches of 16, on the CPU) and what the stage handed over: the extras given
+    to train_group and each learning curve's title."""
     import dataclasses
 
     from conftest import REPO, tiny_data
