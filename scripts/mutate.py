@@ -4340,6 +4340,12 @@ MUTATIONS = [
     Mutation("fingerprint_at.py fails on an output folder that does not exist yet", "scripts/fingerprint_at.py",
              "    args.out.parent.mkdir(parents=True, exist_ok=True)\n", "",
              (f"{FINGERPRINT}::test_an_earlier_commits_table_is_its_own_code_under_this_cap",)),
+    Mutation("an image leaving PrimaryCaps a 0×0 grid is accepted at construction", "pipeline/models/capsnet.py",
+             "        if cfg.primary_grid < 1:", "        if cfg.primary_grid < 0:",
+             (f"{EQUATIONS}::test_an_image_too_small_for_two_9x9_convolutions_is_refused_at_construction",)),
+    Mutation("the margin loss of a bf16 forward is computed in bf16", "pipeline/models/capsnet.py",
+             "margin = margin_loss(output.lengths.float(), labels)", "margin = margin_loss(output.lengths, labels)",
+             (f"{EQUATIONS}::test_the_loss_of_a_bf16_forward_is_computed_in_fp32",)),
     Mutation("a mutation naming a test that does not exist counts as caught", "scripts/mutate.py",
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return False\n",  # escaped: this entry's own text is not the line it cuts

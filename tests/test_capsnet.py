@@ -256,3 +256,28 @@ def test_pooling_cnn_shapes_and_gradients(image_size, num_classes):
     torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, num_classes - 1])).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("image_size", [16, 10])
+def test_an_image_too_small_for_two_9x9_convolutions_is_refused_at_construction(image_size):
+    """17×17 leaves PrimaryCaps a 1×1 grid; 16×16 leaves it none (a 0×0 grid), 10×10 less than none."""
+    assert CapsNet(1, False, image_size=17).config.num_primary == 32
+    with pytest.raises(ValueError, match=f"image_size {image_size} is too small for two 9×9 convolutions"):
+        CapsNet(1, False, image_size=image_size)
+
+
+def test_the_loss_of_a_bf16_forward_is_computed_in_fp32():
+    """Under autocast the capsule lengths and reconstructions come out in bf16; the three loss terms come
+    back in fp32, equal to the loss of the same values cast up first, for both recipes."""
+    from pipeline.models.capsnet import CapsNetOutput, capsnet_loss
+
+    torch.manual_seed(0)
+    images = torch.rand(2, 1, 28, 28)
+    lengths, recon = torch.rand(2, 10), torch.rand(2, 1, 28, 28)
+    output = CapsNetOutput(lengths.bfloat16(), torch.zeros(2, 10, 16, dtype=torch.bfloat16), recon.bfloat16())
+    for recipe in ("paper", "official"):
+        total, margin, sse = capsnet_loss(output, images, torch.tensor([3, 7]), recipe)
+        assert (total.dtype, margin.dtype, sse.dtype) == (torch.float32,) * 3
+        exact = capsnet_loss(CapsNetOutput(lengths.bfloat16().float(), None, recon.bfloat16().float()), images,
+                             torch.tensor([3, 7]), recipe)
+        assert torch.equal(total, exact[0])
