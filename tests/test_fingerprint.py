@@ -180,7 +180,10 @@ def test_an_earlier_commits_table_is_its_own_code_under_this_cap(tmp_path, param
     assert table["commit"] == head and table["environment"] == fp.fingerprint_environment()
     assert table["fingerprints"] == {"capsnet_r1": fp.training_fingerprint(run_config(params, "capsnet_r1", 0))}
     assert table["computed"] == f"{head[:7]}'s code under {head[:7]}'s cap (scripts/fingerprint_at.py)"
-    assert subprocess.run(git + ["worktree", "list"], capture_output=True, text=True).stdout.count("\n") == 1  # removed
+    def worktrees() -> int:
+        return subprocess.run(git + ["worktree", "list"], capture_output=True, text=True).stdout.count("\n")
+
+    assert worktrees() == 1  # its own worktree removed
     none = subprocess.run(script + ["nosuch", str(tmp_path / "none.json")], capture_output=True, text=True)
     assert none.returncode == 1 and none.stderr.strip().splitlines() == [
         "nosuch is no commit of this repository: name one as `git log --oneline` shows it"]
@@ -198,7 +201,7 @@ def test_an_earlier_commits_table_is_its_own_code_under_this_cap(tmp_path, param
     assert unmade.returncode == 1 and not (tmp_path / "no.json").exists()
     [line] = unmade.stderr.strip().splitlines()
     assert line.startswith(f"{bare}'s gpu profile failed: ")
-    assert subprocess.run(git + ["worktree", "list"], capture_output=True, text=True).stdout.count("\n") == 1
+    assert worktrees() == 1
 
 
 def test_a_commit_before_the_capped_process_gets_one_line_not_a_worktree(tmp_path):
