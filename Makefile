@@ -25,9 +25,8 @@ $(BIN)/capsnet: pyproject.toml uv.lock
 # The suite's time is mostly processes starting and small single-threaded models: one pytest worker
 # per core (at most 4), each with torch on one thread, a test file to a worker (its module fixtures,
 # the DVC repositories and tracking servers, built once). 2 cores: 7 min 40 s against 11 min 12 s in
-# one process (2026-11-26); 10–13.5 min in CI's runs of 2026-11-29 (785 tests), 18–20 min on 2026-12-01's
-# machine (docs/performance.md has the latest). TEST_WORKERS=1 for one worker. --durations: every run, CI's
-# too, ends with its slowest tests, so the loop's time is read where it goes, not guessed.
+# one process (2026-11-26); docs/performance.md has the times since. TEST_WORKERS=1 for one worker.
+# --durations: every run, CI's too, ends with its slowest tests, so the loop's time is read where it goes.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
 test: venv  ## the test suite (what CI runs), TEST_WORKERS processes at a time
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
