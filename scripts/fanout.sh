@@ -46,8 +46,8 @@ run_item() {  # one item in xargs slot $SLOT: its DVC stages (train, then evalua
   item=${item#*@}  # train@<variant>-<seed> or train_stacked@<variant>
   start=$(date +%s)
   # one DVC process for the item's stages: `repro -s A B C` runs them in that order, stops at the first
-  # that fails, and releases the lock while each command runs, as one call a stage did at one DVC start
-  # (about 1.5 s of CPU) a stage more
+  # that fails and releases the lock while each command runs, as a call per stage did, without a DVC
+  # start (about 1.5 s of CPU) per stage
   # shellcheck disable=SC2086  # $stages: the item's stage names, one target each
   if ! CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=$FANOUT_THREADS dvc --wait-for-lock repro -s $stages >"logs/fanout/$item.log" 2>&1; then
     failed=$(sed -n "s/.*failed to reproduce '\([^']*\)'.*/\1/p" "logs/fanout/$item.log" | tail -n 1)

@@ -217,17 +217,11 @@ def warm_server(tmp_path_factory):
         yield address, log
 
 
-# a folder the run's fingerprints are copied into when it ends (.ci/run hands them to its `make smoke`)
-FINGERPRINTS_TO = "CAPSNET_TEST_FINGERPRINTS_TO"
-
-
 @pytest.fixture(scope="session", autouse=True)
 def fingerprint_cache(tmp_path_factory):
     """One fingerprint cache for the whole run, every worker and the processes they start sharing it,
     none from an earlier run or the user's (pipeline.training.fingerprint_cache): each fingerprint is
-    computed once per run, and a run computes everything it checks itself. Where $FINGERPRINTS_TO names
-    a folder, each worker copies the cache's answers there as it ends (the last to end: all of them),
-    for a later process of this code on this machine (keyed as they are) to find."""
+    computed once per run, and a run computes everything it checks itself."""
     from pipeline.training.fingerprint_cache import CACHE_ENV
 
     base = tmp_path_factory.getbasetemp()
@@ -235,18 +229,3 @@ def fingerprint_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(shared / "fingerprints"))
         yield shared / "fingerprints"
-    if os.environ.get(FINGERPRINTS_TO):
-        export_fingerprints(shared / "fingerprints", Path(os.environ[FINGERPRINTS_TO]))
-
-
-def export_fingerprints(cache: Path, to: Path) -> None:
-    """Copy ``cache``'s answers (its JSON files, not its locks) into ``to``, each whole: a reader there
-    sees an answer or none (pipeline.training.fingerprint_cache.write's rename)."""
-    import shutil
-    import tempfile
-
-    to.mkdir(parents=True, exist_ok=True)
-    for answer in sorted(cache.glob("*.json")):
-        with answer.open("rb") as source, tempfile.NamedTemporaryFile(dir=to, suffix=".tmp", delete=False) as tmp:
-            shutil.copyfileobj(source, tmp)
-        os.replace(tmp.name, to / answer.name)
