@@ -39,7 +39,7 @@ if grep -qx prepare <<<"$stage_list"; then
 fi
 
 run_item() {  # one item in xargs slot $SLOT: its DVC stages (train, then evaluate per seed), in order
-  local stages=$1 slots gpu start item failed
+  local stages=$1 slots gpu start item
   read -r -a slots <<<"$FANOUT_SLOTS"
   gpu=${slots[$SLOT]}
   item=${stages%% *}
@@ -50,8 +50,8 @@ run_item() {  # one item in xargs slot $SLOT: its DVC stages (train, then evalua
   # start (about 1.5 s of CPU) per stage
   # shellcheck disable=SC2086  # $stages: the item's stage names, one target each
   if ! CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=$FANOUT_THREADS dvc --wait-for-lock repro -s $stages >"logs/fanout/$item.log" 2>&1; then
-    failed=$(sed -n "s/.*failed to reproduce '\([^']*\)'.*/\1/p" "logs/fanout/$item.log" | tail -n 1)
-    echo "$item: FAILED (${failed:-its stages}) in slot $gpu after $(( $(date +%s) - start )) s; see logs/fanout/$item.log" >&2
+    # DVC's last line names the stage that failed and why
+    echo "$item: FAILED in slot $gpu after $(( $(date +%s) - start )) s: $(tail -n 1 "logs/fanout/$item.log"); see logs/fanout/$item.log" >&2
     return 1
   fi
   echo "$item: done in slot $gpu in $(( $(date +%s) - start )) s"

@@ -40,9 +40,8 @@ stages=$(capsnet stages --index "$index" --kind stages)  # train, then evaluate 
 echo "task $index: $item on $(hostname), CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}, commit $(git rev-parse --short HEAD)"
 pull=()
 [ -z "$(dvc remote list)" ] || pull=(--pull)
-for stage in $stages; do
-  dvc repro -s "${pull[@]}" "$stage"
-done
+# shellcheck disable=SC2086  # one target per stage, in order, in one DVC process (as scripts/fanout.sh)
+dvc repro -s "${pull[@]}" $stages
 if [ -n "$(dvc remote list)" ]; then
   dvc push --run-cache
   # shellcheck disable=SC2086  # one word per stage
