@@ -77,6 +77,8 @@ SUBSETS = "tests/test_data.py::test_prepare_writes_subsets_and_affine_set"
 SPANS = "tests/test_report.py::test_a_schedule_as_long_as_its_training_is_cut_not_compressed_and_each_span_shows_its_range"
 SEED_ERRORS = "tests/test_figures.py::test_seed_errors_draws_every_seed_their_mean_and_interval_beside_the_papers_sigma"
 CURVES = "tests/test_figures.py::test_learning_curves_are_the_mean_of_the_seeds_that_ran_each_epoch_within_their_range"
+TMP_KEPT = ("tests/test_wiring.py::test_a_passed_tests_tmp_path_is_written_to",
+            "tests/test_wiring.py::test_a_passed_tests_tmp_path_goes_at_its_end")
 FIG4 = "tests/test_evaluate.py::test_fig4_perturbs_each_dimension_of_the_winning_capsule_by_the_papers_steps"
 EVAL_SETS = ("tests/test_evaluate.py::"
              "test_an_evaluation_scores_each_set_under_its_own_keys_and_writes_what_the_report_reads")
@@ -4357,6 +4359,10 @@ MUTATIONS = [
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return returncode in (4, 5)\n",  # escaped: this entry's own text is not the line it cuts
              ("tests/test_wiring.py::test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught",)),
+    Mutation("a passed test's tmp_path is kept to the end of the run (pytest's default)", "pyproject.toml",
+             'tmp_path_retention_policy = "failed"', 'tmp_path_retention_policy = "all"', TMP_KEPT),
+    Mutation("pytest keeps the failed folders of three runs (its default)", "pyproject.toml",
+             "tmp_path_retention_count = 1", "tmp_path_retention_count = 3", TMP_KEPT),
     Mutation("the README's mutation count is not the list's", "README.md", " plausible bugs", "0 plausible bugs",
              (DOCS,)),  # ten times the count, whatever it is: stays valid as mutations are added
 ]

@@ -253,3 +253,22 @@ def test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught():
         mutate.run_tests(REPO, ("tests/test_wiring.py::test_no_such_test",))
     # a mutation that breaks the import makes pytest exit 4 too: that one is caught
     assert not mutate.named_tests_missing(4, "ERROR: found no collectors for /tmp/copy/tests/test_x.py::test_y")
+
+
+_PASSED_TMP: list = []  # the folder the first test below wrote in, for the second to look at
+
+
+def test_a_passed_tests_tmp_path_is_written_to(tmp_path):
+    """The first half of the next test: a folder with a file in it, passed."""
+    (tmp_path / "weights.bin").write_bytes(bytes(1024))
+    _PASSED_TMP.append(tmp_path)
+
+
+def test_a_passed_tests_tmp_path_goes_at_its_end(pytestconfig):
+    """A whole run wrote about 15 GB into tmp_path folders (checkpoints, DVC repositories, stores) and
+    pytest keeps every one, of the last three runs, unless told: CI's machine ran out of disk so
+    (2026-12-01). pyproject.toml keeps a failed test's folder only, for one run."""
+    if not _PASSED_TMP:
+        pytest.skip("runs after test_a_passed_tests_tmp_path_is_written_to, in the same process")
+    assert not _PASSED_TMP[0].exists(), f"{_PASSED_TMP[0]} outlived its passed test"
+    assert int(pytestconfig.getini("tmp_path_retention_count")) <= 1, "pytest keeps more than one run's failed folders"
