@@ -112,6 +112,8 @@ def test_the_cache_key_follows_the_code_configuration_processor_and_kernel_setti
     base = cache.key([small], env)
     assert base == cache.key([small], env | {"CAPSNET_GIT_COMMIT": "b", "PYTHONPATH": "/b", "PYTEST_CURRENT_TEST": "t",
                                             "TORCHINDUCTOR_CACHE_DIR": "/gpu/inductor"})  # a GPU session's jobs'
+    assert base == cache.key([small], env | {"KMP_DUPLICATE_LIB_OK": "True"})  # what importing MLflow sets
+    assert base != cache.key([small], env | {"KMP_AFFINITY": "compact"})
     assert base != cache.key([small], env | {"TORCH_USE_RTLD_GLOBAL": "1"})
     assert len({base, cache.key([], env), cache.key([small, small], env),
                 cache.key([fp.fingerprint_config(run_config(params, "capsnet_r1_recon", 0))], env),
@@ -289,3 +291,4 @@ def test_pruning_keeps_a_month_and_files_that_only_contain_a_keys_name_and_survi
     cache.prune(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{'a' * 64}.json", f"{'d' * 64}.lock",
                                                           f"notes-{'c' * 64}.json.bak"]
+

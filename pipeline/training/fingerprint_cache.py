@@ -40,6 +40,11 @@ CACHE_ENV = "CAPSNET_FINGERPRINT_CACHE"
 # TORCHDYNAMO_*): the fingerprint never compiles, and a GPU session sets them for its jobs, not for the
 # table whose answers those jobs are to find
 KERNEL_ENV = ("ATEN_", "MKL", "OMP_", "KMP_", "GOMP_", "DNNL_", "ONEDNN_", "OPENBLAS_", "TORCH_", "PYTORCH_", "LD_")
+# set by an import, not by whoever runs the process: scikit-learn and threadpoolctl (MLflow imports them) call
+# os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True"), which lets Intel's OpenMP load beside another and
+# changes no arithmetic; keyed, a process that had imported them missed every answer another had kept
+# (the suite's workers missed the smoke's keys so, 2026-12-02)
+IMPORTED_ENV = frozenset({"KMP_DUPLICATE_LIB_OK"})
 PACKAGE = Path(__file__).resolve().parents[1]  # pipeline/: the code a capped process imports
 CPUINFO = Path("/proc/cpuinfo")  # what Linux says of the processor (`cpuinfo`)
 KEEP_DAYS = 30  # an entry unused this long goes at the next write (its code has most likely changed since)
@@ -97,7 +102,7 @@ def key(smalls: list, env: dict[str, str]) -> str | None:
     parts = {"code": code_digest(), "configs": [dataclasses.asdict(s) for s in smalls],
              "python": [sys.executable, sys.version], "processor": processor(), "libc": platform.libc_ver(),
              "torch": [torch.__version__, str(library), built and built.st_size, built and built.st_mtime_ns],
-             "environment": {k: v for k, v in sorted(env.items()) if k.startswith(KERNEL_ENV)}}
+             "environment": {k: v for k, v in sorted(env.items()) if k.startswith(KERNEL_ENV) and k not in IMPORTED_ENV}}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
