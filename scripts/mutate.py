@@ -38,6 +38,8 @@ EQUATIONS = "tests/test_capsnet.py"
 RECIPES = "tests/test_recipes.py"
 RECIPE_WIRING = "tests/test_wiring.py::test_a_variant_trains_with_its_recipes_loss_and_model"
 RESUME = "tests/test_wiring.py::test_resume_restores_the_generator_that_dropout_draws_from"
+COPIED_OUT = ("tests/test_fingerprint_cache.py::"
+              "test_the_suites_answers_copied_out_are_found_there_without_computing_and_its_locks_stay")
 STACK = "tests/test_stack.py"
 WINDOW = "tests/test_gpu_window.py"
 PAPER = "tests/test_gpu_paper.py"
@@ -1223,6 +1225,10 @@ MUTATIONS = [
     Mutation("the fingerprint cache's pruning removes files it did not make", "pipeline/training/fingerprint_cache.py",
              "if OURS.fullmatch(path.name) and path.stat()", "if path.stat()",
              ("tests/test_fingerprint_cache.py::test_a_write_removes_the_entries_nothing_has_used_for_a_month",)),
+    Mutation("the suite's fingerprints copied out with its lock files", "tests/conftest.py",
+             'for answer in sorted(cache.glob("*.json")):', 'for answer in sorted(cache.glob("*")):', (COPIED_OUT,)),
+    Mutation("the suite's fingerprints are not copied out", "tests/conftest.py",
+             "            shutil.copyfile(answer, tmp)", "            pass", (COPIED_OUT,)),
     Mutation("the capped process never asks the cache", "pipeline/training/fingerprint.py",
              "out = fingerprint_cache.cached(smalls, env, compute)", "out = compute()",
              ("tests/test_fingerprint_cache.py::test_the_capped_process_answers_from_the_cache_once_it_holds_the_answer",)),

@@ -217,11 +217,17 @@ def warm_server(tmp_path_factory):
         yield address, log
 
 
+# a folder the run's fingerprints are copied into when it ends (.ci/run hands them to its `make smoke`)
+FINGERPRINTS_TO = "CAPSNET_TEST_FINGERPRINTS_TO"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fingerprint_cache(tmp_path_factory):
     """One fingerprint cache for the whole run, every worker and the processes they start sharing it,
     none from an earlier run or the user's (pipeline.training.fingerprint_cache): each fingerprint is
-    computed once per run, and a run computes everything it checks itself."""
+    computed once per run, and a run computes everything it checks itself. Where $FINGERPRINTS_TO names
+    a folder, each worker copies the cache's answers there as it ends (the last to end: all of them),
+    for a later process of this code on this machine (keyed as they are) to find."""
     from pipeline.training.fingerprint_cache import CACHE_ENV
 
     base = tmp_path_factory.getbasetemp()
@@ -229,3 +235,17 @@ def fingerprint_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(shared / "fingerprints"))
         yield shared / "fingerprints"
+    if os.environ.get(FINGERPRINTS_TO):
+        export_fingerprints(shared / "fingerprints", Path(os.environ[FINGERPRINTS_TO]))
+
+
+def export_fingerprints(cache: Path, to: Path) -> None:
+    """Copy ``cache``'s answers (its JSON files, not its locks) into ``to``, each whole: a reader there
+    sees an answer or none."""
+    import shutil
+
+    from pipeline.core.files import atomic_path
+
+    for answer in sorted(cache.glob("*.json")):
+        with atomic_path(to / answer.name) as tmp:
+            shutil.copyfile(answer, tmp)

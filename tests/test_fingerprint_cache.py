@@ -292,3 +292,23 @@ def test_pruning_keeps_a_month_and_files_that_only_contain_a_keys_name_and_survi
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{'a' * 64}.json", f"{'d' * 64}.lock",
                                                           f"notes-{'c' * 64}.json.bak"]
 
+
+def test_the_suites_answers_copied_out_are_found_there_without_computing_and_its_locks_stay(tmp_path, monkeypatch):
+    """conftest.export_fingerprints (.ci/run hands the suite's fingerprints to its smoke): a cache pointed at
+    the folder it fills answers each key the suite computed, and nothing half-written or lock-like goes there."""
+    from conftest import export_fingerprints
+    from pipeline.training import fingerprint_cache as cache
+
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "run"))
+    envs = [{"ATEN_CPU_CAPABILITY": "avx2"}, {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1"}]
+    for k, env in enumerate(envs):
+        cache.cached([], env, lambda k=k: answer(f"computed {k}"))
+    export_fingerprints(tmp_path / "run", tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in (tmp_path / "run").glob("*.json"))
+    assert len(list((tmp_path / "run").glob("*.lock"))) == 2  # the run's locks are its own
+
+    def never():
+        raise AssertionError("computed what the copied cache holds")
+
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "out"))
+    assert [cache.cached([], env, never)["environment"] for env in envs] == ["computed 0", "computed 1"]
