@@ -46,6 +46,9 @@ PRELOAD = ("torch", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalche
            "pipeline.stages.prepare", "pipeline.stages.train", "pipeline.stages.evaluate", "pipeline.stages.report",
            "scipy.stats", "scipy.optimize")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# held from the fork until the stage has its own handlers: it inherits the server's, which catch a stop
+# (a flag nobody reads there), so a SIGTERM sent in between would leave the stage running, its server gone
+HELD = (signal.SIGCHLD, *FORWARDED)
 
 
 def main() -> None:
@@ -173,10 +176,8 @@ def serve(address: str) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False), os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the selector: a child ended
-    stopping = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    stopping: list[int] = []
+    _server_signals(stopping)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
@@ -206,6 +207,14 @@ def serve(address: str) -> None:
         Path(address).unlink(missing_ok=True)
 
 
+def _server_signals(stopping: list[int]) -> None:
+    """The server's handlers: SIGCHLD wakes its selector (a child ended); SIGTERM/SIGINT, noted in
+    ``stopping``, end its loop."""
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+
+
 def _accept(conn: socket.socket, code: dict, env: dict, imported_env: dict, keep: tuple) -> int | None:
     """Read a request from ``conn``; fork its stage (the child never returns). The child's pid, or
     None when refused."""
@@ -219,9 +228,11 @@ def _accept(conn: socket.socket, code: dict, env: dict, imported_env: dict, keep
             os.close(fd)
         return None
     sys.stdout.flush(), sys.stderr.flush()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)  # the child unblocks them once its handlers are set
     pid = os.fork()
     if pid == 0:
         _child({**request, "env": {**imported_env, **request["env"]}}, fds, closing=(conn, *keep))
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -237,6 +248,7 @@ def _child(request: dict, fds: list[int], closing: tuple) -> None:
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # a stop sent since the fork lands now, on these
         for item in closing:
             item.close() if hasattr(item, "close") else os.close(item)
         for target, fd in zip((0, 1, 2), fds):

@@ -94,6 +94,7 @@ T1_SECTION = ("tests/test_report.py::"
 RUN_RECORD = "tests/test_report.py::test_a_run_reads_its_device_and_epochs_as_recorded_and_a_pair_right_only_as_a_whole"
 WARM_HASH = f"{WARM}::test_the_server_hashes_every_file_of_the_package_and_refuses_one_added_since_it_started"
 WARM_STOPPED = f"{WARM}::test_a_stopped_server_ends_the_stages_still_running"
+WARM_EARLY_STOP = f"{WARM}::test_a_stop_sent_the_moment_a_stage_is_forked_ends_it"
 BENCH_ROWS = "tests/test_bench.py::test_each_row_is_its_configuration_and_its_ratios_are_over_the_rows_they_name"
 BENCH_STEP = "tests/test_bench.py::test_a_timed_step_reports_its_figures_consistently_for_the_seeds_and_layout_it_ran"
 BENCH_CANVAS = "tests/test_bench.py::test_multimnist_is_benched_on_its_canvas_and_a_device_name_becomes_a_folder_name"
@@ -2194,6 +2195,16 @@ MUTATIONS = [
              "        signal.signal(sig, lambda signum, _frame: stopping.append(signum))",
              "        signal.signal(sig, signal.SIG_IGN)",
              (WARM_STOPPED,)),
+    Mutation("the warm server forks a stage with the stop signals deliverable", "pipeline/warm.py",
+             "mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)", "mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())",
+             (WARM_EARLY_STOP,)),
+    Mutation("a warm stage never takes the stop signals held across its fork", "pipeline/warm.py",
+             "        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # a stop sent", "        pass  # a stop sent",
+             (WARM_EARLY_STOP,)),
+    Mutation("a warm stage takes the held stop signals before its own handlers are set", "pipeline/warm.py",
+             "        signal.set_wakeup_fd(-1)\n",
+             "        signal.set_wakeup_fd(-1)\n        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)\n",
+             (WARM_EARLY_STOP,)),
     Mutation("the bench stacks one seed several times", "pipeline/training/bench.py",
              "seed=generator_seed + k, stack_layout=layout",
              "seed=generator_seed, stack_layout=layout",

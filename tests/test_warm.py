@@ -2,6 +2,7 @@
 would be (arguments, working directory, environment, streams, exit status), signals reach it, a
 killed `capsnet` takes it down, and whatever it cannot run as a cold process would, starts cold."""
 
+import json
 import os
 import signal
 import subprocess
@@ -226,6 +227,33 @@ def test_a_stopped_server_ends_the_stages_still_running(tmp_path):
         else:
             raise AssertionError(f"the stage {stage} outlived its server")
     assert client.returncode != 0
+
+
+# a server's fork of `capsnet --help`, a stop (SIGTERM) reaching the stage before its own first line runs
+EARLY_STOP = """
+import json, os, signal, socket, sys
+from pipeline import warm
+stopping = []
+warm._server_signals(stopping)
+os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))
+conn, client = socket.socketpair()
+socket.send_fds(client, [b"F"], [0, 1, 2])
+request = {"argv": ["capsnet", "--help"], "cwd": os.getcwd(), "env": dict(os.environ), "package": str(warm.PACKAGE)}
+client.sendall(json.dumps(request).encode() + b"\\n")
+pid = warm._accept(conn, warm.fingerprint(), dict(os.environ), {}, keep=(client,))
+print(json.dumps({"exit": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), "server_stopping": stopping}))
+"""
+
+
+def test_a_stop_sent_the_moment_a_stage_is_forked_ends_it(tmp_path):
+    """A stage inherits the server's handlers, which only note a stop, until it sets its own: the server
+    holds the stop signals across the fork and the stage takes them once its handlers are set, so a
+    SIGTERM in between (the server stopping just as it forked the stage: CI's run of 2026-12-02 had the stage
+    outlive its server so, held at the store's lock) ends it rather than being noted and forgotten."""
+    done = subprocess.run([str(BIN / "python"), "-c", EARLY_STOP], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"exit": -signal.SIGTERM, "server_stopping": []}
 
 
 def test_an_omp_thread_count_torch_would_not_take_is_a_setting_that_differs():
