@@ -40,9 +40,10 @@ IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "PYTHON", "TORC
 # except torch's CPU thread count, which the stage process sets itself (torch.set_num_threads, as
 # torch does from it at import): the fan-out gives each slot its share of the cores this way
 THREADS_ENV = "OMP_NUM_THREADS"
-# what a stage process imports: torch, MLflow's client and sqlite store, matplotlib, every stage, and
-# the scipy parts the report's statistics import when first called (pipeline/report/stats.py, power.py)
-PRELOAD = ("torch", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "pipeline.cli",
+# what a stage process imports: torch (and torch._dynamo, which building an optimizer imports: about 2 s),
+# MLflow's client and sqlite store, matplotlib, every stage, and the scipy parts the report's statistics
+# import when first called (pipeline/report/stats.py, power.py)
+PRELOAD = ("torch", "torch._dynamo", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "pipeline.cli",
            "pipeline.stages.prepare", "pipeline.stages.train", "pipeline.stages.evaluate", "pipeline.stages.report",
            "scipy.stats", "scipy.optimize")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

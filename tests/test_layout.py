@@ -104,15 +104,18 @@ def test_no_stage_names_an_experiment_or_branches_on_image_size():
         assert not hits, "\n".join(hits)
 
 
-def test_a_train_or_evaluate_stage_imports_neither_scipy_nor_torchvision():
+def test_no_stage_nor_the_gpu_scripts_device_name_imports_scipy_or_torchvision():
     """scipy serves the report's intervals and power alone (imported where they are computed), and
-    torchvision `capsnet bench`'s reference loop alone, so a cold train or evaluate process (the GPU
-    window's, a cluster task's) does not pay their imports: every stage module and every registered
-    experiment imported, neither is."""
+    torchvision `capsnet bench`'s reference loop and the download's public mirrors alone, so a cold
+    prepare, train or evaluate process (the GPU window's, a cluster task's) and the GPU scripts' device
+    name (scripts/gpu_proof.py, from pipeline.training.bench) do not pay their imports (torchvision's takes
+    about 2 s, torch._dynamo's): every stage module, the bench and every registered experiment imported,
+    neither is."""
     import subprocess
     import sys
 
-    probe = ("import sys; import pipeline.cli, pipeline.stages.train, pipeline.stages.evaluate; "
+    probe = ("import sys; import pipeline.cli, pipeline.stages.prepare, pipeline.stages.train, pipeline.stages.evaluate; "
+             "import pipeline.training.bench; "
              "from pipeline.core import registry; [registry.load(n) for n in registry.names()]; "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'torchvision', 'pipeline'}))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=PACKAGE.parent, capture_output=True, text=True, check=True)

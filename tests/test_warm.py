@@ -229,6 +229,30 @@ def test_a_stopped_server_ends_the_stages_still_running(tmp_path):
     assert client.returncode != 0
 
 
+def test_a_stage_forked_warm_builds_its_model_and_optimizer_from_modules_the_server_imported():
+    """What the server preloads covers what a train stage imports before it computes: building a run's model
+    and Adam (whose constructor imports torch._dynamo, about 2 s) imports nothing beyond the package's own
+    modules, so no forked stage pays a library's import."""
+    probe = """
+import sys
+from pipeline import warm
+for name in warm.PRELOAD:
+    __import__(name)
+before = set(sys.modules)
+import torch
+from pipeline.core.params import load_params
+from pipeline.training.config import run_config
+from pipeline.training.train import build_model, make_optimizer
+cfg = run_config(load_params(sys.argv[1]), "capsnet_r3_recon", 0)
+make_optimizer(build_model(cfg), cfg, torch.device("cpu"))
+print(sorted(m for m in set(sys.modules) - before if m.split(".")[0] != "pipeline"))
+"""
+    done = subprocess.run([str(BIN / "python"), "-c", probe, str(REPO / "params.yaml")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]"], done.stdout
+
+
 # a server's fork of `capsnet --help`, a stop (SIGTERM) reaching the stage before its own first line runs
 EARLY_STOP = """
 import json, os, signal, socket, sys

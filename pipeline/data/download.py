@@ -20,9 +20,6 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 from pathlib import Path
 
-from torchvision.datasets import MNIST
-from torchvision.datasets.utils import download_url
-
 from pipeline.core.errors import UserError
 
 MIRROR_ENV = "CAPSNET_MNIST_MIRROR"
@@ -48,7 +45,17 @@ def default_sources() -> list[str]:
     if mirror and "://" not in mirror.replace("file://", "") and not Path(local).is_dir():
         raise DownloadError(f"{MIRROR_ENV}={mirror}: no such directory; point it at a folder holding the MNIST "
                             "IDX files (e.g. ../shared/data/mnist) or unset it to use the public mirrors")
+    from torchvision.datasets import MNIST  # here, as below: torchvision's import takes about 2 s (torch._dynamo's),
+    # which `prepare` (this module's checksums) and the warm server that preloads it need not pay
+
     return ([mirror] if mirror else []) + list(MNIST.mirrors)
+
+
+def download_url(url: str, root: str, filename: str) -> None:
+    """torchvision's download (its redirects, retries and partial-file handling) of ``url`` into ``root``."""
+    from torchvision.datasets.utils import download_url as fetch
+
+    fetch(url, root, filename=filename)
 
 
 def sha256_file(path: Path) -> str:

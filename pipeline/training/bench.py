@@ -16,7 +16,6 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
-from torchvision.transforms import v2
 
 from pipeline.core.errors import first_line
 from pipeline.core.params import BENCH_MODES
@@ -143,6 +142,8 @@ class _TensorDigits(Dataset):
 
 def bench_reference(cfg: RunConfig, steps: int, warmup: int, workers: int = 0) -> dict:
     """The popular implementations' loop: eager fp32, DataLoader, per-sample ToTensor + random crop."""
+    from torchvision.transforms import v2  # here: torchvision's import (about 2 s, torch._dynamo's) only where it is used
+
     device = resolve_device(cfg.device)
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
