@@ -75,10 +75,11 @@ say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 CLI="python3 -m pipeline.cli"
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
-  # the processor and C library the fingerprint pins run on (tests/test_fingerprint.py; the capped MKL's branch)
+  # the processor and C library the fingerprint pins run on (tests/test_fingerprint.py; the capped MKL's branch);
+  # the versions and the fingerprint's environment from one process (one import of torch)
   echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores; $(ldd --version 2>&1 | head -1)"
-  python3 -c 'from pipeline.training.fingerprint import fingerprint_environment as f; print("fingerprint environment:", f())'
+  python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, flush=True)
+from pipeline.training.fingerprint import fingerprint_environment as f; print("fingerprint environment:", f())'
   git rev-parse HEAD 2>/dev/null || echo "commit unknown (no .git)"; } >>"$LOG" 2>&1
 if [ -f .gpu/inductor-cache.tar.gz ] && [ ! -d .gpu-cache/inductor ]; then
   mkdir -p .gpu-cache && tar xzf .gpu/inductor-cache.tar.gz -C .gpu-cache && say "inductor cache unpacked"

@@ -16,7 +16,7 @@ from test_gpu_window import STUB_GPU, device_tree, python3_on_path
 
 gpu_queue = script("gpu_queue")
 
-TRAIN_SECONDS = 40  # the stub's training of capsnet_r3: longer than the first call's deadline below
+TRAIN_SECONDS = 28  # the stub's training of capsnet_r3: longer than the first call's deadline below
 
 # the GPU machine's python3 (STUB_GPU), capsnet_r3's training taking TRAIN_SECONDS (the others none)
 SLOW_TRAIN = """#!/usr/bin/env bash
