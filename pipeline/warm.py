@@ -246,9 +246,8 @@ def _child(request: dict, fds: list[int], closing: tuple) -> None:
     status = 1
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in HELD:  # a stage's own handlers: Python's defaults
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # a stop sent since the fork lands now, on these
         for item in closing:
             item.close() if hasattr(item, "close") else os.close(item)

@@ -45,8 +45,9 @@ def default_sources() -> list[str]:
     if mirror and "://" not in mirror.replace("file://", "") and not Path(local).is_dir():
         raise DownloadError(f"{MIRROR_ENV}={mirror}: no such directory; point it at a folder holding the MNIST "
                             "IDX files (e.g. ../shared/data/mnist) or unset it to use the public mirrors")
-    from torchvision.datasets import MNIST  # here, as below: torchvision's import takes about 2 s (torch._dynamo's),
+    # torchvision is imported on call, here and in download_url: its import takes about 2 s (torch._dynamo's),
     # which `prepare` (this module's checksums) and the warm server that preloads it need not pay
+    from torchvision.datasets import MNIST
 
     return ([mirror] if mirror else []) + list(MNIST.mirrors)
 
