@@ -9,6 +9,7 @@ deferred tracking, then gathered from the run-cache in another clone; the stage 
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -149,6 +150,52 @@ def test_fanned_out_stages_all_succeed_and_dvc_holds_every_one(fanned_out):
     assert "up to date" in sh(repo, "dvc", "status")
     again = sh(repo, "dvc", "repro")
     assert "Running stage" not in again and "up to date" in again
+
+
+STUB_DVC = """#!/usr/bin/env bash
+echo "dvc $*" >>"$CALLS"
+case "$*" in
+  "stage list --name-only") printf 'prepare\\ntrain_stacked@good\\nevaluate_stacked@good-0\\n' ;;
+  *"repro -s train@bad-0"*) echo "Running stage 'train@bad-0':"; echo "ERROR: failed to reproduce 'train@bad-0': boom" >&2; exit 1 ;;
+  *) echo "Running stage: $*" ;;
+esac
+"""
+STUB_ITEMS = ["train_stacked@good evaluate_stacked@good-0", "train@bad-0 evaluate@bad-0", "train@ok-1 evaluate@ok-1"]
+
+
+def stub_fanout(tmp_path: Path, **extra: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """scripts/fanout.sh in a folder of its own, with `dvc`, `capsnet` and `nvidia-smi` stubs first on
+    its PATH (what it runs, not what they do): its result and the DVC calls it made."""
+    (tmp_path / "scripts").mkdir(parents=True)
+    (tmp_path / "scripts" / "fanout.sh").write_text((REPO / "scripts" / "fanout.sh").read_text())
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, text in (("dvc", STUB_DVC), ("nvidia-smi", "#!/bin/sh\nexit 9\n"),
+                       ("capsnet", "#!/bin/sh\nprintf '%s\\n' " + " ".join(f"'{i}'" for i in STUB_ITEMS) + "\n")):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    done = subprocess.run(["bash", "scripts/fanout.sh"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**env(BIN=str(stubs), CALLS=str(calls)), **extra})
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_a_failed_item_fails_the_fan_out_saying_which_and_why_and_the_others_still_run(tmp_path):
+    """An item whose stages fail: its line names it, its slot and DVC's last line (the stage and why)
+    and its log; every other item still trains; the fan-out exits 1 saying a rerun skips what is done,
+    without the closing `dvc repro`. No GPU found and none named: one line saying how to name them."""
+    done, calls = stub_fanout(tmp_path, GPUS="g0 g1")
+    assert done.returncode == 1, f"{done.stdout}\n{done.stderr}"
+    [failed] = [line for line in done.stderr.splitlines() if "FAILED" in line]
+    assert re.fullmatch(r"bad-0: FAILED in slot g[01] after \d+ s: ERROR: failed to reproduce 'train@bad-0': boom; "
+                        r"see logs/fanout/bad-0\.log", failed), failed
+    assert "some items failed (xargs status 123)" in done.stderr and "done items are skipped" in done.stderr
+    assert all(f"{item}: done in slot g" in done.stdout for item in ("good", "ok-1"))
+    assert sorted(calls) == sorted(["dvc stage list --name-only", "dvc --wait-for-lock repro prepare",
+                                    *(f"dvc --wait-for-lock repro -s {stages}" for stages in STUB_ITEMS)])
+    none, calls = stub_fanout(tmp_path / "none", GPUS="")
+    assert none.returncode == 2 and calls == []
+    assert none.stderr.strip() == 'no GPU found (nvidia-smi lists none): set GPUS to the device indices to use, e.g. GPUS="0 1"'
 
 
 def test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot(fanned_out):
