@@ -2,6 +2,7 @@
 would be (arguments, working directory, environment, streams, exit status), signals reach it, a
 killed `capsnet` takes it down, and whatever it cannot run as a cold process would, starts cold."""
 
+import contextlib
 import json
 import os
 import signal
@@ -206,6 +207,14 @@ def test_a_stage_started_with_its_standard_input_closed_reads_dev_null_there(ser
     tiny_pipeline(tmp_path)
     with file_lock(tmp_path / "mlflow.db.lock", wait=False):
         client, stage = held_stage(tmp_path, address, log, preexec_fn=lambda: os.close(0))
+        lock = str(tmp_path / "mlflow.db.lock")
+        for _ in range(600):  # its pid is logged at the fork, before it takes its streams: wait for it at the lock
+            with contextlib.suppress(FileNotFoundError):  # a descriptor closed between the listing and its read
+                if lock in {os.readlink(f"/proc/{stage}/fd/{fd}") for fd in os.listdir(f"/proc/{stage}/fd")}:
+                    break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the stage {stage} never reached the store's lock")
         stdin, stdout = (os.readlink(f"/proc/{stage}/fd/{fd}") for fd in (0, 1))
         client.send_signal(signal.SIGTERM)
         client.communicate(timeout=60)
