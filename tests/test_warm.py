@@ -65,7 +65,13 @@ def held_stage(root, address, log, seed="0", **popen):
     args = ("train", "capsnet_r1", seed, "prepared", f"{root}/models{seed}", "--checkpoint", f"{root}/ckpt/{seed}.pt")
     client = subprocess.Popen([CAPSNET, *args], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, **popen)
-    return client, forked(log, *args)
+    stage, lock = forked(log, *args), str(root / "mlflow.db.lock")
+    for _ in range(600):  # its pid is logged at the fork, before it takes its streams: wait for it at the lock
+        with contextlib.suppress(FileNotFoundError):  # a descriptor closed between the listing and its read
+            if lock in {os.readlink(f"/proc/{stage}/fd/{fd}") for fd in os.listdir(f"/proc/{stage}/fd")}:
+                return client, stage
+        time.sleep(0.1)
+    raise AssertionError(f"the stage {stage} never reached the store's lock")
 
 
 def test_a_warm_stage_is_the_cold_one(server, tmp_path):
@@ -207,14 +213,6 @@ def test_a_stage_started_with_its_standard_input_closed_reads_dev_null_there(ser
     tiny_pipeline(tmp_path)
     with file_lock(tmp_path / "mlflow.db.lock", wait=False):
         client, stage = held_stage(tmp_path, address, log, preexec_fn=lambda: os.close(0))
-        lock = str(tmp_path / "mlflow.db.lock")
-        for _ in range(600):  # its pid is logged at the fork, before it takes its streams: wait for it at the lock
-            with contextlib.suppress(FileNotFoundError):  # a descriptor closed between the listing and its read
-                if lock in {os.readlink(f"/proc/{stage}/fd/{fd}") for fd in os.listdir(f"/proc/{stage}/fd")}:
-                    break
-            time.sleep(0.1)
-        else:
-            raise AssertionError(f"the stage {stage} never reached the store's lock")
         stdin, stdout = (os.readlink(f"/proc/{stage}/fd/{fd}") for fd in (0, 1))
         client.send_signal(signal.SIGTERM)
         client.communicate(timeout=60)
