@@ -77,6 +77,8 @@ REGISTRY = "tests/test_extension.py::test_the_registry_answers_for_a_plugin_by_w
 BAD_SPLIT = "tests/test_data.py::test_a_split_that_is_absent_torn_or_not_a_split_is_one_line_naming_the_command_that_rebuilds_it"
 SUBSETS = "tests/test_data.py::test_prepare_writes_subsets_and_affine_set"
 SPANS = "tests/test_report.py::test_a_schedule_as_long_as_its_training_is_cut_not_compressed_and_each_span_shows_its_range"
+CENSUS = "tests/test_cpu_census.py"
+SCALE = "tests/test_scale.py"
 SEED_ERRORS = "tests/test_figures.py::test_seed_errors_draws_every_seed_their_mean_and_interval_beside_the_papers_sigma"
 CURVES = "tests/test_figures.py::test_learning_curves_are_the_mean_of_the_seeds_that_ran_each_epoch_within_their_range"
 TMP_KEPT = ("tests/test_wiring.py::test_a_passed_tests_tmp_path_is_written_to",
@@ -655,6 +657,41 @@ MUTATIONS = [
     Mutation("the fan-out's slots each use every core", "scripts/fanout.sh",
              "OMP_NUM_THREADS=$FANOUT_THREADS dvc", "dvc",
              ("tests/test_scale.py::test_concurrent_stages_log_to_one_tracking_server_each_with_its_slot",)),
+    Mutation("the CPU census loses the processes that detach from the command", "scripts/cpu_census.py",
+             "    subreaper()\n    env = dict(os.environ)", "    env = dict(os.environ)",
+             (f"{CENSUS}::test_every_process_a_command_starts_is_counted_under_its_kind_a_detached_one_too",)),
+    Mutation("the CPU census counts a script under its interpreter's name", "scripts/cpu_census.py",
+             'and not words[1].startswith("-c"):', 'and False:',
+             (f"{CENSUS}::test_every_process_a_command_starts_is_counted_under_its_kind_a_detached_one_too",)),
+    Mutation("the CPU census's per-test rows leave out the children's CPU", "scripts/cpu_census.py",
+             '"children": (after.ru_utime + after.ru_stime) - (kids.ru_utime + kids.ru_stime)', '"children": 0.0',
+             (f"{CENSUS}::test_per_test_splits_each_tests_cpu_into_its_own_and_its_childrens",)),
+    Mutation("the CPU census's per-test rows count the whole run's CPU, not the test's", "scripts/cpu_census.py",
+             '"self": time.process_time() - own', '"self": time.process_time()',
+             (f"{CENSUS}::test_per_test_splits_each_tests_cpu_into_its_own_and_its_childrens",)),
+    Mutation("a cluster task leaves its clone on the node's scratch", "scripts/cluster/task.sh",
+             "trap 'cd / && rm -rf \"$work\"' EXIT", ":", (f"{SCALE}::test_each_array_task_runs_the_item_of_its_index",)),
+    Mutation("a cluster task runs its branch's newest commit, not CAPSNET_REV", "scripts/cluster/task.sh",
+             'git checkout -q "$rev"', ":", (f"{SCALE}::test_each_array_task_runs_the_item_of_its_index",)),
+    Mutation("a cluster task runs the shared environment's pipeline, not its clone's", "scripts/cluster/task.sh",
+             'export PYTHONPATH="$work${PYTHONPATH:+:$PYTHONPATH}"', ":", (f"{SCALE}::test_each_array_task_runs_the_item_of_its_index",)),
+    Mutation("a cluster task does not pull its stages' inputs from the remote", "scripts/cluster/task.sh",
+             "pull=(--pull)", "pull=()", (f"{SCALE}::test_each_array_task_runs_the_item_of_its_index",)),
+    Mutation("a cluster task runs the next index's stages", "scripts/cluster/task.sh",
+             'stages=$(capsnet stages --index "$index" --kind stages)',
+             'stages=$(capsnet stages --index "$(( (index + 1) % 3 ))" --kind stages)', (f"{SCALE}::test_each_array_task_runs_the_item_of_its_index",)),
+    Mutation("a cluster task pushes no run-cache", "scripts/cluster/task.sh",
+             "  dvc push --run-cache\n", "", (f"{SCALE}::test_gather_restores_every_stage_from_the_run_cache",)),
+    Mutation("a cluster task leaves its stages' uncached outputs unpushed", "scripts/cluster/task.sh",
+             "  python scripts/cluster/push_uncached.py $stages", "  :", (f"{SCALE}::test_gather_restores_every_stage_from_the_run_cache",)),
+    Mutation("the uncached push sends the cached outputs instead", "scripts/cluster/push_uncached.py",
+             "if not out.use_cache and out.hash_info", "if out.use_cache and out.hash_info", (f"{SCALE}::test_gather_restores_every_stage_from_the_run_cache",)),
+    Mutation("every SLURM array task runs item 0", "scripts/cluster/slurm_array.sbatch",
+             '"${SLURM_ARRAY_TASK_ID:?not inside a SLURM array}"', "0", (f"{SCALE}::test_each_array_task_runs_the_item_of_its_index",)),
+    Mutation("the gather step does not pull the run-cache", "scripts/cluster/gather.sh",
+             "  dvc repro --pull  #", "  dvc repro  #", (f"{SCALE}::test_gather_restores_every_stage_from_the_run_cache",)),
+    Mutation("the gather step's --commit commits nothing", "scripts/cluster/gather.sh",
+             '  git commit -qm "Cluster run', '  : "Cluster run', (f"{SCALE}::test_gather_restores_every_stage_from_the_run_cache",)),
     # --- statistics and report ---
     Mutation("effects pair two variants' rows only by an equal fingerprint (never equal)",
              "pipeline/experiments/table1_report.py",

@@ -47,7 +47,15 @@ def every_stage() -> set[str]:
 
 
 def scale_repo(root: Path) -> Path:
-    return dvc_repo(root, SEPARATE, SEEDS, stacked=STACKED, scripts=True)
+    """The tiny pipeline with the scripts, ignoring what this repository ignores (models/, results/ but
+    their metrics, …), so that what a script commits is what it would commit here; but data/, where the
+    tiny pipeline's prepared data is `dvc add`-ed (a .dvc file DVC refuses to read in an ignored folder)."""
+    repo = dvc_repo(root, SEPARATE, SEEDS, stacked=STACKED, scripts=True)
+    ignores = [line for line in (REPO / ".gitignore").read_text().splitlines() if line != "/data/"]
+    (repo / ".gitignore").write_text("\n".join(ignores) + "\n")
+    sh(repo, "git", "add", ".gitignore")
+    sh(repo, "git", "commit", "-qm", "this repository's ignores")
+    return repo
 
 
 # ---- the stage list ---------------------------------------------------------------------------
@@ -261,11 +269,11 @@ def task_env(root: Path, origin: Path) -> dict:
             "CAPSNET_TRACKING_JOURNAL": str(root / "journal")}
 
 
-def gather(root: Path, origin: Path) -> tuple[Path, subprocess.CompletedProcess]:
+def gather(root: Path, origin: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
     login = root / "login"
     sh(root, "git", "clone", "-q", str(origin), str(login))
-    return login, subprocess.run(["bash", "scripts/cluster/gather.sh"], cwd=login, capture_output=True, text=True,
-                                 env=env(BIN=str(BIN)))
+    return login, subprocess.run(["bash", "scripts/cluster/gather.sh", *args], cwd=login, capture_output=True,
+                                 text=True, env=env(BIN=str(BIN)))
 
 
 @pytest.fixture(scope="module")
@@ -275,21 +283,30 @@ def cluster(tmp_path_factory):
     own clone's pipeline/, which a warm interpreter of this checkout refuses.)"""
     root = tmp_path_factory.mktemp("cluster")
     origin = origin_with_remote(root)
-    common = {**task_env(root, origin), "SLURM_SUBMIT_DIR": str(origin), "SLURM_ARRAY_JOB_ID": "77"}
+    rev = sh(origin, "git", "rev-parse", "--short", "HEAD").strip()  # what the array runs (README: CAPSNET_REV)
+    (origin / "LATER").write_text("committed after the array was submitted\n")
+    sh(origin, "git", "add", "LATER")
+    sh(origin, "git", "commit", "-qm", "later")  # the branch moves on; the tasks must still run rev
+    common = {**task_env(root, origin), "SLURM_SUBMIT_DIR": str(origin), "SLURM_ARRAY_JOB_ID": "77", "CAPSNET_REV": rev}
     tasks = [subprocess.Popen(["bash", str(origin / "scripts/cluster/slurm_array.sbatch")], cwd=root, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               env=env(**common, SLURM_ARRAY_TASK_ID=str(i), CUDA_VISIBLE_DEVICES=str(i),
                                       OMP_NUM_THREADS="1"))  # a core each, as --cpus-per-task=1 would give
              for i in range(len(ITEMS) + 1)]  # one index too many: its task must refuse
     outputs = [(task.wait(600), task.stdout.read()) for task in tasks]
-    login, gathered = gather(root, origin)
-    return {"root": root, "outputs": outputs, "login": login, "gather": gathered}
+    login, gathered = gather(root, origin, "--commit")
+    return {"root": root, "outputs": outputs, "login": login, "gather": gathered, "rev": rev}
 
 
 def test_each_array_task_runs_the_item_of_its_index(cluster):
+    """Task i runs item i's stages and no other (not even the prepared data's, which it pulls), at
+    CAPSNET_REV though the branch has moved on since, with its own clone's code, on its own GPU."""
     for index, (status, output) in enumerate(cluster["outputs"][:len(ITEMS)]):
         assert status == 0, output
-        assert f"task {index}: {ITEMS[index]} on " in output and f"CUDA_VISIBLE_DEVICES={index}" in output
+        clone = cluster["root"] / "scratch" / f"capsnet-77-{index}"
+        assert (f"task {index}: {ITEMS[index]} on " in output and f"CUDA_VISIBLE_DEVICES={index}, "
+                f"commit {cluster['rev']}, code {clone / 'pipeline'}\n" in output), output
+        assert set(re.findall(r"[Ss]tage '([^']+)'", output)) == set(STAGES[ITEMS[index]]), output
         assert f"task {index}: {ITEMS[index]} done" in output
     status, output = cluster["outputs"][len(ITEMS)]
     assert status != 0 and "submit the array as 0-2" in output
@@ -306,6 +323,11 @@ def test_gather_restores_every_stage_from_the_run_cache(cluster):
     assert lock_stages(cluster["login"]) == every_stage()
     assert "up to date" in sh(cluster["login"], "dvc", "status")
     assert not (cluster["login"] / "mlflow.db").exists()  # nothing trained or logged at the gather
+    # --commit: dvc.lock and the metrics committed, nothing of them left out
+    assert sh(cluster["login"], "git", "log", "-1", "--format=%s").strip() == (
+        f"Cluster run: dvc.lock and metrics of {len(ITEMS)} fanned-out items")
+    assert sh(cluster["login"], "git", "status", "--porcelain") == ""
+    assert set(yaml.safe_load(sh(cluster["login"], "git", "show", "HEAD:dvc.lock"))["stages"]) == every_stage()
 
 
 def test_deferred_runs_synced_later_equal_the_directly_logged_ones(cluster, fanned_out, tmp_path):

@@ -14,7 +14,8 @@ else
 fi
 dvc status
 if [ "${1:-}" = "--commit" ]; then
-  git add dvc.lock results reports
+  git add dvc.lock
+  for tracked in results reports; do [ ! -e "$tracked" ] || git add -- "$tracked"; done  # the metrics, the report
   git commit -qm "Cluster run: dvc.lock and metrics of $(capsnet stages --count) fanned-out items"
   git log --oneline -1
 fi

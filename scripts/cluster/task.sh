@@ -37,7 +37,9 @@ export PYTHONPATH="$work${PYTHONPATH:+:$PYTHONPATH}"  # this clone's pipeline/, 
 [ -z "${DVC_CACHE_DIR:-}" ] || dvc config --local cache.dir "$DVC_CACHE_DIR"
 item=$(capsnet stages --index "$index")
 stages=$(capsnet stages --index "$index" --kind stages)  # train, then evaluate per seed
-echo "task $index: $item on $(hostname), CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}, commit $(git rev-parse --short HEAD)"
+# the pipeline/ the stages import: -P, as a console script, without the current folder first on the path
+code=$(python -P -c 'import os, pipeline; print(os.path.dirname(pipeline.__file__))')
+echo "task $index: $item on $(hostname), CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}, commit $(git rev-parse --short HEAD), code $code"
 pull=()
 [ -z "$(dvc remote list)" ] || pull=(--pull)
 # shellcheck disable=SC2086  # one target per stage, in order, in one DVC process (as scripts/fanout.sh)
