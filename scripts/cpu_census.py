@@ -4,6 +4,7 @@ spent on" was measured with:
 
     python3 scripts/cpu_census.py -- make test                    # processes by kind
     python3 scripts/cpu_census.py --per-test -- make test         # and the tests that cost most
+    python3 scripts/cpu_census.py --processes 20 -- make smoke    # and the 20 costliest processes' command lines
 
 The census makes itself the child subreaper of everything it starts (a daemon that detaches, such as
 the warm server, stays its descendant), reads every descendant's CPU from /proc every `--every`
@@ -31,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROWS_ENV = "CAPSNET_CENSUS_ROWS"  # the folder each pytest process of a --per-test run writes its tests' rows to
+WERE_ENV = "CAPSNET_CENSUS_WERE"  # PYTEST_PLUGINS and PYTHONPATH as they were before the census set them
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 ORPHANS_WAIT = 10.0  # seconds the census waits for what the command left running
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -109,7 +111,9 @@ def kind(cmdline: str) -> str:
             return name
     words = cmdline.split()
     program = Path(words[0]).name if words else "(no command line)"
-    if re.fullmatch(r"python[\d.]*|bash|sh", program) and len(words) > 1 and not words[1].startswith("-c"):
+    if re.fullmatch(r"python[\d.]*|bash|sh", program) and len(words) > 1:
+        if words[1].startswith("-c"):
+            return f"{program} -c"
         program = Path(words[2] if words[1] == "-m" and len(words) > 2 else words[1]).name  # a script's name
     return program
 
@@ -130,18 +134,19 @@ def rows_of_tests(folder: Path) -> list[dict]:
     return sorted(rows, key=lambda r: -(r["self"] + r["children"]))
 
 
-def census(command: list[str], every: float, per_test: bool, top: int) -> int:
+def census(command: list[str], every: float, per_test: bool, top: int, processes: int = 0) -> int:
     """Run ``command`` under the census and print where its CPU went; its exit status."""
     with tempfile.TemporaryDirectory(prefix="census-") as rows:
-        return census_into(Path(rows), command, every, per_test, top)
+        return census_into(Path(rows), command, every, per_test, top, processes)
 
 
-def census_into(rows: Path, command: list[str], every: float, per_test: bool, top: int) -> int:
+def census_into(rows: Path, command: list[str], every: float, per_test: bool, top: int, processes: int) -> int:
     subreaper()
     env = dict(os.environ)
-    if per_test:  # this file as a pytest plugin in every pytest process of the command
+    if per_test:  # this file as a pytest plugin in the command's pytest and its xdist workers
         here = str(Path(__file__).resolve().parent)
-        env |= {ROWS_ENV: str(rows), "PYTEST_PLUGINS": ",".join(filter(None, [env.get("PYTEST_PLUGINS"), "cpu_census"])),
+        env |= {ROWS_ENV: str(rows), WERE_ENV: json.dumps({k: env.get(k) for k in ("PYTEST_PLUGINS", "PYTHONPATH")}),
+                "PYTEST_PLUGINS": ",".join(filter(None, [env.get("PYTEST_PLUGINS"), "cpu_census"])),
                 "PYTHONPATH": os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))}
     cores = len(os.sched_getaffinity(0))
     idle0, wall0 = idle_seconds(), time.perf_counter()
@@ -166,6 +171,10 @@ def census_into(rows: Path, command: list[str], every: float, per_test: bool, to
     print(f"{'CPU s':>8} {'procs':>6}  kind")
     for name, cpu, n in by_kind(sampler.seen):
         print(f"{cpu:8.1f} {n:6d}  {name}")
+    if processes:
+        print(f"\ncensus: the {processes} processes that cost most")
+        for proc in sorted(sampler.seen.values(), key=lambda p: -p["cpu"])[:processes]:
+            print(f"{proc['cpu']:8.1f}  {proc['cmdline'][:200]}")
     if per_test:
         tests = rows_of_tests(rows)
         print(f"\ncensus: {len(tests)} tests, {sum(r['self'] for r in tests):.1f} s of CPU in their processes and "
@@ -204,6 +213,17 @@ if "pytest" in sys.modules:  # imported by pytest as its plugin, not run as the 
 
     _ROWS: list[dict] = []
 
+    def pytest_configure(config):
+        """Where no xdist workers are still to start (a worker, or a run without -n), give the tests the
+        environment they would have had: a test that starts pytest itself with a PYTHONPATH of its own
+        (scripts/mutate.py's copies) must not be asked to load this plugin from where it cannot."""
+        if os.environ.get(WERE_ENV) and (hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)):
+            for name, value in json.loads(os.environ.pop(WERE_ENV)).items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
         own, kids, wall = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
@@ -220,10 +240,12 @@ if "pytest" in sys.modules:  # imported by pytest as its plugin, not run as the 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     usage="%(prog)s [--per-test] [--every S] [--top N] -- COMMAND ...")
+                                     usage="%(prog)s [--per-test] [--every S] [--top N] [--processes N] -- COMMAND ...")
     parser.add_argument("--per-test", action="store_true", help="also each pytest test's CPU (COMMAND runs pytest)")
     parser.add_argument("--every", type=float, default=0.25, help="seconds between readings of /proc (default 0.25)")
     parser.add_argument("--top", type=int, default=15, help="tests listed with --per-test (default 15)")
+    parser.add_argument("--processes", type=int, default=0, metavar="N",
+                        help="also the N processes that cost most, with their command lines")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -231,7 +253,7 @@ def main() -> None:
         parser.error("no command: put it after --, e.g. python3 scripts/cpu_census.py -- make test")
     if not Path("/proc/self/stat").exists():
         parser.error("the census reads /proc: it runs on Linux only")
-    sys.exit(census(command, args.every, args.per_test, args.top))
+    sys.exit(census(command, args.every, args.per_test, args.top, args.processes))
 
 
 if __name__ == "__main__":

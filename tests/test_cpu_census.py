@@ -17,7 +17,7 @@ BURN = textwrap.dedent("""
         while time.process_time() - start < seconds:
             pass
     if sys.argv[1:] == ["child"]:
-        burn(0.5)
+        burn(0.8)  # the costliest
     elif sys.argv[1:] == ["detach"]:  # a daemon: its parent exits at once, it runs on in a session of its own
         if os.fork() == 0:
             os.setsid()
@@ -43,16 +43,21 @@ def census(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict[str,
 def test_every_process_a_command_starts_is_counted_under_its_kind_a_detached_one_too(tmp_path):
     (tmp_path / "burner.py").write_text(BURN)
     (tmp_path / "burner_child.py").write_text(BURN)
-    done, kinds = census(tmp_path, "--every", "0.05", "--", sys.executable, str(tmp_path / "burner.py"))
+    done, kinds = census(tmp_path, "--every", "0.05", "--processes", "1", "--", sys.executable,
+                         str(tmp_path / "burner.py"))
     assert done.returncode == 3, done.stdout + done.stderr  # the command's own status
     whole = float(re.search(r"census: (\d+\.\d) s of CPU in its processes", done.stdout)[1])
-    assert whole >= 1.2, done.stdout  # 0.5 + 0.5 + 0.3: the detached one reaped by the census too
-    assert kinds.get("burner_child", 0) >= 0.4, done.stdout  # `python -m NAME`: the module's name
+    assert whole >= 1.5, done.stdout  # 0.8 + 0.5 + 0.3: the detached one reaped by the census too
+    assert kinds.get("burner_child", 0) >= 0.7, done.stdout  # `python -m NAME`: the module's name
     assert kinds.get("burner.py", 0) >= 0.7, done.stdout  # the script and the daemon it left
+    costliest = done.stdout.split("census: the 1 processes that cost most\n")[1].splitlines()
+    assert len(costliest) == 1 and costliest[0].endswith(f"{sys.executable} -m burner_child child"), done.stdout
 
 
 TESTS = textwrap.dedent("""
-    import subprocess, sys, time
+    import os, subprocess, sys, time
+    def test_sees_the_environment_it_would_have_had():  # a pytest it starts must not look for the plugin
+        assert "PYTEST_PLUGINS" not in os.environ and os.environ["PYTHONPATH"] == os.path.dirname(__file__)
     def test_starts_a_child():
         subprocess.run([sys.executable, "-m", "burner_child", "child"])
     def test_burns_its_own():
@@ -66,13 +71,14 @@ def test_per_test_splits_each_tests_cpu_into_its_own_and_its_childrens(tmp_path)
     (tmp_path / "burner_child.py").write_text(BURN)
     (tmp_path / "test_burn.py").write_text(TESTS)
     done, _ = census(tmp_path, "--per-test", "--", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                     str(tmp_path / "test_burn.py"))
+                     "-n", "2", str(tmp_path / "test_burn.py"))  # in xdist's workers, as `make test` runs
     assert done.returncode == 0, done.stdout + done.stderr
     tests = {row[4]: (float(row[1]), float(row[2])) for row in
              re.finditer(r"^ *(\d+\.\d) +(\d+\.\d) +(\d+\.\d)  \S*::(\w+)$", done.stdout, re.M)}
-    assert set(tests) == {"test_starts_a_child", "test_burns_its_own"}, done.stdout
+    assert set(tests) == {"test_starts_a_child", "test_burns_its_own", "test_sees_the_environment_it_would_have_had"}, \
+        done.stdout
     own, children = tests["test_starts_a_child"]
-    assert children >= 0.4 and own < 0.3, done.stdout
+    assert children >= 0.7 and own < 0.3, done.stdout
     own, children = tests["test_burns_its_own"]
     assert own >= 0.35 and children < 0.1, done.stdout
-    assert "census: 2 tests," in done.stdout
+    assert "census: 3 tests," in done.stdout
