@@ -392,6 +392,7 @@ def ui(journal_dir: str, port: int, dry_run: bool) -> None:
     ($MLFLOW_TRACKING_URI or mlflow.db) if they are not there yet, tag them published, then serve
     `mlflow ui` on 127.0.0.1 and print the URL of their runs table (each profile's runs, the smoke
     run's too, are in an experiment of their own). Ctrl-C stops it."""
+    import os
     import subprocess
 
     from pipeline.core import tracking
@@ -418,8 +419,11 @@ def ui(journal_dir: str, port: int, dry_run: bool) -> None:
         return
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracker.uri, "--host", "127.0.0.1",
                "--port", str(port), "--workers", "1"]  # one reader on loopback: starts in seconds, not four workers' imports
+    # nor MLflow's job runner (huey consumers for GenAI jobs: 7 processes, 6 s of CPU at its start), which
+    # tracked runs never use; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true in the environment brings it back
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"} | dict(os.environ)
     try:
-        subprocess.run(command, check=True)
+        subprocess.run(command, check=True, env=env)
     except KeyboardInterrupt:
         pass
     except subprocess.CalledProcessError as err:

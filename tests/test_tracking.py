@@ -548,22 +548,29 @@ def test_ui_on_a_taken_port_says_so_before_loading_anything(tmp_path, monkeypatc
 
 
 def test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c(tmp_path, monkeypatch, store):
+    """...and starts `mlflow ui` without MLflow's job runner (its huey consumers), unless the
+    environment asks for it."""
     import subprocess
 
-    def mlflow_ui(status):
-        def run(command, check):
+    def mlflow_ui(status, jobs):
+        def run(command, check, env):
             assert command[1:4] == ["-m", "mlflow", "ui"] and check
+            assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == jobs and env["MLFLOW_TRACKING_URI"] == store
             if status is None:
                 raise KeyboardInterrupt
             raise subprocess.CalledProcessError(status, command)
         return run
 
     monkeypatch.setattr(tracking, "port_problem", lambda port: None)
+    monkeypatch.delenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", raising=False)
     for status, code, line in ((3, 1, "Error: mlflow ui stopped with status 3 (is port 5000 taken? use --port)"),
                                (None, 0, "Ctrl-C stops the UI")):
-        monkeypatch.setattr(subprocess, "run", mlflow_ui(status))
+        monkeypatch.setattr(subprocess, "run", mlflow_ui(status, "false"))
         result = CliRunner().invoke(main, ["ui", "--journal", str(tmp_path / "none")])
         assert result.exit_code == code and line in result.output, result.output
+    monkeypatch.setenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "true")
+    monkeypatch.setattr(subprocess, "run", mlflow_ui(None, "true"))
+    assert CliRunner().invoke(main, ["ui", "--journal", str(tmp_path / "none")]).exit_code == 0
 
 
 def test_two_writers_logging_one_new_dataset_at_once_both_get_it(tmp_path, monkeypatch):

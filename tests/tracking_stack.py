@@ -99,7 +99,8 @@ def mlflow_server(backend: str, artifacts: Path):
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend, "--artifacts-destination",
          str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        env=tool_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),  # its GenAI job runner: tracking never uses it
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 180
