@@ -5,7 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mirror="${CAPSNET_MNIST_MIRROR:-../shared/data/mnist}"
+found=$(find "$mirror" -maxdepth 1 -name '*-ubyte.gz' 2>/dev/null | wc -l)
+if [ "$found" -ne 4 ]; then
+  echo "$mirror holds $found of MNIST's four *-ubyte.gz files: set CAPSNET_MNIST_MIRROR to a folder that holds them all" >&2
+  exit 1
+fi
 mkdir -p .gpu/mnist
-cp "$mirror"/*-ubyte.gz .gpu/mnist/
+cp -f "$mirror"/*-ubyte.gz .gpu/mnist/  # -f: over the read-only copies a mirror like ../shared leaves
 ls -l .gpu/mnist
 python3 scripts/gpu_travel.py

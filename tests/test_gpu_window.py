@@ -800,6 +800,35 @@ def test_seeds_side_by_side_on_streams_need_their_own_cuda_test(gpu_params):
     assert gpu_levers.run_unproven(run("fused", 3), mode_proofs) == ""
 
 
+def test_the_mnist_a_window_carries_is_copied_whole_or_not_at_all_saying_why(tmp_path):
+    """scripts/gpu_fetch_mnist.sh: the mirror's four .gz files into .gpu/mnist (the carried folder), then
+    what a call would send; a mirror missing any of them is one line naming it and the variable to set,
+    and nothing copied."""
+    (tmp_path / "scripts").mkdir()
+    for name in ("gpu_fetch_mnist.sh", "gpu_travel.py"):
+        shutil.copy(REPO / "scripts" / name, tmp_path / "scripts" / name)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".gitignore").write_text("/.gpu/\n")
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    names = [f"{s}-{k}-idx{d}-ubyte.gz" for s in ("train", "t10k") for k, d in (("images", 3), ("labels", 1))]
+    for name in names[:3]:
+        (mirror / name).write_bytes(b"gz")
+
+    def fetch():
+        return subprocess.run(["bash", "scripts/gpu_fetch_mnist.sh"], cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "CAPSNET_MNIST_MIRROR": str(mirror)})
+
+    short = fetch()
+    assert short.returncode == 1 and not (tmp_path / ".gpu").exists(), short.stdout + short.stderr
+    assert short.stderr == f"{mirror} holds 3 of MNIST's four *-ubyte.gz files: set CAPSNET_MNIST_MIRROR to a folder that holds them all\n"
+    (mirror / names[3]).write_bytes(b"gz")
+    done = fetch()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in (tmp_path / ".gpu" / "mnist").iterdir()) == sorted(names)
+    assert "MiB" in done.stdout  # gpu_travel.py's account of what a call sends
+
+
 def test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit(tmp_path):
     """scripts/gpu_travel.py (gpu_fetch_mnist.sh before a window, gpu_import.sh after one) sums what
     the device tool sends: tracked and untracked-not-ignored files and the carried .gpu, not what git
