@@ -470,6 +470,32 @@ def test_the_cuda_tests_key_changes_with_a_files_name_and_only_pytests_summary_l
     assert gpu_proof.finished(FINISHED_LOG)
 
 
+def test_the_cuda_tests_key_names_the_driver_nvidia_smi_reports_and_an_unfinished_log_is_refused_in_one_line(
+        tmp_path, monkeypatch, capsys):
+    """scripts/gpu_proof.py: the machine's part of the key holds the driver `nvidia-smi` reports (none where
+    there is no nvidia-smi) beside torch's and CUDA's versions; `keep` refuses a log pytest did not
+    finish with exit 1 and one line naming it, and keeps nothing."""
+    import torch
+
+    stub = tmp_path / "bin" / "nvidia-smi"
+    stub.parent.mkdir()
+    stub.write_text('#!/bin/sh\n[ "$*" = "--query-gpu=driver_version --format=csv,noheader" ] && echo 580.95.05\n')
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub.parent}{os.pathsep}{os.environ['PATH']}")
+    machine = gpu_proof.machine()
+    assert (machine["driver"], machine["torch"], machine["cuda"]) == ("580.95.05", torch.__version__, str(torch.version.cuda))
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert gpu_proof.machine()["driver"] == ""
+
+    key = tmp_path / "gpu_tests.key"
+    key.write_text(json.dumps({"code": "0" * 64, **machine}))
+    log = tmp_path / "gpu_tests.log"
+    log.write_text("tests/test_gpu.py::test_x PASSED [ 50%]\n")
+    assert gpu_proof.main(["keep", str(key), str(log), str(tmp_path / "bench")]) == 1
+    assert capsys.readouterr().err == f"{log}: pytest did not finish it (no summary line): not kept as a proof\n"
+    assert not (tmp_path / "bench").exists()
+
+
 def test_the_window_script_carries_a_run_of_another_environment_through_this_hosts_table_beside_its_own(tmp_path):
     """scripts/gpu_window.py --fingerprints F: the tables beside F (gpu_plan.sh's, computed on this host) carry a
     seed published in another fingerprint environment whose commit's table there vouches for it, where this
