@@ -419,9 +419,7 @@ def ui(journal_dir: str, port: int, dry_run: bool) -> None:
         return
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracker.uri, "--host", "127.0.0.1",
                "--port", str(port), "--workers", "1"]  # one reader on loopback: starts in seconds, not four workers' imports
-    # nor MLflow's job runner (huey consumers for GenAI jobs: 7 processes, 6 s of CPU at its start), which
-    # tracked runs never use; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true in the environment brings it back
-    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"} | dict(os.environ)
+    env = tracking.SERVER_ENV | dict(os.environ)  # nor MLflow's job runner, unless the environment asks for it
     try:
         subprocess.run(command, check=True, env=env)
     except KeyboardInterrupt:

@@ -148,7 +148,7 @@ def census_into(rows: Path, command: list[str], every: float, per_test: bool, to
         env |= {ROWS_ENV: str(rows), WERE_ENV: json.dumps({k: env.get(k) for k in ("PYTEST_PLUGINS", "PYTHONPATH")}),
                 "PYTEST_PLUGINS": ",".join(filter(None, [env.get("PYTEST_PLUGINS"), "cpu_census"])),
                 "PYTHONPATH": os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))}
-    cores = len(os.sched_getaffinity(0))
+    cores = os.cpu_count() or 1  # the machine's: /proc/stat's idle time is the whole machine's
     idle0, wall0 = idle_seconds(), time.perf_counter()
     process = subprocess.Popen(command, env=env)
     with Sampler(os.getpid(), every) as sampler:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from conftest import tool_env
 
+from pipeline.core.tracking import SERVER_ENV
+
 
 class Unavailable(Exception):
     """PostgreSQL cannot run here; the message says why and what installs it."""
@@ -99,7 +101,7 @@ def mlflow_server(backend: str, artifacts: Path):
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend, "--artifacts-destination",
          str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        env=tool_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),  # its GenAI job runner: tracking never uses it
+        env=tool_env(**SERVER_ENV),  # as `capsnet ui` starts one: without MLflow's job runner
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -34,6 +34,9 @@ EXPERIMENT = "capsnet-repro"  # the paper protocol's experiment; each other prof
 PUBLISHED_TAG = "published"  # runs loaded from reports/runs/journal by `capsnet ui`: the published results
 # MLflow 3's UI opens experiments in GenAI mode unless they say they are model training
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+# what an `mlflow server` / `mlflow ui` of this project starts with: without MLflow 3's job runner (huey
+# consumers for GenAI jobs: 7 processes, 6 s of CPU at each start), which tracked runs never use
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def experiment_name(profile: str) -> str:
