@@ -312,3 +312,52 @@ def test_the_suites_answers_copied_out_are_found_there_without_computing_and_its
 
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "out"))
     assert [cache.cached([], env, never)["environment"] for env in envs] == ["computed 0", "computed 1"]
+
+
+def test_a_log_named_by_its_variable_gets_a_line_per_lookup_and_the_script_sums_them(tmp_path, monkeypatch, params, capsys):
+    """$CAPSNET_FINGERPRINT_LOG: each lookup's variants, key, answer and seconds, its test named;
+    scripts/fingerprint_log.py counts what was computed, found or not cached and names a key computed twice."""
+    import importlib.util
+
+    from pipeline.training import fingerprint_cache as cache
+
+    spec = importlib.util.spec_from_file_location("fingerprint_log", REPO / "scripts" / "fingerprint_log.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    log = tmp_path / "lookups.jsonl"
+    monkeypatch.setenv(cache.LOG_ENV, str(log))
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_x.py::test_y (call)")
+    small = fp.fingerprint_config(run_config(params, "capsnet_r3_recon", 0))
+
+    def compute():
+        time.sleep(0.2)
+        return {"fingerprints": ["0123456789abcdef"], "environment": "e"}
+
+    cache.cached([small], {}, compute)
+    cache.cached([small], {}, compute)  # found
+    for entry in (tmp_path / "cache").glob("*.json"):
+        entry.unlink()
+    cache.cached([small], {}, compute)  # computed again: the cache lost it
+    monkeypatch.setenv(cache.CACHE_ENV, "off")
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    cache.cached([small, small], {}, compute)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["answer"] for e in lines] == ["computed", "found", "computed", "not cached"]
+    assert [e["families"] for e in lines] == [["table1 capsnet r3 recon paper 28px"]] * 3 + [["table1 capsnet r3 recon paper 28px"] * 2]
+    assert [e["key"] for e in lines] == [cache.key([small], {})] * 3 + [cache.key([small, small], {})]
+    assert [e["test"] for e in lines] == ["tests/test_x.py::test_y"] * 3 + [None]
+    assert all(e["compute_s"] >= 0.2 for e in lines if e["answer"] != "found") and lines[1]["compute_s"] < 0.2
+    with log.open("a") as f:
+        f.write('{"families": ["torn"\n')
+    assert script.main([str(log)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("4 lookups: 2 computed (0.4 s), 1 found (0.0 s), 1 not cached (0.2 s)\n")
+    assert f"keys computed more than once: 1\n  {lines[0]['key'][:12]}: 2 times\n" in out
+    assert "table1 capsnet r3 recon paper 28px + table1 capsnet r3 recon paper 28px  [not cached] no test" in out
+    assert "1 line(s) that are not a lookup left out" in err
+    assert script.main([str(tmp_path / "none.jsonl")]) == 2
+    assert "set CAPSNET_FINGERPRINT_LOG=" in capsys.readouterr().err
+    monkeypatch.delenv(cache.LOG_ENV)
+    cache.cached([small], {}, compute)
+    assert len(log.read_text().splitlines()) == 5  # no variable, no line (the torn one is the fifth)

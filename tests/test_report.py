@@ -1046,15 +1046,19 @@ def test_runs_that_do_not_record_adam_eps_or_resumed_are_named(tmp_path):
         run.config["optimizer"] = {"name": "adam", "adam_eps": 1e-8}
     runs[2].config["resumed_at_epochs"] = []
     assert rp.run_deviations(runs, ADAM_EPS) == [cut]
+    runs[0].config["optimizer"]["adam_eps"] = 1e-7  # recorded, but not today's
+    assert rp.run_deviations(runs, ADAM_EPS) == [f"Adam ε = 1e-07 in 1 of 3 runs (capsnet_r1), not today's {ADAM_EPS:g}.", cut]
 
 
-def test_the_papers_length_is_not_cut_a_runs_every_resume_is_named_and_epoch_spans_stay_whole(tmp_path):
+def test_the_papers_length_and_an_early_stop_are_not_cut_a_runs_every_resume_is_named_and_epoch_spans_stay_whole(tmp_path):
     fabricate(tmp_path, "capsnet_r1", 0, 1.0, epochs=640)
     fabricate(tmp_path, "capsnet_r1", 1, 1.0, epochs=50, resumed=[20, 40])
     fabricate(tmp_path, "capsnet_r3", 0, 1.0, epochs=300)
-    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3"], [0, 1], skip=[("capsnet_r3", 1)])
+    fabricate(tmp_path, "capsnet_affnist", 0, 1.0, image_size=40, stop_reason="target", epochs=30)  # §5.2's early stop
+    runs = load(tmp_path, ["capsnet_r1", "capsnet_r3", "capsnet_affnist"], [0, 1],
+                skip=[("capsnet_r3", 1), ("capsnet_affnist", 1)])
     cut, resumed = rp.run_deviations(runs, ADAM_EPS)
-    assert cut.startswith("2 of 3 runs trained the paper's schedule **cut** at 50–300 epochs")
+    assert cut.startswith("2 of 4 runs trained the paper's schedule **cut** at 50–300 epochs")
     assert "capsnet_r1 1@20/40" in resumed
 
 

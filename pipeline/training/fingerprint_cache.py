@@ -35,6 +35,7 @@ import torch
 from pipeline.core import registry
 
 CACHE_ENV = "CAPSNET_FINGERPRINT_CACHE"
+LOG_ENV = "CAPSNET_FINGERPRINT_LOG"  # a file: a line per lookup (`log`)
 # the environment variables that may reach the capped process's arithmetic: kernels' and threads' settings,
 # the libraries loaded (its code and torch are keyed apart). Not torch.compile's (TORCHINDUCTOR_*,
 # TORCHDYNAMO_*): the fingerprint never compiles, and a GPU session sets them for its jobs, not for the
@@ -126,29 +127,57 @@ def write(path: Path, out: dict) -> None:
 
 def cached(smalls: list, env: dict[str, str], compute) -> dict:
     """``compute()``'s answer for ``smalls`` under ``env``, from the cache where it holds it, else
-    computed and kept; a cache folder that cannot be written only costs the computing."""
+    computed and kept; a cache folder that cannot be written only costs the computing. Each lookup is
+    a line of $CAPSNET_FINGERPRINT_LOG where that names a file (`log`)."""
+    t0 = time.perf_counter()
     where, name = folder(), key(smalls, env)
     if where is None or name is None:
-        return compute()
+        return log(smalls, name, "not cached", t0, compute)
     try:
         where.mkdir(parents=True, exist_ok=True)
         lock = open(where / f"{name}.lock", "w")  # noqa: SIM115 (held until the answer is written)
     except OSError:
-        return compute()
+        return log(smalls, name, "not cached", t0, compute)
     with lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process computing this key: its answer, once written
         path = where / f"{name}.json"
         out = read(path, len(smalls))
         if out is None:
-            out = compute()
+            out = log(smalls, name, "computed", t0, compute)
             with contextlib.suppress(OSError):
                 write(path, out)
                 prune(where)
         else:
+            log(smalls, name, "found", t0, lambda: out)
             with contextlib.suppress(OSError):
                 os.utime(path)  # in use: kept by `prune`
         return out
+
+
+def family(small) -> str:
+    """What a fingerprint's small configuration trains, in a few words: "table1 capsnet r3 recon official 28px"."""
+    routing = f" r{small.routing_iterations}" if small.model == "capsnet" else ""
+    return (f"{small.experiment_name} {small.model}{routing}{' recon' if small.reconstruction else ''} "
+            f"{small.recipe} {small.image_size}px")
+
+
+def log(smalls: list, name: str | None, answer: str, t0: float, compute):
+    """``compute()``'s value, and where $CAPSNET_FINGERPRINT_LOG names a file a JSON line appended to it:
+    the lookup's families, key, answer ("found", "computed" or "not cached"), the seconds it waited for
+    the key's lock and those it computed, its process and test (scripts/fingerprint_log.py sums them).
+    The measurement of which fingerprints CI computes (docs/performance.md); a line that cannot be
+    written costs nothing."""
+    waited = time.perf_counter() - t0
+    out = compute()
+    where = os.environ.get(LOG_ENV)
+    if where:
+        line = {"families": [family(s) for s in smalls], "key": name, "answer": answer, "wait_s": round(waited, 3),
+                "compute_s": round(time.perf_counter() - t0 - waited, 3), "pid": os.getpid(),
+                "test": os.environ.get("PYTEST_CURRENT_TEST", "").rpartition(" (")[0] or None}
+        with contextlib.suppress(OSError), open(where, "a") as f:
+            f.write(json.dumps(line) + "\n")  # one write of a short line: appends from several processes stay whole
+    return out
 
 
 def prune(where: Path, days: float = KEEP_DAYS) -> None:
