@@ -339,25 +339,28 @@ def test_a_log_named_by_its_variable_gets_a_line_per_lookup_and_the_script_sums_
     for entry in (tmp_path / "cache").glob("*.json"):
         entry.unlink()
     cache.cached([small], {}, compute)  # computed again: the cache lost it
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "other"))
+    cache.cached([small], {}, compute)  # computed in another folder: no failure to share
     monkeypatch.setenv(cache.CACHE_ENV, "off")
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
     cache.cached([small, small], {}, compute)
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [e["answer"] for e in lines] == ["computed", "found", "computed", "not cached"]
-    assert [e["families"] for e in lines] == [["table1 capsnet r3 recon paper 28px"]] * 3 + [["table1 capsnet r3 recon paper 28px"] * 2]
-    assert [e["key"] for e in lines] == [cache.key([small], {})] * 3 + [cache.key([small, small], {})]
-    assert [e["test"] for e in lines] == ["tests/test_x.py::test_y"] * 3 + [None]
+    assert [e["answer"] for e in lines] == ["computed", "found", "computed", "computed", "not cached"]
+    assert [e["families"] for e in lines] == [["table1 capsnet r3 recon paper 28px"]] * 4 + [["table1 capsnet r3 recon paper 28px"] * 2]
+    assert [e["key"] for e in lines] == [cache.key([small], {})] * 4 + [cache.key([small, small], {})]
+    assert [e["cache"] for e in lines] == [str(tmp_path / "cache")] * 3 + [str(tmp_path / "other"), "off"]
+    assert [e["test"] for e in lines] == ["tests/test_x.py::test_y"] * 4 + [None]
     assert all(e["compute_s"] >= 0.2 for e in lines if e["answer"] != "found") and lines[1]["compute_s"] < 0.2
     with log.open("a") as f:
         f.write('{"families": ["torn"\n')
     assert script.main([str(log)]) == 0
     out, err = capsys.readouterr()
-    assert out.startswith("4 lookups: 2 computed (0.4 s), 1 found (0.0 s), 1 not cached (0.2 s)\n")
-    assert f"keys computed more than once: 1\n  {lines[0]['key'][:12]}: 2 times\n" in out
+    assert out.startswith("5 lookups: 3 computed (0.6 s), 1 found (0.0 s), 1 not cached (0.2 s)\n")
+    assert f"keys computed more than once in one cache folder: 1\n  {lines[0]['key'][:12]} in {tmp_path / 'cache'}: 2 times\n" in out
     assert "table1 capsnet r3 recon paper 28px + table1 capsnet r3 recon paper 28px  [not cached] no test" in out
     assert "1 line(s) that are not a lookup left out" in err
     assert script.main([str(tmp_path / "none.jsonl")]) == 2
     assert "set CAPSNET_FINGERPRINT_LOG=" in capsys.readouterr().err
     monkeypatch.delenv(cache.LOG_ENV)
     cache.cached([small], {}, compute)
-    assert len(log.read_text().splitlines()) == 5  # no variable, no line (the torn one is the fifth)
+    assert len(log.read_text().splitlines()) == 6  # no variable, no line (the torn one is the sixth)

@@ -164,7 +164,7 @@ def family(small) -> str:
 
 def log(smalls: list, name: str | None, answer: str, t0: float, compute):
     """``compute()``'s value, and where $CAPSNET_FINGERPRINT_LOG names a file a JSON line appended to it:
-    the lookup's families, key, answer ("found", "computed" or "not cached"), the seconds it waited for
+    the lookup's families, key, $CAPSNET_FINGERPRINT_CACHE (None: the default folder), answer ("found", "computed" or "not cached"), the seconds it waited for
     the key's lock and those it computed, its process and test (scripts/fingerprint_log.py sums them).
     The measurement of which fingerprints CI computes (docs/performance.md); a line that cannot be
     written costs nothing."""
@@ -172,7 +172,7 @@ def log(smalls: list, name: str | None, answer: str, t0: float, compute):
     out = compute()
     where = os.environ.get(LOG_ENV)
     if where:
-        line = {"families": [family(s) for s in smalls], "key": name, "answer": answer, "wait_s": round(waited, 3),
+        line = {"families": [family(s) for s in smalls], "key": name, "cache": os.environ.get(CACHE_ENV) or None, "answer": answer, "wait_s": round(waited, 3),
                 "compute_s": round(time.perf_counter() - t0 - waited, 3), "pid": os.getpid(),
                 "test": os.environ.get("PYTEST_CURRENT_TEST", "").rpartition(" (")[0] or None}
         with contextlib.suppress(OSError), open(where, "a") as f:
