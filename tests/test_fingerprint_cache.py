@@ -351,16 +351,18 @@ def test_a_log_named_by_its_variable_gets_a_line_per_lookup_and_the_script_sums_
     assert [e["cache"] for e in lines] == [str(tmp_path / "cache")] * 3 + [str(tmp_path / "other"), "off"]
     assert [e["test"] for e in lines] == ["tests/test_x.py::test_y"] * 4 + [None]
     assert all(e["compute_s"] >= 0.2 for e in lines if e["answer"] != "found") and lines[1]["compute_s"] < 0.2
-    with log.open("a") as f:
+    with log.open("a") as f:  # a stand-in computed twice (the cache's own tests do), then a torn line
+        f.write("".join(json.dumps({**lines[0], "families": [], "key": "f" * 64}) + "\n" for _ in range(2)))
         f.write('{"families": ["torn"\n')
     assert script.main([str(log)]) == 0
     out, err = capsys.readouterr()
-    assert out.startswith("5 lookups: 3 computed (0.6 s), 1 found (0.0 s), 1 not cached (0.2 s)\n")
+    assert out.startswith("7 lookups: 5 computed (1.0 s), 1 found (0.0 s), 1 not cached (0.2 s)\n")
     assert f"keys computed more than once in one cache folder: 1\n  {lines[0]['key'][:12]} in {tmp_path / 'cache'}: 2 times\n" in out
     assert "table1 capsnet r3 recon paper 28px + table1 capsnet r3 recon paper 28px  [not cached] no test" in out
+    assert "(no configuration: a test's stand-in)  [computed] tests/test_x.py::test_y" in out
     assert "1 line(s) that are not a lookup left out" in err
     assert script.main([str(tmp_path / "none.jsonl")]) == 2
     assert "set CAPSNET_FINGERPRINT_LOG=" in capsys.readouterr().err
     monkeypatch.delenv(cache.LOG_ENV)
     cache.cached([small], {}, compute)
-    assert len(log.read_text().splitlines()) == 6  # no variable, no line (the torn one is the sixth)
+    assert len(log.read_text().splitlines()) == 8  # no variable, no line (the torn one is the eighth)
