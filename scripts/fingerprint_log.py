@@ -55,7 +55,7 @@ def summary(lookups: list[dict]) -> list[str]:
     twice = {k: n for k, n in Counter((e.get("cache"), e["key"]) for e in by_answer["computed"] if e["families"]).items()
              if n > 1}
     lines.append(f"keys computed more than once in one cache folder: {len(twice)}"
-                 + "".join(f"\n  {k[:12]} in {cache or 'the default folder'}: {n} times"
+                 + "".join(f"\n  {k[:12]} in {cache}: {n} times"
                            for (cache, k), n in sorted(twice.items(), key=str)))
     waits = sorted((e for e in by_answer["found"] if e["wait_s"] >= 1), key=lambda e: -e["wait_s"])
     lines.append(f"found after waiting a second or more for another process computing it: {len(waits)}"

@@ -348,7 +348,7 @@ def test_a_log_named_by_its_variable_gets_a_line_per_lookup_and_the_script_sums_
     assert [e["answer"] for e in lines] == ["computed", "found", "computed", "computed", "not cached"]
     assert [e["families"] for e in lines] == [["table1 capsnet r3 recon paper 28px"]] * 4 + [["table1 capsnet r3 recon paper 28px"] * 2]
     assert [e["key"] for e in lines] == [cache.key([small], {})] * 4 + [cache.key([small, small], {})]
-    assert [e["cache"] for e in lines] == [str(tmp_path / "cache")] * 3 + [str(tmp_path / "other"), "off"]
+    assert [e["cache"] for e in lines] == [str(tmp_path / "cache")] * 3 + [str(tmp_path / "other"), None]
     assert [e["test"] for e in lines] == ["tests/test_x.py::test_y"] * 4 + [None]
     assert all(e["compute_s"] >= 0.2 for e in lines if e["answer"] != "found") and lines[1]["compute_s"] < 0.2
     with log.open("a") as f:  # a stand-in computed twice (the cache's own tests do), then a torn line

@@ -129,30 +129,45 @@ def cached(smalls: list, env: dict[str, str], compute) -> dict:
     """``compute()``'s answer for ``smalls`` under ``env``, from the cache where it holds it, else
     computed and kept; a cache folder that cannot be written only costs the computing. Each lookup is
     a line of $CAPSNET_FINGERPRINT_LOG where that names a file (`log`)."""
-    t0 = time.perf_counter()
+    t0, spans = time.perf_counter(), []  # spans: when compute() started and ended, if it ran
+
+    def timed() -> dict:
+        spans.append(time.perf_counter())
+        out = compute()
+        spans.append(time.perf_counter())
+        return out
+
     where, name = folder(), key(smalls, env)
+    answer, out = lookup(smalls, where, name, timed)
+    if os.environ.get(LOG_ENV):
+        waited = (spans[0] if spans else time.perf_counter()) - t0
+        log(smalls, where, name, answer, waited, spans[1] - spans[0] if spans else 0.0)
+    return out
+
+
+def lookup(smalls: list, where: Path | None, name: str | None, compute) -> tuple[str, dict]:
+    """("found" | "computed" | "not cached", the answer) of `cached`."""
     if where is None or name is None:
-        return log(smalls, name, "not cached", t0, compute)
+        return "not cached", compute()
     try:
         where.mkdir(parents=True, exist_ok=True)
         lock = open(where / f"{name}.lock", "w")  # noqa: SIM115 (held until the answer is written)
     except OSError:
-        return log(smalls, name, "not cached", t0, compute)
+        return "not cached", compute()
     with lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process computing this key: its answer, once written
         path = where / f"{name}.json"
         out = read(path, len(smalls))
         if out is None:
-            out = log(smalls, name, "computed", t0, compute)
+            out = compute()
             with contextlib.suppress(OSError):
                 write(path, out)
                 prune(where)
-        else:
-            log(smalls, name, "found", t0, lambda: out)
-            with contextlib.suppress(OSError):
-                os.utime(path)  # in use: kept by `prune`
-        return out
+            return "computed", out
+        with contextlib.suppress(OSError):
+            os.utime(path)  # in use: kept by `prune`
+        return "found", out
 
 
 def family(small) -> str:
@@ -162,22 +177,16 @@ def family(small) -> str:
             f"{small.recipe} {small.image_size}px")
 
 
-def log(smalls: list, name: str | None, answer: str, t0: float, compute):
-    """``compute()``'s value, and where $CAPSNET_FINGERPRINT_LOG names a file a JSON line appended to it:
-    the lookup's families, key, $CAPSNET_FINGERPRINT_CACHE (None: the default folder), answer ("found", "computed" or "not cached"), the seconds it waited for
-    the key's lock and those it computed, its process and test (scripts/fingerprint_log.py sums them).
-    The measurement of which fingerprints CI computes (docs/performance.md); a line that cannot be
-    written costs nothing."""
-    waited = time.perf_counter() - t0
-    out = compute()
-    where = os.environ.get(LOG_ENV)
-    if where:
-        line = {"families": [family(s) for s in smalls], "key": name, "cache": os.environ.get(CACHE_ENV) or None, "answer": answer, "wait_s": round(waited, 3),
-                "compute_s": round(time.perf_counter() - t0 - waited, 3), "pid": os.getpid(),
-                "test": os.environ.get("PYTEST_CURRENT_TEST", "").rpartition(" (")[0] or None}
-        with contextlib.suppress(OSError), open(where, "a") as f:
-            f.write(json.dumps(line) + "\n")  # one write of a short line: appends from several processes stay whole
-    return out
+def log(smalls: list, where: Path | None, name: str | None, answer: str, waited: float, computing: float) -> None:
+    """A JSON line appended to $CAPSNET_FINGERPRINT_LOG: the lookup's families, cache folder (None: no cache),
+    key, answer, the seconds before computing (the key, the lock's wait) and those computing, its process
+    and test (scripts/fingerprint_log.py sums them: docs/performance.md). A line that cannot be written
+    costs nothing."""
+    line = {"families": [family(s) for s in smalls], "key": name, "cache": where and str(where), "answer": answer,
+            "wait_s": round(waited, 3), "compute_s": round(computing, 3), "pid": os.getpid(),
+            "test": os.environ.get("PYTEST_CURRENT_TEST", "").rpartition(" (")[0] or None}
+    with contextlib.suppress(OSError), open(os.environ[LOG_ENV], "a") as f:
+        f.write(json.dumps(line) + "\n")  # one write of a short line: appends from several processes stay whole
 
 
 def prune(where: Path, days: float = KEEP_DAYS) -> None:
