@@ -97,6 +97,8 @@ def test_a_record_from_before_stacking_reads_as_separate_variants():
     ("ablation.seeds", [], "ablation.seeds must list at least one seed"),
     ("ablation.seeds", [0, -1], "ablation.seeds must be distinct integers >= 0, got [0, -1]"),
     ("ablation.seeds", 3, "ablation.seeds must be a list, got 3"),
+    ("ablation.seeds", [0, "1"], "ablation.seeds[1] must be of type int, got '1'"),  # each item checked, not only the list
+    ("ablation.stacked", ["capsnet_r1", 3], "ablation.stacked[1] must be of type str, got 3"),
     ("train.epochs", True, "train.epochs must be of type int, got True"),  # YAML's true is no number
     ("train.lr", True, "train.lr must be of type float, got True"),
     ("train", [1], "train must be a mapping of keys, got [1]"),
@@ -119,6 +121,19 @@ def test_params_from_before_the_experiment_key_read_by_image_size():
     assert [(p.variant(v).experiment, p.variant(v).image_size) for v in ("capsnet_r1", "capsnet_affnist",
             "multimnist_r1_recon")] == [("table1", 28), ("affnist", 40), ("multimnist", 36)]
     assert parse_params(RAW).variant("capsnet_r1") == p.variant("capsnet_r1")  # the same variant either way
+
+
+def test_the_ablation_lists_stacked_variants_first_and_an_unknown_variant_is_one_line():
+    """What trains, in the order `capsnet stages` and the report take it: stacked, then separate, in
+    params.yaml's order, read alike from a raw mapping (profiles) and from loaded params."""
+    from pipeline.core.params import ablation_variants
+
+    p = parse_params(RAW)
+    assert p.ablation.stacked and p.ablation.separate  # both lists hold variants, so their order shows
+    assert p.ablation.variants == (*RAW["ablation"]["stacked"], *RAW["ablation"]["separate"])
+    assert ablation_variants(RAW) == list(p.ablation.variants)
+    with pytest.raises(ParamsError, match=r"unknown variant 'capsnet_r9'; params.yaml defines \['baseline_cnn'"):
+        p.variant("capsnet_r9")
 
 
 def test_unknown_section_and_missing_file(tmp_path):
