@@ -287,6 +287,25 @@ def test_report_hands_the_stage_each_option_it_was_given_and_prints_the_claims(t
     assert result.output == f"report written to {paths['out'] / 'ablation.md'}\nTable 1: a claim\n"
 
 
+def test_bench_hands_the_bench_each_option_it_was_given_and_its_defaults_otherwise(monkeypatch):
+    """`capsnet bench`'s options reach pipeline.training.bench.run as given (every repeatable one in its
+    order), and without them the defaults its help shows: params.yaml decides determinism."""
+    from pipeline.training import bench as bn
+
+    seen = []
+    monkeypatch.setattr(bn, "run", lambda params, *args: seen.append(args) or [{"row": len(seen)}])
+    given = ["--variant", "baseline_cnn", "--batch", "64", "--batch", "256", "--mode", "bf16", "--mode", "bf16-capture",
+             "--steps", "7", "--warmup", "2", "--no-reference", "--deterministic", "off", "--device", "cpu",
+             "--seeds", "1", "--seeds", "3", "--stack", "bmm", "--stack", "loop", "--profile-steps", "4"]
+    for args in (given, []):
+        result = CliRunner().invoke(main, ["bench", *args, "--params", str(REPO / "params.yaml")])
+        assert result.exit_code == 0, result.output
+        assert result.output == f'{{"row": {len(seen)}}}\n'  # each row one JSON line
+    assert seen == [("baseline_cnn", (64, 256), ("bf16", "bf16-capture"), 7, 2, False, "off", "cpu", (1, 3),
+                     ("bmm", "loop"), 4),
+                    ("capsnet_r3_recon", (128,), ("fp32",), 20, 3, True, "params", "auto", (1,), ("fused",), 0)]
+
+
 def test_publish_of_folders_without_a_complete_run_is_an_error_not_an_empty_copy(tmp_path):
     for folder in ("models", "results/capsnet_r1/seed0"):
         (tmp_path / folder).mkdir(parents=True)
