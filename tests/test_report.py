@@ -414,6 +414,9 @@ def test_one_code_trained_again_on_another_host_is_one_row_and_each_seed_counts_
     row = summary[summary.n_seeds == 3].iloc[0]
     assert row.test_errors == "2.00 2.10 1.20"
     assert row.commit == "fp 1111aaaa: bbbbbbb, aaaaaaa"  # the last run's (seed 2's) fingerprint, both commits
+    kept, _ = publish.one_per_seed(same_code(bridge(earlier + later, [a_amd, a_intel, b_intel])))
+    summary = t1.summarize(kept, REFERENCE)  # the second host's runs last: the row takes their fingerprint
+    assert summary[summary.n_seeds == 3].iloc[0].commit.startswith("fp 2222bbbb: ")
     kept, superseded = publish.one_per_seed(same_code(bridge(runs, [a_amd, b_intel])))
     assert not superseded and sorted(t1.summarize(kept, REFERENCE).n_seeds) == [1, 2, 3]
 
@@ -1551,18 +1554,19 @@ def test_a_run_missing_any_of_its_five_files_is_listed_as_missing_and_named_when
 
 
 def test_a_run_reads_its_device_and_epochs_as_recorded_and_a_pair_right_only_as_a_whole(tmp_path):
-    """The device the run resolved (params.device, not the config's `auto`) with its name; the epochs it
-    recorded, its history's length where it recorded none (a record's history may be the shorter);
+    """The device the run resolved (params.device, not the config's `auto`) with its name; the epochs and
+    images (steps × batch) it recorded, its history's length where it recorded no epochs (a record's history may be the shorter);
     a MultiMNIST prediction (two sorted digits) is right only when both digits are."""
     fabricate(tmp_path, "capsnet_r1", 0, 1.0, device="auto", history=[3.0, 2.0, 1.0])
     edit_record(tmp_path, "capsnet_r1", 0, lambda record: record.update(
         params={"device": "cuda:0"}, environment={**record["environment"], "device_name": "NVIDIA H200"},
-        epochs_trained=640))
+        epochs_trained=640, steps_trained=300))
     pairs = torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.uint8)
     save_file({"test_labels": pairs, "test_preds": torch.tensor([[1, 2], [3, 5], [0, 6]], dtype=torch.uint8)},
               str(tmp_path / "results" / "capsnet_r1" / "seed0" / "predictions.safetensors"))
     [run] = load(tmp_path, ["capsnet_r1"], [0])
     assert run.device == "cuda:0 (NVIDIA H200)" and run.epochs_trained == 640
+    assert run.images_trained == 300 * run.cfg["batch_size"]  # steps × batch: what the claims' GPU-hours scale by
     assert run.correct["test"].tolist() == [True, False, False]
     edit_record(tmp_path, "capsnet_r1", 0, lambda record: record.pop("epochs_trained"))
     assert load(tmp_path, ["capsnet_r1"], [0])[0].epochs_trained == 3
