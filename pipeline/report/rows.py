@@ -80,14 +80,15 @@ def bridge(runs: list[Run], tables: list[dict]) -> list[Run]:
     """Each run with the commits of the ``tables`` that compute its training (`Run.computed_by`): its
     fingerprint in the table's environment (the one it recorded, or its own commit's there:
     pipeline.core.lineage) is the table's; so rows of two variants trained at two commits compare
-    where one commit's code computes both. A run without a fingerprint is left as it is."""
+    where one commit's code computes both. A run without a fingerprint is left as it is (no table
+    computes it: `lineage.fingerprint_in` is None)."""
     out = []
     for r in runs:
         by = tuple(dict.fromkeys(short(t["commit"]) for t in tables if short(t["commit"]) != short(r.commit)
                                  and t["fingerprints"].get(r.variant) is not None
                                  and lineage.fingerprint_in(r.config, r.variant, t.get("environment"), tables)
                                  == t["fingerprints"][r.variant]))
-        out.append(dataclasses.replace(r, computed_by=by) if by and r.fingerprint != NOT_RECORDED else r)
+        out.append(dataclasses.replace(r, computed_by=by) if by else r)
     return out
 
 
