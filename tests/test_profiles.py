@@ -630,6 +630,8 @@ def test_gpu_levers_count_only_a_passed_proof_and_write_what_each_choice_trains_
     assert (cnn.compile, cnn.compile_cnns) == (True, True)  # the CNN trains the compiled mode it was picked for
     twin = load_params(tmp_path / "params.gpu.capsnet-fp32.yaml").train
     assert (twin.compile, twin.cuda_graph, twin.stack_layout) == (False, False, "fused")
+    assert "capsnet-fp32 (fp32 twin) — " in out and out.split("capsnet-fp32 (fp32 twin) — ")[1].split("\n")[0].endswith(
+        ": fp32, eager")  # its own precision's eager mode
     captured = {"model": "capsnet", "amp": True, "compile": True, "compile_mode": "default", "channels_last": False,
                 "cuda_graph": True, "stack_layout": "streams"}
     streams = {"config": captured, "stacked_seeds": [0, 1, 2]}
@@ -644,6 +646,36 @@ def test_gpu_levers_count_only_a_passed_proof_and_write_what_each_choice_trains_
     assert absent.returncode == 1
     writes = f"python -m pipeline.profiles gpu --write {missing}"
     assert absent.stderr == f"{missing} does not exist: write it with `{writes}`\n"
+
+
+def test_gpu_levers_write_a_channels_last_pick_and_read_no_row_of_another_seed_count(tmp_path):
+    """scripts/gpu_levers.py: a channels-last mode picked is written as channels_last; rows of a seed count
+    the window never trains in one process (two) neither compete nor stop the choice (a model with only
+    those falls back, no traceback); a proof reported failed and then passed (two logs, one file) is failed."""
+    import json
+
+    from pipeline.core.params import load_params
+
+    params = write_profile(tmp_path / "params.gpu.yaml")
+    rows = [{"variant": "capsnet_r3_recon", "mode": "bf16-cl", "seeds": 3, "stack": "fused", "train_images_per_s": 100_000},
+            {"variant": "capsnet_r3_recon", "mode": "bf16-compile", "seeds": 3, "stack": "fused", "train_images_per_s": 200_000},
+            {"variant": "capsnet_r3_recon", "mode": "bf16-compile", "seeds": 2, "stack": "fused", "train_images_per_s": 900_000},
+            {"variant": "baseline_cnn", "mode": "bf16", "seeds": 2, "stack": "fused", "train_images_per_s": 50_000}]
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    compiled = "tests/test_gpu.py::test_bf16_compiled_step_matches_eager_fp32[capsnet_r3_recon]"
+    (tmp_path / "tests.txt").write_text("\n".join([
+        "tests/test_gpu.py::test_bf16_channels_last_step_matches_eager_fp32[capsnet_r3_recon] PASSED [ 1%]",
+        f"{compiled} FAILED [ 2%]",
+        "tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon] PASSED [ 3%]",
+        f"[gw0] [ 50%] PASSED {compiled}"]))
+    out = subprocess.run([sys.executable, "scripts/gpu_levers.py", "--bench", str(tmp_path / "bench"), "--tests",
+                          str(tmp_path / "tests.txt"), "--params", str(params)],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "capsnet: bf16-cl, stack fused: 100,000 images/s (capsnet_r3_recon, 3 seeds; 1 mode(s) not proven" in out
+    chosen = load_params(tmp_path / "params.gpu.capsnet.yaml").train
+    assert (chosen.channels_last, chosen.compile, chosen.cuda_graph, chosen.amp) == (True, False, False, True)
+    assert "baseline_cnn: no bench row of baseline_cnn in a proven mode at the profile's precision" in out
 
 
 def test_the_queue_plans_the_protocol_the_train_stage_records_from_the_same_params(tmp_path):
