@@ -223,6 +223,10 @@ def test_a_window_trains_the_paper_protocols_next_seed_alone_once_the_short_queu
             publish_seed0(tmp_path, "a" * 16, "env", variant=v, seed=seed)
     assert gpu_window.window(runs, gpu, paper, within)[:2] == ("paper", ["capsnet_r1_recon_official:0"])
     assert gpu_window.window(runs, gpu, paper, gpu_window.paper_precision(tmp_path / "none.csv", gpu))[:2] == ("gpu", [])
+    for v in gpu_window.PAPER_REST:
+        for seed in gpu_queue.SEEDS:
+            paper_run(v, seed)
+    assert gpu_window.window(runs, gpu, paper, within) == ("gpu", [], ["nothing left to train: every queued seed is published"])
 
 
 def test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job(tmp_path):
@@ -413,7 +417,8 @@ def test_the_time_between_epochs_is_listed_for_runs_of_the_commit_asked_for_with
 def test_the_paper_protocol_trains_in_bf16_only_where_every_decided_precision_row_allows_it(tmp_path):
     """scripts/gpu_window.py --paper-amp: each precision-check row with an interval over 3 seeds a side must
     allow bf16; one beyond the seed noise keeps fp32 and is the row the reason names, wherever it stands;
-    a row without an interval decides nothing."""
+    a row without an interval (too few seeds, empty cells) decides nothing, nor does another variant's
+    effect against the twin."""
     import pandas as pd
 
     gpu = yaml.safe_load(write_profile(tmp_path / "params.gpu.yaml").read_text())
@@ -428,6 +433,17 @@ def test_the_paper_protocol_trains_in_bf16_only_where_every_decided_precision_ro
     assert not allowed and "[+0.05, +0.30]" in why and "beyond the seed noise" in why
     allowed, why = check((-0.1, 0.2, 3), (0.05, 0.3, 2))  # the second row has no interval over 3 seeds
     assert allowed and "[-0.10, +0.20]" in why
+    # another variant against the twin is an effect of the report, not the precision check: it decides nothing
+    pd.DataFrame([{"a": "capsnet_r3", "b": "capsnet_r3_recon_fp32", "our_delta": 0.2, "ci_low": 0.05, "ci_high": 0.3,
+                   "n_seeds": 3}, {"a": "capsnet_r3_recon", "b": "capsnet_r3_recon_fp32", "our_delta": 0.05,
+                                   "ci_low": -0.1, "ci_high": 0.2, "n_seeds": 3}]).to_csv(tmp_path / "effects.csv", index=False)
+    allowed, why = gpu_window.paper_precision(tmp_path / "effects.csv", gpu)
+    assert allowed and why.startswith("precision check, capsnet_r3_recon − capsnet_r3_recon_fp32")
+    # empty interval cells (the report's confounded or one-seed rows): no interval, no decision
+    pd.DataFrame([{"a": "capsnet_r3_recon", "b": "capsnet_r3_recon_fp32", "our_delta": 0.05, "ci_low": "", "ci_high": "",
+                   "n_seeds": 3}]).to_csv(tmp_path / "effects.csv", index=False)
+    allowed, why = gpu_window.paper_precision(tmp_path / "effects.csv", gpu)
+    assert not allowed and "has not decided" in why
 
 
 def test_the_window_script_says_in_one_line_which_file_it_needs_and_how_to_write_it(tmp_path):
@@ -494,6 +510,33 @@ def test_the_cuda_tests_key_names_the_driver_nvidia_smi_reports_and_an_unfinishe
     assert gpu_proof.main(["keep", str(key), str(log), str(tmp_path / "bench")]) == 1
     assert capsys.readouterr().err == f"{log}: pytest did not finish it (no summary line): not kept as a proof\n"
     assert not (tmp_path / "bench").exists()
+
+
+def test_a_paper_window_says_which_paper_seeds_it_queues_again_for_other_training_code(tmp_path):
+    """scripts/gpu_window.py: where the window trains the paper protocol, a paper seed published by other
+    training code than --fingerprints' is queued again, and stderr says so, as for the gpu profile's seeds."""
+    write_profile(tmp_path / "params.gpu.yaml")
+    write_profile(tmp_path / "params.paper-gpu.yaml", "paper-gpu", "--set", "train.amp=true")
+    env = "torch 2.11.0+cu130, CPU AVX2 capped"
+    variants = yaml.safe_load((tmp_path / "params.gpu.yaml").read_text())["variants"]
+    for group in gpu_queue.GROUPS[:gpu_window.BEFORE_PAPER]:
+        for v in group:
+            for seed in gpu_queue.SEEDS:
+                publish_seed0(tmp_path, "a" * 16, env, variant=v, seed=seed)
+    runs = tmp_path / "reports" / "runs"
+    aside = runs / "earlier" / "capsnet_r3_recon_official-0" / "models" / "capsnet_r3_recon_official"
+    aside.mkdir(parents=True)
+    (runs / "models" / "capsnet_r3_recon_official" / "seed0").rename(aside / "seed0")
+    publish_seed0(tmp_path, "b" * 16, env, variant="capsnet_r3_recon_official", params="params.paper-gpu.yaml")
+    precision_effects(tmp_path / "effects.csv", (-0.1, 0.2))
+    (tmp_path / "table.json").write_text(json.dumps(
+        {"commit": "c0ffee1", "environment": env, "fingerprints": {v: "a" * 16 for v in variants}}))
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_window.py"), "--params", "params.gpu.yaml",
+                           "--paper", "params.paper-gpu.yaml", "--effects", "effects.csv", "--fingerprints", "table.json"],
+                          cwd=tmp_path, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.split() == ["paper", "capsnet_r3_recon_official:0"]
+    assert (f"queued again, published under this protocol by other training code than c0ffee1's ({env}): "
+            "capsnet_r3_recon_official:0") in done.stderr.splitlines()
 
 
 def test_the_window_script_carries_a_run_of_another_environment_through_this_hosts_table_beside_its_own(tmp_path):
