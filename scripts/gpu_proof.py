@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CODE = ("pipeline", "params.yaml", "tests/conftest.py")  # and tests/*.py that are not test files: the helpers
+CODE = ("pipeline", "params.yaml")  # and tests/*.py that are not test files: conftest.py and the helpers
 # the test files holding CUDA-only tests (tests/test_wiring.py checks that this list names every one)
 CUDA_TEST_FILES = ("tests/test_gpu.py", "tests/test_capture_gpu.py", "tests/test_wiring.py", "tests/test_multimnist.py")
 FINISHED = re.compile(r"^=+ .*\b(passed|failed|error|errors|skipped|deselected)\b.* in [0-9.]+s.*=+$", re.M)
@@ -39,7 +39,7 @@ FINISHED = re.compile(r"^=+ .*\b(passed|failed|error|errors|skipped|deselected)\
 
 def code_files(root: Path, tests: list[str]) -> list[Path]:
     """Every file whose content the key hashes, sorted: the package (no bytecode), params.yaml, the tests'
-    conftest and helper modules, and the named test files."""
+    conftest and helper modules (tests/*.py but test_*.py), and the named test files."""
     files = [p for part in CODE for p in ([root / part] if (root / part).is_file() else sorted((root / part).rglob("*")))
              if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
     helpers = [p for p in sorted((root / "tests").glob("*.py")) if not p.name.startswith("test_")]
@@ -51,7 +51,8 @@ def code_digest(root: Path, tests: list[str]) -> str:
     digest = hashlib.sha256()
     for path in code_files(root, tests):
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: a CUDA test file gpu_session.sh names is missing")
+            raise FileNotFoundError(f"{path.relative_to(root)}: a CUDA test file scripts/gpu_proof.py names "
+                                    "(CUDA_TEST_FILES) is missing: restore it or name the file that holds its tests")
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -127,11 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "files":
         print(" ".join(CUDA_TEST_FILES))
         return 0
+    if args.verb in ("key", "find"):
+        try:
+            k = key(REPO)
+        except FileNotFoundError as missing:
+            print(missing, file=sys.stderr)
+            return 1
     if args.verb == "key":
-        print(json.dumps(key(REPO), sort_keys=True))
+        print(json.dumps(k, sort_keys=True))
         return 0
     if args.verb == "find":
-        k = key(REPO)
         path = find(folder_of(args.bench, k), k)
         if path is None:
             return 1

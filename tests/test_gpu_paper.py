@@ -484,6 +484,30 @@ def test_the_cuda_tests_key_changes_with_a_files_name_and_only_pytests_summary_l
     assert gpu_proof.code_digest(root, []) != base
     assert not gpu_proof.finished("tests/test_gpu.py::test_x PASSED [ 50%]\nE   assert '3 passed in 1.0s' == ''\n")
     assert gpu_proof.finished(FINISHED_LOG)
+    assert gpu_proof.finished("tests/test_gpu.py::test_x FAILED [100%]\n======= 1 failed in 3.21s =======\n")  # kept as it is
+    # conftest.py is a helper module: its content is in the key
+    renamed = gpu_proof.code_digest(root, [])
+    (root / "tests" / "conftest.py").write_text("# changed\n")
+    assert gpu_proof.code_digest(root, []) != renamed
+
+
+def test_the_proofs_command_line_names_a_missing_cuda_test_file_in_one_line_and_finds_no_log_with_exit_1(tmp_path):
+    """scripts/gpu_proof.py key: a file CUDA_TEST_FILES names that is not there is one line naming it and
+    what to do (gpu_session.sh logs it); find: exit 1 and nothing printed where no log is kept (the
+    session then runs the CUDA tests)."""
+    tree = tmp_path / "tree"
+    for part in ("scripts/gpu_proof.py", "params.yaml", "tests/conftest.py"):
+        (tree / part).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / part, tree / part)
+    (tree / "pipeline").mkdir()
+    done = subprocess.run([sys.executable, str(tree / "scripts" / "gpu_proof.py"), "key"], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines() == [f"{sorted(gpu_proof.CUDA_TEST_FILES)[0]}: a CUDA test file scripts/gpu_proof.py names "
+                                        "(CUDA_TEST_FILES) is missing: restore it or name the file that holds its tests"]
+    (tmp_path / "bench").mkdir()
+    none = subprocess.run([sys.executable, "scripts/gpu_proof.py", "find", str(tmp_path / "bench")], cwd=REPO,
+                          capture_output=True, text=True)
+    assert (none.returncode, none.stdout) == (1, ""), none.stderr
 
 
 def test_the_cuda_tests_key_names_the_driver_nvidia_smi_reports_and_an_unfinished_log_is_refused_in_one_line(
