@@ -40,6 +40,16 @@ def test_read_idx_rejects_bad_files(tmp_path, mutate, match):
     assert "train-images-idx3-ubyte" in str(err.value)
 
 
+def test_each_split_reads_its_own_files(tmp_path):
+    """train: train-*-ubyte, test: t10k-*-ubyte (MNIST's names), images and labels as written."""
+    files = write_mnist(tmp_path, n_train=40, n_test=20)
+    for split, prefix, n in (("train", "train", 40), ("test", "t10k", 20)):
+        images, labels = read_split(tmp_path, split)
+        assert images.shape == (n, 28, 28) and labels.shape == (n,)
+        assert images.numpy().tobytes() == files[f"{prefix}-images-idx3-ubyte"][16:]
+        assert labels.numpy().tobytes() == files[f"{prefix}-labels-idx1-ubyte"][8:]
+
+
 def test_read_split_rejects_count_mismatch(tmp_path):
     write_mnist(tmp_path)
     _, labels = synthetic_digits(7)
