@@ -78,8 +78,12 @@ class Sampler:
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
+    def processes(self) -> dict[str, tuple[int, int, float, str]]:
+        """Every process in /proc now, by pid: `read_proc`'s answer."""
+        return {pid: info for pid in os.listdir("/proc") if pid.isdigit() and (info := read_proc(pid))}
+
     def sample(self) -> None:
-        procs = {pid: info for pid in os.listdir("/proc") if pid.isdigit() and (info := read_proc(pid))}
+        procs = self.processes()
         parent = {int(pid): info[0] for pid, info in procs.items()}
         for pid, (_, start, cpu, cmdline) in procs.items():
             up, hops = int(pid), 0
@@ -165,7 +169,7 @@ def census_into(rows: Path, command: list[str], every: float, per_test: bool, to
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     whole, seen = reaped.ru_utime + reaped.ru_stime, sum(p["cpu"] for p in sampler.seen.values())
     print(f"\ncensus: {' '.join(command)} exited {status} after {wall:.0f} s on {cores} cores "
-          f"({100 * idle / max(wall * cores, 1e-9):.0f} % of them idle, the whole machine's)")
+          f"({idle_percent(idle, wall, cores):.0f} % of them idle, the whole machine's)")
     print(f"census: {whole:.1f} s of CPU in its processes; {seen:.1f} s of it seen, in {len(sampler.seen)} "
           f"processes (one that lived under {every} s may be missed)")
     print(f"{'CPU s':>8} {'procs':>6}  kind")
@@ -200,10 +204,16 @@ def reap_orphans(seconds: float) -> int:
             time.sleep(0.05)
 
 
-def idle_seconds() -> float:
-    """The machine's idle CPU seconds since boot (/proc/stat), all cores together."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+def idle_seconds(stat: str | None = None) -> float:
+    """The machine's idle CPU seconds since boot, all cores together, from ``stat`` (the text of
+    /proc/stat, read when None)."""
+    fields = (Path("/proc/stat").read_text() if stat is None else stat).split("\n", 1)[0].split()
     return (int(fields[4]) + int(fields[5])) / TICK  # idle and iowait
+
+
+def idle_percent(idle: float, wall: float, cores: int) -> float:
+    """The share of ``cores`` cores' time over ``wall`` seconds that ``idle`` seconds of idle time are."""
+    return 100 * idle / max(wall * cores, 1e-9)
 
 
 # ---- the pytest plugin of --per-test (PYTEST_PLUGINS=cpu_census, which only the census sets) --------
