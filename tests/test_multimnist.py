@@ -2,6 +2,7 @@
 
 import json
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -24,6 +25,7 @@ def test_pairs_are_two_classes_and_shifts_cover_the_range():
     assert bool((LABELS[pairs[:, 0]] != LABELS[pairs[:, 1]]).all())
     assert shifts.min() == -4 and shifts.max() == 4 and set(shifts.flatten().tolist()) == set(range(-4, 5))
     assert len(set(pairs[:, 1].tolist())) == 60  # every digit can be the partner
+    assert len(set(pairs[:, 0].tolist())) == 60  # and the first digit
 
 
 def test_test_recipes_are_deterministic_round_by_round_and_compact():
@@ -71,6 +73,74 @@ def test_composing_on_the_device_equals_the_cpu():
     cpu = mm.compose(images, r["pairs"], r["shifts"])
     gpu = mm.compose(images.cuda(), r["pairs"].cuda(), r["shifts"].cuda())
     assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, gpu))
+
+
+class Scorer(torch.nn.Module):
+    """A fixed linear map from a 36×36 image to 10 class scores that remembers, per call, whether it
+    was in training mode and the largest pixel it saw; given labels, it "reconstructs" the image
+    itself for both digits."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(36 * 36, 10)
+        self.calls = []
+
+    def forward(self, x, labels=None):
+        self.calls.append((self.training, float(x.max())))
+        if labels is not None:
+            return SimpleNamespace(reconstructions=torch.stack([x, x], dim=1))  # (k, 2, 1, 36, 36)
+        return self.linear(x.flatten(1))
+
+
+def recipes_over(n: int = 10):
+    """``n`` random uint8 digits of labels that are not their indices, and 2 · n test recipes over them."""
+    images = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    labels = (torch.arange(n) * 3) % 10
+    return images, labels, mm.test_recipes(labels, 2, 3, seed=1)
+
+
+def test_predicted_pairs_compose_each_batch_from_its_own_recipes_in_eval_mode_and_give_the_mode_back():
+    torch.manual_seed(0)
+    model, (images, labels, r) = Scorer().train(), recipes_over()
+    got = mm.predict_pairs(model, images, r["pairs"], r["shifts"], batch_size=7)  # batches of 7, 7, 6
+    merged, _ = mm.compose(images, r["pairs"], r["shifts"])
+    with torch.no_grad():
+        assert torch.equal(got, mm.top2(model.linear(mm.to_float(merged).flatten(1))))
+    assert [training for training, _ in model.calls] == [False] * 3 and model.training
+    assert max(seen for _, seen in model.calls) <= 1.0  # images in [0, 1]
+
+
+def test_the_multimnist_curve_is_the_pair_error_in_percent_of_its_recipes_true_classes(monkeypatch):
+    """`Training.test_error`: the share of the curve's recipes whose predicted pair is not the pair of
+    their digits' classes (labels that differ from the digits' indices), in percent."""
+    images, labels, r = recipes_over()
+    data = {"train_images": images, "train_labels": labels, "test_images": images, "test_labels": labels,
+            "test_pairs": r["pairs"], "test_shifts": r["shifts"]}
+    cfg = SimpleNamespace(batch_size=4, max_shift=3, multimnist_epoch_size=8)
+    exp = mm.Training(cfg, data, torch.device("cpu"))
+    truth = labels[r["pairs"].long()].sort(dim=1).values  # (20, 2)
+    predicted = truth.clone()
+    predicted[:5, 1] = (predicted[:5, 0] + 5) % 10  # 5 of 20 pairs with one digit wrong, at most
+    wrong = int((~mm.pair_correct(predicted, truth)).sum())
+    assert 0 < wrong <= 5
+    given = {}
+
+    def predict_pairs(model, images, pairs, shifts, batch_size, amp):
+        given.update(images=images, pairs=pairs, shifts=shifts, batch_size=batch_size)
+        return predicted
+
+    monkeypatch.setattr(mm, "predict_pairs", predict_pairs)
+    assert exp.test_error(None, 16, False) == 100.0 * wrong / 20
+    assert torch.equal(given["pairs"], r["pairs"].long()) and torch.equal(given["shifts"], r["shifts"])
+    assert given["batch_size"] == 16 and exp.steps_per_epoch == 2
+
+
+def test_the_two_predicted_capsules_reconstruct_from_the_image_in_0_1_in_eval_mode_and_give_the_mode_back():
+    model, (images, _, r) = Scorer().train(), recipes_over()
+    merged, _ = mm.compose(images, r["pairs"][:3], r["shifts"][:3])
+    out = mm.reconstruct_pairs(model, merged, torch.tensor([[1, 2], [3, 4], [5, 6]]))
+    assert out.shape == (3, 2, 36, 36) and torch.equal(out[:, 1], merged.float() / 255)
+    assert model.calls == [(False, float(merged.max()) / 255)] and model.training
 
 
 def test_margin_loss_with_two_positive_classes_by_hand():
@@ -281,7 +351,7 @@ def test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads(tmp_p
     monkeypatch.setattr(mm, "predict_pairs", lambda *args: predicted)
     monkeypatch.setattr(mm, "reconstruct_pairs", lambda model, merged, pairs: torch.zeros(len(merged), 2, 36, 36))
     drawn = {}
-    monkeypatch.setattr(mm.figures, "confusion", lambda panels, title, path: drawn.update(confusion=title))
+    monkeypatch.setattr(mm.figures, "confusion", lambda panels, title, path: drawn.update(confusion=title, cm=panels[0][0]))
     monkeypatch.setattr(mm.figures, "multimnist_reconstructions",
                         lambda merged, recons, titles, title, path: drawn.update(titles=titles))
     cfg = SimpleNamespace(variant="multimnist_r3_recon", seed=4, num_classes=10, eval_batch_size=4, reconstruction=True)
@@ -297,6 +367,7 @@ def test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads(tmp_p
     assert torch.equal(saved["multimnist_test_labels"].long(), truth)
     assert torch.equal(saved["multimnist_test_preds"].long(), predicted)
     assert drawn["confusion"] == "multimnist_r3_recon seed 4"
+    assert drawn["cm"] == mm.digit_confusion(predicted, truth).tolist() != mm.digit_confusion(truth, predicted).tolist()
     assert len(drawn["titles"]) == 6 and drawn["titles"][-1].startswith("FAIL true")
     assert not any(t.startswith("FAIL") for t in drawn["titles"][:5])
     save_split(tmp_path / "multimnist_test.safetensors", images, labels, {"source": "plain digits"})

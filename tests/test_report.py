@@ -789,12 +789,14 @@ def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
     from conftest import REPO, committed_params
     from pipeline.core.params import load_params
     from pipeline.experiments import multimnist as mm
+    from pipeline.models.baseline import MULTIMNIST_DEVIATIONS
 
     committed = load_params(REPO / "params.yaml")  # 1,000 partners per digit: the paper's 10M pairs
     assert not any("MultiMNIST test set" in d for d in mm.deviations_of(committed))
     gpu = committed_params(multimnist_pairs_per_digit=100)
     (line,) = [d for d in mm.deviations_of(gpu) if "MultiMNIST test set" in d]
     assert "100 partners per test digit, 1,000,000 pairs" in line and "SE ≤ 0.050 pp" in line  # √(¼ / 1e6) = 0.0005
+    assert all(d in mm.deviations_of(gpu) for d in MULTIMNIST_DEVIATIONS + mm.DEVIATIONS)  # its CNN's, its sampling's
     no_multi = with_ablation(gpu, stacked=(), separate=("capsnet_r1",))
     assert not any("MultiMNIST" in d for d in mm.deviations_of(no_multi))
 

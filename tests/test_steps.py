@@ -138,6 +138,26 @@ def test_a_step_hands_back_its_parts_detached_and_autocasts_with_the_weight_cach
     assert seen == [True, False, False]
 
 
+def test_a_step_backpropagates_only_the_active_seeds_totals_under_bfloat16_autocast_when_amp(monkeypatch):
+    """A seed early stopping has finished (``active`` 0.0) gets no gradient from its loss, and the step
+    autocasts in bfloat16 exactly when ``amp`` says (train.amp: bfloat16, not float16's scaled loss)."""
+    seen, real = [], torch.autocast
+
+    def autocast(*args, **kwargs):
+        seen.append((kwargs.get("dtype"), kwargs.get("enabled")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    weight = torch.nn.Parameter(torch.ones(2, 3))
+    batch = types.SimpleNamespace(x=torch.ones(2, 4))
+    loss_fn = lambda batch, keep: weight * batch.x.sum()  # noqa: E731 (S, 3): seed s's total is 8 · weight[s, 0]
+    steps.training_step(loss_fn, torch.optim.SGD([weight], lr=0.0), None, batch, None, torch.tensor([1.0, 0.0]), True)
+    assert weight.grad.tolist() == [[8.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    steps.training_step(loss_fn, torch.optim.SGD([weight], lr=0.0), None, batch, None, torch.ones(2), False)
+    assert weight.grad.tolist() == [[8.0, 0.0, 0.0], [8.0, 0.0, 0.0]]  # the sum: each seed its own gradient
+    assert seen == [(torch.bfloat16, True), (torch.bfloat16, False)]
+
+
 def test_a_step_whose_reconstruction_alone_is_not_finite_is_a_non_finite_step():
     """The total is what a step trains on: an infinite reconstruction beside a finite margin is its
     seed's first non-finite step."""
