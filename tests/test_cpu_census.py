@@ -3,7 +3,6 @@ process a command starts is counted under its kind, a detached one too, and with
 test's CPU is split into its own and its children's. Each figure here is CPU time a process burns on
 purpose, so a loaded machine slows the test but does not change what it reads."""
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -11,11 +10,9 @@ import textwrap
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, script
 
-SPEC = importlib.util.spec_from_file_location("cpu_census", REPO / "scripts" / "cpu_census.py")
-CENSUS = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(CENSUS)
+CENSUS = script("cpu_census")
 
 BURN = textwrap.dedent("""
     import os, subprocess, sys, time

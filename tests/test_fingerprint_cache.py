@@ -11,7 +11,7 @@ from pipeline.core.params import load_params
 from pipeline.training import fingerprint as fp
 from pipeline.training.config import run_config
 
-from conftest import REPO
+from conftest import REPO, script
 
 
 @pytest.fixture(scope="module")
@@ -317,13 +317,9 @@ def test_the_suites_answers_copied_out_are_found_there_without_computing_and_its
 def test_a_log_named_by_its_variable_gets_a_line_per_lookup_and_the_script_sums_them(tmp_path, monkeypatch, params, capsys):
     """$CAPSNET_FINGERPRINT_LOG: each lookup's variants, key, answer and seconds, its test named;
     scripts/fingerprint_log.py counts what was computed, found or not cached and names a key computed twice."""
-    import importlib.util
-
     from pipeline.training import fingerprint_cache as cache
 
-    spec = importlib.util.spec_from_file_location("fingerprint_log", REPO / "scripts" / "fingerprint_log.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    fingerprint_log = script("fingerprint_log")
     log = tmp_path / "lookups.jsonl"
     monkeypatch.setenv(cache.LOG_ENV, str(log))
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
@@ -354,14 +350,14 @@ def test_a_log_named_by_its_variable_gets_a_line_per_lookup_and_the_script_sums_
     with log.open("a") as f:  # a stand-in computed twice (the cache's own tests do), then a torn line
         f.write("".join(json.dumps({**lines[0], "families": [], "key": "f" * 64}) + "\n" for _ in range(2)))
         f.write('{"families": ["torn"\n')
-    assert script.main([str(log)]) == 0
+    assert fingerprint_log.main([str(log)]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("7 lookups: 5 computed (1.0 s), 1 found (0.0 s), 1 not cached (0.2 s)\n")
     assert f"keys computed more than once in one cache folder: 1\n  {lines[0]['key'][:12]} in {tmp_path / 'cache'}: 2 times\n" in out
     assert "table1 capsnet r3 recon paper 28px + table1 capsnet r3 recon paper 28px  [not cached] no test" in out
     assert "(no configuration: a test's stand-in)  [computed] tests/test_x.py::test_y" in out
     assert "1 line(s) that are not a lookup left out" in err
-    assert script.main([str(tmp_path / "none.jsonl")]) == 2
+    assert fingerprint_log.main([str(tmp_path / "none.jsonl")]) == 2
     assert "set CAPSNET_FINGERPRINT_LOG=" in capsys.readouterr().err
     monkeypatch.delenv(cache.LOG_ENV)
     cache.cached([small], {}, compute)

@@ -112,17 +112,23 @@ def test_the_epochs_tallies_sum_each_seeds_parts_and_keep_its_first_non_finite_s
     assert step.sums.abs().sum() == 0 and step.first_bad.tolist() == [-1] * 3 and int(step.global_step) == 30
 
 
-def test_a_step_hands_back_its_parts_detached_and_autocasts_with_the_weight_cache_it_is_given(monkeypatch):
-    """`training_step` returns (S, 3) loss parts that hold no graph (the epoch's sums would keep every
-    step's), and autocast's cache of cast weights is its caller's: on by default, off for a captured
-    step (`CapturedStep.run`), whose replays would reuse the casts made at capture."""
+@pytest.fixture
+def autocasts(monkeypatch) -> list[dict]:
+    """The keyword arguments of every `torch.autocast` the test's code opens, in order."""
     seen, real = [], torch.autocast
 
     def autocast(*args, **kwargs):
-        seen.append(kwargs.get("cache_enabled"))
+        seen.append(kwargs)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch, "autocast", autocast)
+    return seen
+
+
+def test_a_step_hands_back_its_parts_detached_and_autocasts_with_the_weight_cache_it_is_given(monkeypatch, autocasts):
+    """`training_step` returns (S, 3) loss parts that hold no graph (the epoch's sums would keep every
+    step's), and autocast's cache of cast weights is its caller's: on by default, off for a captured
+    step (`CapturedStep.run`), whose replays would reuse the casts made at capture."""
     weight = torch.nn.Parameter(torch.ones(2, 3))
     optimizer = torch.optim.Adam([weight])
     batch = types.SimpleNamespace(x=torch.ones(2, 4))
@@ -135,19 +141,12 @@ def test_a_step_hands_back_its_parts_detached_and_autocasts_with_the_weight_cach
     captured.begin_epoch(0, [None, None], torch.ones(2))
     monkeypatch.setattr(steps, "draw_step", lambda *args: (batch, None))
     captured.run()
-    assert seen == [True, False, False]
+    assert [kwargs.get("cache_enabled") for kwargs in autocasts] == [True, False, False]
 
 
-def test_a_step_backpropagates_only_the_active_seeds_totals_under_bfloat16_autocast_when_amp(monkeypatch):
+def test_a_step_backpropagates_only_the_active_seeds_totals_under_bfloat16_autocast_when_amp(autocasts):
     """A seed early stopping has finished (``active`` 0.0) gets no gradient from its loss, and the step
     autocasts in bfloat16 exactly when ``amp`` says (train.amp: bfloat16, not float16's scaled loss)."""
-    seen, real = [], torch.autocast
-
-    def autocast(*args, **kwargs):
-        seen.append((kwargs.get("dtype"), kwargs.get("enabled")))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "autocast", autocast)
     weight = torch.nn.Parameter(torch.ones(2, 3))
     batch = types.SimpleNamespace(x=torch.ones(2, 4))
     loss_fn = lambda batch, keep: weight * batch.x.sum()  # noqa: E731 (S, 3): seed s's total is 8 · weight[s, 0]
@@ -155,7 +154,8 @@ def test_a_step_backpropagates_only_the_active_seeds_totals_under_bfloat16_autoc
     assert weight.grad.tolist() == [[8.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     steps.training_step(loss_fn, torch.optim.SGD([weight], lr=0.0), None, batch, None, torch.ones(2), False)
     assert weight.grad.tolist() == [[8.0, 0.0, 0.0], [8.0, 0.0, 0.0]]  # the sum: each seed its own gradient
-    assert seen == [(torch.bfloat16, True), (torch.bfloat16, False)]
+    assert [(kwargs.get("dtype"), kwargs.get("enabled")) for kwargs in autocasts] == [(torch.bfloat16, True),
+                                                                                      (torch.bfloat16, False)]
 
 
 def test_a_step_whose_reconstruction_alone_is_not_finite_is_a_non_finite_step():
