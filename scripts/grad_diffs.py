@@ -29,12 +29,12 @@ from pipeline.training.train import build_model, loss_function  # noqa: E402
 
 
 def step(model, cfg, x, y, targets, amp: bool, device: str):
+    """One step's loss and every parameter's gradient, of a model that has not stepped before."""
     fn = loss_function(model, cfg)
     with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
         total, _, _ = fn(x, y, targets)
-    model.zero_grad(set_to_none=True)
     total.backward()
-    return float(total), {name: p.grad.float().clone() for name, p in model.named_parameters()}
+    return float(total.detach()), {name: p.grad.float().clone() for name, p in model.named_parameters()}
 
 
 def main() -> None:

@@ -49,6 +49,7 @@ FINGERPRINT = "tests/test_fingerprint.py"
 EXTENSION = "tests/test_extension.py"
 LAYOUT = "tests/test_layout.py"
 COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
+GRAD_DIFFS = "tests/test_wiring.py::test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
 POWER = "tests/test_power.py"
@@ -5514,6 +5515,24 @@ MUTATIONS = [
     Mutation("epoch_overhead.py's epoch seconds are the first epoch's, not the median", "scripts/epoch_overhead.py",
              'f"{statistics.median(e[\'metrics\'][\'epoch_seconds\'] for e in epochs):.2f}"', 'f"{epochs[0][\'metrics\'][\'epoch_seconds\']:.2f}"',
              (f"{PAPER}::test_the_time_between_epochs_is_listed_for_runs_of_the_commit_asked_for_with_three_epochs_or_more",)),
+    Mutation('grad_diffs runs both steps in fp32', 'scripts/grad_diffs.py',
+             'loss, grads = step(fast, cfg, x, y, targets, True, args.device)', 'loss, grads = step(fast, cfg, x, y, targets, False, args.device)',
+             (GRAD_DIFFS,)),
+    Mutation('grad_diffs compares the two steps with dropout on', 'scripts/grad_diffs.py',
+             'reference = build_model(cfg).to(args.device).eval()', 'reference = build_model(cfg).to(args.device)',
+             (GRAD_DIFFS,)),
+    Mutation("grad_diffs divides the fp32 gradient's norm by the difference's", 'scripts/grad_diffs.py',
+             'float((grads[k] - g).norm() / g.norm())', 'float(g.norm() / (grads[k] - g).norm())',
+             (GRAD_DIFFS,)),
+    Mutation("grad_diffs keeps one parameter's gradient only", 'scripts/grad_diffs.py',
+             '{name: p.grad.float().clone() for name, p in model.named_parameters()}', '{name: p.grad.float().clone() for name, p in list(model.named_parameters())[:1]}',
+             (GRAD_DIFFS,)),
+    Mutation("grad_diffs draws the bf16 step's batch afresh", 'scripts/grad_diffs.py',
+             '        loss, grads = step(fast,', '        x, y, targets = batch(cfg, 1, args.device, args.batch)\n        loss, grads = step(fast,',
+             (GRAD_DIFFS,)),
+    Mutation('grad_diffs measures every variant whichever it is given', 'scripts/grad_diffs.py',
+             'for variant in args.variants or sorted(params.variants):', 'for variant in sorted(params.variants):',
+             (GRAD_DIFFS,)),
     Mutation("fingerprint_at.py goes on past a commit whose gpu profile failed", "scripts/fingerprint_at.py",
              "            if made.returncode != 0:\n", "            if False:\n",
              (f"{FINGERPRINT}::test_an_earlier_commits_table_is_its_own_code_under_this_cap",)),

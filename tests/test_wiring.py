@@ -4,6 +4,7 @@ those cuts to a scratch copy and runs these tests)."""
 
 import ast
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -204,6 +205,25 @@ def test_the_compiled_step_computes_what_eager_computes(tmp_path):
         for name, value in eager.model.state_dict().items():
             off = float((compiled.model.state_dict()[name] - value).norm() / value.norm())
             assert off < 1e-5, f"{name}: {off:.1e}"
+
+
+def test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter(monkeypatch, capsys):
+    """scripts/grad_diffs.py, whose numbers set test_gpu.py's per-layer bounds: one line per variant with
+    every parameter's relative gradient difference of bf16 autocast against fp32, from the same weights
+    and batch with dropout off (baseline_cnn has dropout: masks drawn twice differ by about 100 %)."""
+    grad_diffs = script("grad_diffs")
+    monkeypatch.setattr("sys.argv", ["grad_diffs.py", "--batch", "4", "baseline_cnn"])
+    grad_diffs.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    row = json.loads(lines[0])
+    assert (row["variant"], row["device"], row["batch"]) == ("baseline_cnn", "cpu", 4)
+    cfg = one_step_config("baseline_cnn")
+    assert row["grad_rel_diff"].keys() == dict(build_model(cfg).named_parameters()).keys()
+    diffs = row["grad_rel_diff"].values()
+    assert 0 < row["loss_rel_diff"] < 0.05
+    assert max(diffs) > 0, "bf16 rounded nothing: the two steps ran in one precision"
+    assert max(diffs) < 0.5, row["grad_rel_diff"]  # bf16's rounding, not another network or batch
 
 
 def test_the_gpu_session_runs_every_cuda_only_test():
