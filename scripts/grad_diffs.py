@@ -22,19 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from conftest import REPO  # noqa: E402
-from test_gpu import batch  # noqa: E402  (the GPU test's batch, on any device)
+from test_gpu import batch, loss_and_grads  # noqa: E402  (the GPU test's batch and step, on any device)
 from pipeline.core.params import load_params  # noqa: E402
 from pipeline.training.config import run_config  # noqa: E402
-from pipeline.training.train import build_model, loss_function  # noqa: E402
-
-
-def step(model, cfg, x, y, targets, amp: bool, device: str):
-    """One step's loss and every parameter's gradient, of a model that has not stepped before."""
-    fn = loss_function(model, cfg)
-    with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
-        total, _, _ = fn(x, y, targets)
-    total.backward()
-    return float(total.detach()), {name: p.grad.float().clone() for name, p in model.named_parameters()}
+from pipeline.training.train import build_model  # noqa: E402
 
 
 def main() -> None:
@@ -52,10 +43,10 @@ def main() -> None:
         reference = build_model(cfg).to(args.device).eval()  # dropout off: both steps see the same network
         fast = copy.deepcopy(reference)
         x, y, targets = batch(cfg, 0, args.device, args.batch)
-        ref_loss, ref_grads = step(reference, cfg, x, y, targets, False, args.device)
-        loss, grads = step(fast, cfg, x, y, targets, True, args.device)
+        ref_loss, ref_grads = loss_and_grads(reference, cfg, x, y, targets, False, args.device)
+        loss, grads = loss_and_grads(fast, cfg, x, y, targets, True, args.device)
         print(json.dumps({"variant": variant, "device": args.device, "batch": args.batch,
-                          "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
+                          "loss_rel_diff": float(abs(loss - ref_loss) / abs(ref_loss)),
                           "grad_rel_diff": {k: float((grads[k] - g).norm() / g.norm()) for k, g in ref_grads.items()}}),
               flush=True)
 

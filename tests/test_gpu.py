@@ -88,9 +88,11 @@ def tf32_off():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def loss_and_grads(model, cfg, x, y, targets, amp: bool):
+def loss_and_grads(model, cfg, x, y, targets, amp: bool, device: str = "cuda"):
+    """One step's loss and every parameter's gradient, bf16 autocast on ``device`` where ``amp``
+    (scripts/grad_diffs.py measures its bounds with it)."""
     fn = loss_function(model, cfg)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
         total, _, _ = fn(x, y, targets)
     model.zero_grad(set_to_none=True)
     total.backward()
