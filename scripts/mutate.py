@@ -49,6 +49,8 @@ FINGERPRINT = "tests/test_fingerprint.py"
 EXTENSION = "tests/test_extension.py"
 LAYOUT = "tests/test_layout.py"
 COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
+BENCH_SECONDS = ("tests/test_gpu_window.py::"
+                 "test_benching_spends_the_seconds_its_benches_ran_over_the_machines_calls_not_the_time_since_the_first")
 GRAD_DIFFS = "tests/test_wiring.py::test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
@@ -1321,6 +1323,14 @@ MUTATIONS = [
              '&& cp "$kept" logs/bench/ &&', "&& true &&", (WINDOW,)),
     Mutation("benching never yields to training", "scripts/gpu_session.sh",
              '-ge "$BENCH_BUDGET" ]', "-ge 999999 ]", (WINDOW,)),
+    Mutation("benching counts the time since the first bench began, not the seconds benches ran", "scripts/gpu_session.sh",
+             "benched() { cat logs/bench/.seconds 2>/dev/null || echo 0; }",
+             "benched() { [ -f logs/bench/.began ] || date +%s >logs/bench/.began; echo $(( $(date +%s) - $(cat logs/bench/.began) )); }",
+             (BENCH_SECONDS,)),
+    Mutation("a call's benching forgets the seconds its earlier calls benched", "scripts/gpu_session.sh",
+             "echo $(( $(benched) + took )) >logs/bench/.seconds", "echo $took >logs/bench/.seconds", (BENCH_SECONDS,)),
+    Mutation("a bench cut short by the deadline spends none of the budget", "scripts/gpu_session.sh",
+             "took=$(( $(date +%s) - began ))", "took=$(( status == 0 ? $(date +%s) - began : 0 ))", (BENCH_SECONDS,)),
     Mutation("the fingerprint hashes the first seed only", "pipeline/training/fingerprint.py",
              "for k, model in enumerate(models):", "for k, model in enumerate(models[:1]):", (FINGERPRINT,)),
     Mutation("the fingerprint leaves the process on one thread", "pipeline/training/fingerprint.py",

@@ -226,6 +226,47 @@ def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_b
     assert "1 jobs measured by earlier windows on this GPU model" in log
 
 
+def test_benching_spends_the_seconds_its_benches_ran_over_the_machines_calls_not_the_time_since_the_first(tmp_path):
+    """gpu_session.sh's --bench-budget counts what benches ran, summed over a machine's calls: a call whose deadline
+    left it no time for its benches spends none of it, however long before the next call it began (2026-12-03's
+    rehearsal: call 2 refused the two benches call 1 had left, 105 s benched), and each bench adds its seconds,
+    one the deadline stops too."""
+    import re
+    import time
+
+    work = device_tree(tmp_path)
+    env = python3_on_path(tmp_path, f"""#!/bin/sh
+if [ "$1 $2 $3" = "-m pipeline.cli bench" ]; then
+  sleep 1; case "$*" in *"--mode bf16"*) exit 124 ;; esac  # as the deadline's timeout stops one
+  echo '{{"variant": "baseline_cnn", "mode": "fp32"}}'; exit 0
+fi
+exec "{sys.executable}" "$@"
+""", CAPSNET_GPU_PROFILE="smoke")
+
+    def call(entries: str, *args: str) -> str:
+        log = tmp_path / "out" / "session.log"
+        log.unlink(missing_ok=True)
+        done = subprocess.run(["bash", "scripts/gpu_session.sh", "--bench", entries, *args], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr + log.read_text()
+        return log.read_text()
+
+    def took(log: str, entry: str, status: int = 0) -> int:
+        (seconds,) = re.findall(rf"bench {re.escape(entry)} exit {status} after (\d+) s", log)
+        return int(seconds)
+
+    first = call("baseline_cnn@fp32#1 baseline_cnn@bf16#1 capsnet_r1@fp32#1", "--deadline", "100")
+    assert first.count("not started: under 120 s left") == 3
+    time.sleep(1.5)  # more than the budget below since call 1 began
+    second = call("baseline_cnn@fp32#1 baseline_cnn@bf16#1 capsnet_r1@fp32#1", "--bench-budget", "1", "--deadline", "300")
+    a = took(second, "baseline_cnn@fp32#1")
+    assert a >= 1
+    assert f"bench baseline_cnn@bf16#1 not started: benching had its 1 s on this machine ({a} s benched)" in second
+    third = call("baseline_cnn@bf16#1 capsnet_r1@fp32#1", "--bench-budget", str(a + 1), "--deadline", "300")
+    b = took(third, "baseline_cnn@bf16#1", status=124)
+    assert f"bench capsnet_r1@fp32#1 not started: benching had its {a + 1} s on this machine ({a + b} s benched)" in third
+
+
 def test_an_image_costs_its_area_or_its_flop_whichever_is_more_and_the_table_is_what_torch_counts():
     """gpu_queue.image_cost prices a variant nobody timed from the variant timed for its model:
     reports/bench/flop_per_image.json must hold what scripts/flop_table.py counts for every variant."""
