@@ -10,8 +10,14 @@ floor() { sed -n "s/^ *\"$1>=\([0-9.]*\)\",.*/\1/p" pyproject.toml; }
 torch_floor=$(floor torch) vision_floor=$(floor torchvision)
 : "${torch_floor:?pyproject.toml names no torch>= floor}" "${vision_floor:?pyproject.toml names no torchvision>= floor}"
 venv=.venv-torch-floor
+# compiled at install, as the Makefile's .venv is: where PYTHONDONTWRITEBYTECODE is set (this project's machines),
+# a venv without .pyc compiles torch's 2,141 modules in every process that imports it: `import torch, torchvision,
+# pipeline.cli` took 8.1 s against 3.3-3.6 s compiled on 2 idle cores, 13-30 s beside a rehearsal (the torch 2.11
+# rehearsals' 4-5 min more than the lock's, 2026-12-03: docs/testing.md)
+export UV_COMPILE_BYTECODE=1
 python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q 'uv==0.13.9'
-if ! "$venv/bin/python" -c "import torch, sys; sys.exit(not torch.__version__.startswith('$torch_floor.'))" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import importlib.util, os, sys, torch
+sys.exit(not torch.__version__.startswith('$torch_floor.') or not os.path.exists(importlib.util.cache_from_source(torch.__file__)))" 2>/dev/null; then
   rm -rf "$venv"
   python3 -m uv venv -q "$venv" --python python3
   reqs=$(mktemp)
