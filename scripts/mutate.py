@@ -51,6 +51,7 @@ LAYOUT = "tests/test_layout.py"
 COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
 BENCH_SECONDS = ("tests/test_gpu_window.py::"
                  "test_benching_spends_the_seconds_its_benches_ran_over_the_machines_calls_not_the_time_since_the_first")
+SESSION_HEADER = "tests/test_gpu_window.py::test_the_session_log_says_whether_torch_is_compiled_where_python_writes_no_bytecode"
 GRAD_DIFFS = "tests/test_wiring.py::test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
@@ -1327,6 +1328,12 @@ MUTATIONS = [
              "benched() { cat logs/bench/.seconds 2>/dev/null || echo 0; }",
              "benched() { [ -f logs/bench/.began ] || date +%s >logs/bench/.began; echo $(( $(date +%s) - $(cat logs/bench/.began) )); }",
              (BENCH_SECONDS,)),
+    Mutation("the session log calls torch compiled where its bytecode is missing", "scripts/gpu_session.sh",
+             '("compiled" if os.path.exists(importlib.util.cache_from_source(torch.__file__)) else "not compiled")',
+             '("compiled" if not os.path.exists(importlib.util.cache_from_source(torch.__file__)) else "not compiled")',
+             (SESSION_HEADER,)),
+    Mutation("the session log does not say whether python writes bytecode", "scripts/gpu_session.sh",
+             'os.environ.get("PYTHONDONTWRITEBYTECODE", "unset")', '"unset"', (SESSION_HEADER,)),
     Mutation("a call's benching forgets the seconds its earlier calls benched", "scripts/gpu_session.sh",
              "echo $(( $(benched) + took )) >logs/bench/.seconds", "echo $took >logs/bench/.seconds", (BENCH_SECONDS,)),
     Mutation("a bench cut short by the deadline spends none of the budget", "scripts/gpu_session.sh",

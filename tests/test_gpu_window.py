@@ -267,6 +267,24 @@ exec "{sys.executable}" "$@"
     assert f"bench capsnet_r1@fp32#1 not started: benching had its {a + 1} s on this machine ({a + b} s benched)" in third
 
 
+def test_the_session_log_says_whether_torch_is_compiled_where_python_writes_no_bytecode(tmp_path):
+    """gpu_session.sh's header: whether the machine's torch has its bytecode (a venv made without it compiles torch
+    in every process where PYTHONDONTWRITEBYTECODE is set, scripts/torch_floor.sh), and that setting."""
+    import importlib.util
+
+    import torch
+
+    work = device_tree(tmp_path)
+    env = python3_on_path(tmp_path, f'#!/bin/sh\nexec "{sys.executable}" "$@"\n', CAPSNET_GPU_PROFILE="smoke",
+                          PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--deadline", "300"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=120)
+    log = (tmp_path / "out" / "session.log").read_text()
+    assert done.returncode == 0, done.stderr + log
+    compiled = Path(importlib.util.cache_from_source(torch.__file__)).exists()
+    assert f"torch bytecode {'compiled' if compiled else 'not compiled'}; PYTHONDONTWRITEBYTECODE 1" in log
+
+
 def test_an_image_costs_its_area_or_its_flop_whichever_is_more_and_the_table_is_what_torch_counts():
     """gpu_queue.image_cost prices a variant nobody timed from the variant timed for its model:
     reports/bench/flop_per_image.json must hold what scripts/flop_table.py counts for every variant."""
