@@ -204,7 +204,7 @@ for entry in $BENCH; do
   # measured and runs again on the next call; CAPSNET_GPU_BENCH_ARGS: a rehearsal's smaller bench
   began=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "$((DEADLINE - $(date +%s)))" $CLI bench --variant "$variant" "${mode_args[@]}" --steps 40 --warmup 5 \
+  timeout "$((DEADLINE - began))" $CLI bench --variant "$variant" "${mode_args[@]}" --steps 40 --warmup 5 \
     --params params.gpu.yaml ${CAPSNET_GPU_BENCH_ARGS:-} >"$done_file.tmp" 2>>"$LOG"
   status=$?
   took=$(( $(date +%s) - began ))

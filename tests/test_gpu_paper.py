@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from conftest import REPO, script, write_profile
-from test_gpu_window import CAPS, STUB_GPU, device_tree, plan_until_the_queue, publish_seed0, python3_on_path
+from test_gpu_window import (CAPS, STUB_GPU, device_tree, plan_until_the_queue, publish_seed0, python3_on_path,
+                             session_log)
 
 epoch_overhead, gpu_levers, gpu_proof, gpu_queue, gpu_window = (
     script(name) for name in ("epoch_overhead", "gpu_levers", "gpu_proof", "gpu_queue", "gpu_window"))
@@ -89,10 +90,7 @@ def test_a_window_at_code_whose_cuda_tests_ran_before_does_not_run_them_again(tm
     key = json.loads(subprocess.run([sys.executable, "scripts/gpu_proof.py", "key"], cwd=work,
                                     env={**env, "PATH": os.environ["PATH"]}, capture_output=True, text=True, check=True).stdout)
     gpu_proof.keep(key, log, work / "reports" / "bench" / device_slug(device_name(resolve_device("auto"))) / "cuda-tests")
-    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--levers", "--train", "capsnet_r3:0",
-                           "--deadline", "300"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    session = (tmp_path / "out" / "session.log").read_text()
-    assert done.returncode == 0, done.stderr + session
+    session = session_log(work, env, "--tests", "--levers", "--train", "capsnet_r3:0", "--deadline", "300")
     assert "CUDA tests not run: an earlier window ran them" in session and "beside the first jobs" not in session
     assert not (tmp_path / "out" / "gpu_tests.key").exists()
     assert (work / "logs" / "gpu_tests.txt").read_text() == log  # what the levers and the runs' proofs read
@@ -115,10 +113,7 @@ def test_a_window_at_code_whose_cuda_tests_ran_before_does_not_run_them_again(tm
     shutil.rmtree(tmp_path / "out")
     for stale in ("logs/gpu_tests.txt", "models", "gpu_results", "calls.log"):
         shutil.rmtree(work / stale) if (work / stale).is_dir() else (work / stale).unlink()
-    again = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--train", "capsnet_r3:0", "--deadline", "300"],
-                           cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    session = (tmp_path / "out" / "session.log").read_text()
-    assert again.returncode == 0, again.stderr + session
+    session = session_log(work, env, "--tests", "--train", "capsnet_r3:0", "--deadline", "300")
     assert "CUDA tests beside the first jobs" in session
     with tarfile.open(tmp_path / "out" / "checks.tar.gz") as checks:
         assert json.loads(checks.extractfile("gpu_tests.key").read())["code"] != key["code"]
@@ -308,11 +303,8 @@ def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path
     env = python3_on_path(tmp_path, STUB_GPU % sys.executable, CAPSNET_GIT_COMMIT="")
     for window, trained in ((round(alone - 1), False), (round(alone + 20), True)):  # 20: the session's seconds first
         shutil.rmtree(tmp_path / "out", ignore_errors=True)
-        done = subprocess.run(["bash", "scripts/gpu_session.sh", "--params", "params.paper-gpu.yaml", "--train",
-                               "capsnet_r3_recon_official:0", "--parallel", "1", "--deadline", "120", "--window", str(window)],
-                              cwd=work, env=env, capture_output=True, text=True, timeout=300)
-        log = (tmp_path / "out" / "session.log").read_text()
-        assert done.returncode == 0, done.stderr + log
+        log = session_log(work, env, "--params", "params.paper-gpu.yaml", "--train", "capsnet_r3_recon_official:0",
+                          "--parallel", "1", "--deadline", "120", "--window", str(window))
         assert yaml.safe_load((work / "params.gpu.yaml").read_text()) == paper
         calls = (work / "calls.log").read_text().splitlines() if (work / "calls.log").exists() else []
         assert calls == (["train capsnet_r3_recon_official 0 params.gpu.yaml",

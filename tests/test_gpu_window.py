@@ -196,6 +196,16 @@ def python3_on_path(tmp_path: Path, script: str, **env: str) -> dict:
     return {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", **env}
 
 
+def session_log(work: Path, env: dict, *args: str, timeout: int = 300) -> str:
+    """One gpu_session.sh call with ``args`` in ``work``, which must pass; its own session.log ($OUT's)."""
+    log = Path(env["OUT"]) / "session.log"
+    log.unlink(missing_ok=True)
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", *args], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr + (log.read_text() if log.exists() else "")
+    return log.read_text()
+
+
 def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_benched(tmp_path):
     """gpu_session.sh: an entry whose rows reports/bench/<this device>/ holds counts as benched (the levers
     read them, no bench runs, nothing goes to bench.jsonl), and an entry with no rows waits for the next
@@ -211,11 +221,8 @@ def test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_b
     env = python3_on_path(tmp_path, f'#!/bin/sh\nexec "{sys.executable}" "$@"\n',  # this venv's
                           CAPSNET_GPU_PROFILE="smoke",  # a bench that runs: brief
                           CAPSNET_GPU_BENCH_ARGS="--batch 2 --steps 1 --warmup 0 --no-reference --device cpu")
-    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--bench", "capsnet_r3_recon@bf16#1 baseline_cnn@bf16#1",
-                           "--bench-budget", "0", "--deadline", "300"], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=300)
-    log = (tmp_path / "out" / "session.log").read_text()
-    assert done.returncode == 0, done.stderr + log
+    log = session_log(work, env, "--bench", "capsnet_r3_recon@bf16#1 baseline_cnn@bf16#1", "--bench-budget", "0",
+                      "--deadline", "300")
     assert "rows of an earlier window on this GPU model" in log
     assert "bench capsnet_r3_recon@bf16#1 done before" in log
     assert "bench baseline_cnn@bf16#1 not started: benching had its 0 s" in log
@@ -243,26 +250,21 @@ fi
 exec "{sys.executable}" "$@"
 """, CAPSNET_GPU_PROFILE="smoke")
 
-    def call(entries: str, *args: str) -> str:
-        log = tmp_path / "out" / "session.log"
-        log.unlink(missing_ok=True)
-        done = subprocess.run(["bash", "scripts/gpu_session.sh", "--bench", entries, *args], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr + log.read_text()
-        return log.read_text()
-
     def took(log: str, entry: str, status: int = 0) -> int:
         (seconds,) = re.findall(rf"bench {re.escape(entry)} exit {status} after (\d+) s", log)
         return int(seconds)
 
-    first = call("baseline_cnn@fp32#1 baseline_cnn@bf16#1 capsnet_r1@fp32#1", "--deadline", "100")
+    first = session_log(work, env, "--bench", "baseline_cnn@fp32#1 baseline_cnn@bf16#1 capsnet_r1@fp32#1",
+                        "--deadline", "100")
     assert first.count("not started: under 120 s left") == 3
     time.sleep(1.5)  # more than the budget below since call 1 began
-    second = call("baseline_cnn@fp32#1 baseline_cnn@bf16#1 capsnet_r1@fp32#1", "--bench-budget", "1", "--deadline", "300")
+    second = session_log(work, env, "--bench", "baseline_cnn@fp32#1 baseline_cnn@bf16#1 capsnet_r1@fp32#1",
+                         "--bench-budget", "1", "--deadline", "300")
     a = took(second, "baseline_cnn@fp32#1")
     assert a >= 1
     assert f"bench baseline_cnn@bf16#1 not started: benching had its 1 s on this machine ({a} s benched)" in second
-    third = call("baseline_cnn@bf16#1 capsnet_r1@fp32#1", "--bench-budget", str(a + 1), "--deadline", "300")
+    third = session_log(work, env, "--bench", "baseline_cnn@bf16#1 capsnet_r1@fp32#1", "--bench-budget", str(a + 1),
+                        "--deadline", "300")
     b = took(third, "baseline_cnn@bf16#1", status=124)
     assert f"bench capsnet_r1@fp32#1 not started: benching had its {a + 1} s on this machine ({a + b} s benched)" in third
 
@@ -277,10 +279,7 @@ def test_the_session_log_says_whether_torch_is_compiled_where_python_writes_no_b
     work = device_tree(tmp_path)
     env = python3_on_path(tmp_path, f'#!/bin/sh\nexec "{sys.executable}" "$@"\n', CAPSNET_GPU_PROFILE="smoke",
                           PYTHONDONTWRITEBYTECODE="1")
-    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--deadline", "300"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=120)
-    log = (tmp_path / "out" / "session.log").read_text()
-    assert done.returncode == 0, done.stderr + log
+    log = session_log(work, env, "--deadline", "300")
     compiled = Path(importlib.util.cache_from_source(torch.__file__)).exists()
     assert f"torch bytecode {'compiled' if compiled else 'not compiled'}; PYTHONDONTWRITEBYTECODE 1" in log
 
@@ -512,10 +511,7 @@ def test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by
         {"variant": "capsnet_r3_recon", "mode": mode, "seeds": 1, "train_images_per_s": 1.0},  # slow enough for the
         {"variant": "capsnet_r3_recon", "mode": mode, "seeds": 3, "stack": "fused", "train_images_per_s": 0.2}]) + "\n")  # startups not to matter
     env = python3_on_path(tmp_path, STUB_CLI % sys.executable, CAPSNET_GPU_PROFILE="smoke", CAPSNET_GIT_COMMIT="")
-    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--train", "capsnet_r3:0,1,2", "--deadline", "300"],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    log = (tmp_path / "out" / "session.log").read_text()
-    assert done.returncode == 0, done.stderr + log
+    log = session_log(work, env, "--train", "capsnet_r3:0,1,2", "--deadline", "300")
     calls = [c for c in (work / "calls.log").read_text().splitlines() if not c.startswith("fingerprint")]
     assert calls == ["evaluate models/capsnet_r3/seed0 data/prepared", "train capsnet_r3 1", "evaluate models/capsnet_r3/seed1 data/prepared",
                      "train capsnet_r3 2", "evaluate models/capsnet_r3/seed2 data/prepared"], calls
@@ -785,10 +781,7 @@ def test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_t
                        "tests/test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon] PASSED"])
     env = python3_on_path(tmp_path, STUB_GPU % sys.executable, CAPSNET_GPU_PROFILE="gpu", CAPSNET_GIT_COMMIT="",
                           STUB_TESTS=tests)
-    done = subprocess.run(["bash", "scripts/gpu_session.sh", "--tests", "--levers", "--train", "capsnet_r3:0",
-                           "--deadline", "300"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    log = (tmp_path / "out" / "session.log").read_text()
-    assert done.returncode == 0, done.stderr + log
+    log = session_log(work, env, "--tests", "--levers", "--train", "capsnet_r3:0", "--deadline", "300")
     assert "CUDA tests beside the first jobs" in log
     calls = (work / "calls.log").read_text().splitlines()
     if capture_test == "PASSED":
