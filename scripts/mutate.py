@@ -4,6 +4,7 @@ one fail. A mutation the tests do not catch is a claim the suite does not test.
     .venv/bin/python scripts/mutate.py            # every mutation (407: 97 min on 2 cores shared, 2026-11-28)
     .venv/bin/python scripts/mutate.py -k routing # those whose name contains "routing"
     .venv/bin/python scripts/mutate.py --path scripts/gpu_   # those of the files a change touched
+    .venv/bin/python scripts/mutate.py --sample 80  # 80 drawn at random: the whole list's share caught, bounded
 
 Exit status 1 when any mutation survives. The copy holds the repository's tracked and untracked
 (not ignored) files; the package is imported from the copy (PYTHONPATH), so the real tree and
@@ -13,7 +14,9 @@ its environment are never touched. Not part of CI: each mutation reruns part of 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -52,6 +55,11 @@ COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_com
 BENCH_SECONDS = ("tests/test_gpu_window.py::"
                  "test_benching_spends_the_seconds_its_benches_ran_over_the_machines_calls_not_the_time_since_the_first")
 SESSION_HEADER = "tests/test_gpu_window.py::test_the_session_log_says_whether_torch_is_compiled_where_python_writes_no_bytecode"
+SAMPLE_DRAW = ("tests/test_wiring.py::"
+               "test_a_sample_of_the_mutations_is_n_distinct_ones_in_the_lists_order_and_its_seed_draws_it_again",)
+SAMPLE_BOUND = ("tests/test_wiring.py::test_the_share_a_sample_says_is_caught_is_clopper_pearsons_one_sided_bound",)
+SAMPLE_SWEEP = ("tests/test_wiring.py::"
+                "test_a_sampled_sweep_runs_only_the_drawn_mutations_and_bounds_the_whole_lists_share",)
 GRAD_DIFFS = "tests/test_wiring.py::test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
@@ -5576,6 +5584,27 @@ MUTATIONS = [
              'return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)\n',
              "return returncode in (4, 5)\n",  # escaped: this entry's own text is not the line it cuts
              ("tests/test_wiring.py::test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught",)),
+    # each line cut below ends in a newline, escaped here: this list's own text is not the line it cuts
+    Mutation("a sample of the mutations ignores its seed", "scripts/mutate.py",
+             "drawn = set(random.Random(seed).sample(range(len(mutations)), min(n, len(mutations))))\n",
+             "drawn = set(random.Random().sample(range(len(mutations)), min(n, len(mutations))))\n", SAMPLE_DRAW),
+    Mutation("the share caught is bounded two-sided (alpha 0.025 a side)", "scripts/mutate.py",
+             "def caught_at_least(caught: int, n: int, alpha: float = 0.05) -> float:\n",
+             "def caught_at_least(caught: int, n: int, alpha: float = 0.025) -> float:\n", SAMPLE_BOUND),
+    Mutation("the share caught counts samples of one more caught", "scripts/mutate.py",
+             "for k in range(caught, n + 1))\n", "for k in range(caught + 1, n + 1))\n", SAMPLE_BOUND),
+    Mutation("the share caught bisects the wrong way", "scripts/mutate.py",
+             "low, high = (mid, high) if tail(mid) < alpha else (low, mid)\n",
+             "low, high = (low, mid) if tail(mid) < alpha else (mid, high)\n", SAMPLE_BOUND),
+    Mutation("--sample is parsed but every mutation runs", "scripts/mutate.py",
+             "        chosen = sample(chosen, args.sample, seed)\n", "        sample(chosen, args.sample, seed)\n",
+             SAMPLE_SWEEP),
+    Mutation("--seed is ignored: every sample a new draw", "scripts/mutate.py",
+             "seed = random.SystemRandom().randrange(10 ** 6) if args.seed is None else args.seed\n",
+             "seed = random.SystemRandom().randrange(10 ** 6)\n", SAMPLE_SWEEP),
+    Mutation("a sample's bound counts its survivors as caught", "scripts/mutate.py",
+             "at least {100 * caught_at_least(caught, len(chosen)):.1f} % are caught \"\n",
+             "at least {100 * caught_at_least(len(chosen), len(chosen)):.1f} % are caught \"\n", SAMPLE_SWEEP),
     Mutation("a passed test's tmp_path is kept to the end of the run (pytest's default)", "pyproject.toml",
              'tmp_path_retention_policy = "failed"', 'tmp_path_retention_policy = "all"', TMP_KEPT),
     Mutation("pytest keeps the failed folders of three runs (its default)", "pyproject.toml",
@@ -5621,13 +5650,48 @@ def named_tests_missing(returncode: int, output: str) -> bool:
     return returncode == 5 or (returncode == 4 and "ERROR: not found:" in output)
 
 
+def sample(mutations: list[Mutation], n: int, seed: int) -> list[Mutation]:
+    """``n`` of ``mutations`` drawn without replacement by ``seed``, in the list's order (a whole sweep
+    takes hours: 407 took 97 min; a sample bounds the share of the whole list its tests catch)."""
+    drawn = set(random.Random(seed).sample(range(len(mutations)), min(n, len(mutations))))
+    return [m for i, m in enumerate(mutations) if i in drawn]
+
+
+def caught_at_least(caught: int, n: int, alpha: float = 0.05) -> float:
+    """The one-sided (1 − alpha) lower bound of the share caught when ``caught`` of ``n`` drawn were:
+    Clopper-Pearson's, the p at which P(X ≥ caught | n, p) = alpha (bisection on the binomial's tail;
+    conservative for a sample drawn without replacement from a finite list)."""
+    if caught == 0:
+        return 0.0
+
+    def tail(p: float) -> float:  # P(X >= caught), increasing in p
+        return sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(caught, n + 1))
+
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if tail(mid) < alpha else (low, mid)
+    return low
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", default="", help="only mutations whose name contains this")
     parser.add_argument("--path", action="append", default=[],
                         help="only mutations of a file whose path contains this (repeatable: any of them)")
+    parser.add_argument("--sample", type=int, metavar="N",
+                        help="only N of those, drawn at random (the summary bounds the share caught of all of them)")
+    parser.add_argument("--seed", type=int, help="the draw of --sample (default: a new one, printed to repeat it)")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if args.k in m.name and (not args.path or any(p in m.path for p in args.path))]
+    if args.sample is not None:
+        if args.sample < 1:
+            parser.error(f"--sample {args.sample}: give how many mutations to draw, at least 1")
+        seed = random.SystemRandom().randrange(10 ** 6) if args.seed is None else args.seed
+        population = len(chosen)
+        chosen = sample(chosen, args.sample, seed)
+        print(f"drawn {len(chosen)} of {population} mutations (--sample {args.sample} --seed {seed} draws them again)",
+              flush=True)
     if not chosen:  # else the unmutated check below would run the whole suite for nothing
         wanted = [*([f"whose name contains {args.k!r}"] if args.k else []),
                   *([f"of a file whose path contains {' or '.join(map(repr, args.path))}"] if args.path else [])]
@@ -5665,7 +5729,11 @@ def main() -> int:
                   flush=True)
             if alive:
                 survived.append(m.name)
-    print(f"{len(chosen) - len(survived)} of {len(chosen)} mutations caught")
+    caught = len(chosen) - len(survived)
+    print(f"{caught} of {len(chosen)} mutations caught")
+    if args.sample is not None and len(chosen) < population:
+        print(f"so of all {population}, at least {100 * caught_at_least(caught, len(chosen)):.1f} % are caught "
+              "(one-sided 95 %, Clopper-Pearson)")
     return 1 if survived else 0
 
 

@@ -275,6 +275,49 @@ def test_a_mutation_naming_a_test_that_does_not_exist_is_broken_not_caught():
     assert not mutate.named_tests_missing(4, "ERROR: found no collectors for /tmp/copy/tests/test_x.py::test_y")
 
 
+def test_a_sample_of_the_mutations_is_n_distinct_ones_in_the_lists_order_and_its_seed_draws_it_again():
+    mutate = script("mutate")
+    drawn = mutate.sample(mutate.MUTATIONS, 40, seed=7)
+    assert len(set(drawn)) == 40 and drawn == sorted(drawn, key=mutate.MUTATIONS.index)
+    assert drawn == mutate.sample(mutate.MUTATIONS, 40, seed=7) != mutate.sample(mutate.MUTATIONS, 40, seed=8)
+    assert mutate.sample(mutate.MUTATIONS[:5], 40, seed=7) == mutate.MUTATIONS[:5]  # more than there are: all
+
+
+def test_the_share_a_sample_says_is_caught_is_clopper_pearsons_one_sided_bound():
+    bound = script("mutate").caught_at_least
+    assert bound(60, 60) == pytest.approx(0.05 ** (1 / 60), abs=1e-9)  # all caught: alpha^(1/n) in closed form
+    assert bound(9, 10) == pytest.approx(0.60584, abs=1e-5)  # scipy.stats.beta.ppf(0.05, 9, 2)
+    assert bound(9, 10, alpha=0.025) == pytest.approx(0.55498, abs=1e-5)  # the two-sided 95 % interval's lower end
+    assert bound(0, 10) == 0
+
+
+def test_a_sampled_sweep_runs_only_the_drawn_mutations_and_bounds_the_whole_lists_share(monkeypatch, capsys, tmp_path):
+    """--sample reaches the sweep (the tests run are the drawn mutations' own) and its summary, one
+    survivor among them lowering the bound."""
+    mutate = script("mutate")
+    drawn = mutate.sample(mutate.MUTATIONS, 4, seed=3)
+    runs = []
+
+    def run_tests(copy, tests):
+        runs.append(tests)
+        return len(runs) in (1, 2)  # the unmutated copy passes, then the first drawn mutation survives
+
+    def scratch_copy(dest):
+        for m in drawn:
+            (dest / m.path).parent.mkdir(parents=True, exist_ok=True)
+            (dest / m.path).write_text((REPO / m.path).read_text())
+
+    monkeypatch.setattr(mutate, "run_tests", run_tests)
+    monkeypatch.setattr(mutate, "scratch_copy", scratch_copy)
+    monkeypatch.setattr("sys.argv", ["mutate.py", "--sample", "4", "--seed", "3"])
+    assert mutate.main() == 1
+    out = capsys.readouterr().out
+    assert runs[1:] == [m.tests for m in drawn]
+    assert f"drawn 4 of {len(mutate.MUTATIONS)} mutations (--sample 4 --seed 3 draws them again)" in out
+    assert "3 of 4 mutations caught" in out
+    assert f"so of all {len(mutate.MUTATIONS)}, at least {100 * mutate.caught_at_least(3, 4):.1f} % are caught" in out
+
+
 _PASSED_TMP: list = []  # the folder the first test below wrote in, for the second to look at
 
 
