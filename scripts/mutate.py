@@ -55,6 +55,8 @@ COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_com
 BENCH_SECONDS = ("tests/test_gpu_window.py::"
                  "test_benching_spends_the_seconds_its_benches_ran_over_the_machines_calls_not_the_time_since_the_first")
 SESSION_HEADER = "tests/test_gpu_window.py::test_the_session_log_says_whether_torch_is_compiled_where_python_writes_no_bytecode"
+SESSION_PYCACHE = ("tests/test_gpu_window.py::"
+                   "test_where_python_writes_no_bytecode_and_torch_has_none_the_session_writes_it_once_for_every_process",)
 SAMPLE_DRAW = ("tests/test_wiring.py::"
                "test_a_sample_of_the_mutations_is_n_distinct_ones_in_the_lists_order_and_its_seed_draws_it_again",)
 SAMPLE_BOUND = ("tests/test_wiring.py::test_the_share_a_sample_says_is_caught_is_clopper_pearsons_one_sided_bound",)
@@ -1346,6 +1348,19 @@ MUTATIONS = [
              (SESSION_HEADER,)),
     Mutation("the session log does not say whether python writes bytecode", "scripts/gpu_session.sh",
              'os.environ.get("PYTHONDONTWRITEBYTECODE", "unset")', '"unset"', (SESSION_HEADER,)),
+    Mutation("the session caches bytecode where torch has its own, not where it lacks it", "scripts/gpu_session.sh",
+             "if ! python3 -c 'import importlib.util as u, os, sys", "if python3 -c 'import importlib.util as u, os, sys",
+             (SESSION_HEADER, *SESSION_PYCACHE)),
+    Mutation("the session's bytecode prefix is not exported to its processes", "scripts/gpu_session.sh",
+             "  export PYTHONPYCACHEPREFIX=$PWD/.gpu-cache/pycache", "  PYTHONPYCACHEPREFIX=$PWD/.gpu-cache/pycache",
+             SESSION_PYCACHE),
+    Mutation("the session's bytecode prefix leaves PYTHONDONTWRITEBYTECODE set", "scripts/gpu_session.sh",
+             "  unset PYTHONDONTWRITEBYTECODE\n", "", SESSION_PYCACHE),
+    Mutation("the session's bytecode is cached under the carried .gpu, replaced by every call", "scripts/gpu_session.sh",
+             "  export PYTHONPYCACHEPREFIX=$PWD/.gpu-cache/pycache", "  export PYTHONPYCACHEPREFIX=$PWD/.gpu/pycache",
+             SESSION_PYCACHE),
+    Mutation("the session log does not say where bytecode is cached", "scripts/gpu_session.sh",
+             'os.environ.get("PYTHONPYCACHEPREFIX", "unset")', '"unset"', SESSION_PYCACHE),
     Mutation("the fingerprint hashes the first seed only", "pipeline/training/fingerprint.py",
              "for k, model in enumerate(models):", "for k, model in enumerate(models[:1]):", (FINGERPRINT,)),
     Mutation("the fingerprint leaves the process on one thread", "pipeline/training/fingerprint.py",

@@ -280,8 +280,29 @@ def test_the_session_log_says_whether_torch_is_compiled_where_python_writes_no_b
     env = python3_on_path(tmp_path, f'#!/bin/sh\nexec "{sys.executable}" "$@"\n', CAPSNET_GPU_PROFILE="smoke",
                           PYTHONDONTWRITEBYTECODE="1")
     log = session_log(work, env, "--deadline", "300")
-    compiled = Path(importlib.util.cache_from_source(torch.__file__)).exists()
-    assert f"torch bytecode {'compiled' if compiled else 'not compiled'}; PYTHONDONTWRITEBYTECODE 1" in log
+    if Path(importlib.util.cache_from_source(torch.__file__)).exists():
+        assert "torch bytecode compiled; PYTHONDONTWRITEBYTECODE 1; PYTHONPYCACHEPREFIX unset" in log
+        assert "torch has no bytecode" not in log
+    else:  # a venv installed without it: the test below's case
+        assert f"PYTHONDONTWRITEBYTECODE unset; PYTHONPYCACHEPREFIX {work / '.gpu-cache' / 'pycache'}" in log
+
+
+def test_where_python_writes_no_bytecode_and_torch_has_none_the_session_writes_it_once_for_every_process(tmp_path):
+    """gpu_session.sh: torch without its bytecode (here a module standing in for it, CAPSNET_BYTECODE_OF) where
+    PYTHONDONTWRITEBYTECODE is set has it written under .gpu-cache/pycache, which the warm machine keeps, and read
+    by every process after the first (the session's own imports of torch land there)."""
+    import torch
+
+    work = device_tree(tmp_path)
+    (work / "stand_in_for_torch.py").write_text("")  # no bytecode beside it
+    env = python3_on_path(tmp_path, f'#!/bin/sh\nexec "{sys.executable}" "$@"\n', CAPSNET_GPU_PROFILE="smoke",
+                          PYTHONDONTWRITEBYTECODE="1", CAPSNET_BYTECODE_OF="stand_in_for_torch")
+    log = session_log(work, env, "--deadline", "300")
+    prefix = work / ".gpu-cache" / "pycache"
+    assert "torch has no bytecode: it is written once under .gpu-cache/pycache for every process" in log
+    assert f"PYTHONDONTWRITEBYTECODE unset; PYTHONPYCACHEPREFIX {prefix}" in log
+    assert list((prefix / Path(torch.__file__).parent.relative_to("/")).glob("__init__.*.pyc")), "torch's bytecode unwritten"
+    assert list((prefix / work.relative_to("/") / "pipeline").glob("*.pyc")), "the session's own processes' unwritten"
 
 
 def test_an_image_costs_its_area_or_its_flop_whichever_is_more_and_the_table_is_what_torch_counts():
