@@ -75,10 +75,12 @@ say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 # torch installed without its bytecode, where PYTHONDONTWRITEBYTECODE is set or its folder is read-only, is compiled
 # again by every process that imports it: 2,000 modules, 8-14 s an import against 4-5 s on this project's 2 cores
 # (2026-12-03, docs/gpu-sessions.md). The first process writes them under .gpu-cache (the warm machine keeps it
-# between calls) and the others read them there.
+# between calls) and the others read them there. The log's header says which (torch found without importing it).
+bytecode=compiled
 if ! python3 -c 'import importlib.util as u, os, sys
 sys.exit(not os.path.exists(u.cache_from_source(u.find_spec(os.environ.get("CAPSNET_BYTECODE_OF", "torch")).origin)))' \
     2>/dev/null; then
+  bytecode="not compiled"
   export PYTHONPYCACHEPREFIX=$PWD/.gpu-cache/pycache
   unset PYTHONDONTWRITEBYTECODE
   say "torch has no bytecode: it is written once under .gpu-cache/pycache for every process"
@@ -89,12 +91,9 @@ CLI="python3 -m pipeline.cli"
   # the processor and C library the fingerprint pins run on (tests/test_fingerprint.py; the capped MKL's branch);
   # the versions and the fingerprint's environment from one process (one import of torch)
   echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores; $(ldd --version 2>&1 | head -1)"
-  # and whether torch's modules are compiled: where PYTHONDONTWRITEBYTECODE is set and they are not, every process
-  # that imports torch compiles it again (2026-12-03: 8.1 s an import against 3.3 s on 2 cores, scripts/torch_floor.sh)
-  python3 -c 'import importlib.util, os, sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, flush=True)
-print("torch bytecode", ("compiled" if os.path.exists(importlib.util.cache_from_source(torch.__file__)) else "not compiled") + ";",
-      "PYTHONDONTWRITEBYTECODE", os.environ.get("PYTHONDONTWRITEBYTECODE", "unset") + ";",
-      "PYTHONPYCACHEPREFIX", os.environ.get("PYTHONPYCACHEPREFIX", "unset"))
+  # and what the check above found of torch's bytecode, with the two settings every process of the session reads
+  echo "torch bytecode $bytecode; PYTHONDONTWRITEBYTECODE ${PYTHONDONTWRITEBYTECODE:-unset}; PYTHONPYCACHEPREFIX ${PYTHONPYCACHEPREFIX:-unset}"
+  python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, flush=True)
 from pipeline.training.fingerprint import fingerprint_environment as f; print("fingerprint environment:", f())'
   git rev-parse HEAD 2>/dev/null || echo "commit unknown (no .git)"; } >>"$LOG" 2>&1
 if [ -f .gpu/inductor-cache.tar.gz ] && [ ! -d .gpu-cache/inductor ]; then

@@ -289,8 +289,8 @@ def test_the_session_log_says_whether_torch_is_compiled_where_python_writes_no_b
 
 def test_where_python_writes_no_bytecode_and_torch_has_none_the_session_writes_it_once_for_every_process(tmp_path):
     """gpu_session.sh: torch without its bytecode (here a module standing in for it, CAPSNET_BYTECODE_OF) where
-    PYTHONDONTWRITEBYTECODE is set has it written under .gpu-cache/pycache, which the warm machine keeps, and read
-    by every process after the first (the session's own imports of torch land there)."""
+    PYTHONDONTWRITEBYTECODE is set has it written under .gpu-cache/pycache, which the warm machine keeps, for every
+    process after the first to read (the session's own imports of torch and the package land there)."""
     import torch
 
     work = device_tree(tmp_path)
@@ -301,6 +301,7 @@ def test_where_python_writes_no_bytecode_and_torch_has_none_the_session_writes_i
     prefix = work / ".gpu-cache" / "pycache"
     assert "torch has no bytecode: it is written once under .gpu-cache/pycache for every process" in log
     assert f"PYTHONDONTWRITEBYTECODE unset; PYTHONPYCACHEPREFIX {prefix}" in log
+    assert "torch bytecode not compiled;" in log  # what the machine's torch came with, not what the prefix now holds
     assert list((prefix / Path(torch.__file__).parent.relative_to("/")).glob("__init__.*.pyc")), "torch's bytecode unwritten"
     assert list((prefix / work.relative_to("/") / "pipeline").glob("*.pyc")), "the session's own processes' unwritten"
 
