@@ -65,9 +65,12 @@ SAMPLE_SWEEP = ("tests/test_wiring.py::"
 GRAD_DIFFS = "tests/test_wiring.py::test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter"
 STATS = "tests/test_stats.py"
 REPORT = "tests/test_report.py"
+README_PROTOCOLS = f"{REPORT}::test_the_readme_shows_every_protocols_table1_apart_with_seed_counts_and_the_papers_values"
 POWER = "tests/test_power.py"
 PROFILES = "tests/test_profiles.py"
 DOCS = "tests/test_docs.py"
+FENCES = f"{DOCS}::test_every_code_block_a_page_opens_it_closes"
+FIVE_MINUTES = f"{DOCS}::test_the_readme_reads_in_five_minutes"
 BEGUN = "tests/test_published.py::test_a_window_that_has_only_begun_a_protocol_leaves_the_published_claims_as_they_are"
 QUEUE = f"{PROFILES}::test_gpu_queue_skips_what_is_published_under_the_profiles_protocol"
 PROBE = f"{FINGERPRINT}::test_the_probe_computes_each_cap_in_its_own_process_and_files_each_host_beside_the_others"
@@ -875,6 +878,28 @@ MUTATIONS = [
              "pipeline/experiments/table1_report.py",
              'commits = dict(zip(mine.commit, mine.commits.fillna("").str.split()))', "commits = {c: [c] for c in mine.commit}",
              (REPORT,)),
+    Mutation("the README shows the first protocol's Table 1 alone", "pipeline/experiments/table1_report.py",
+             "    for other in others:", "    for other in others[:0]:", (README_PROTOCOLS,)),
+    Mutation("a README cell hides a row's seed count short of the most", "pipeline/experiments/table1_report.py",
+             'if 1 < row.n_seeds < seeds else ""', 'if False else ""', (README_PROTOCOLS,)),
+    Mutation("a README cell shows the seed count of every row", "pipeline/experiments/table1_report.py",
+             'if 1 < row.n_seeds < seeds else ""', 'if 1 < row.n_seeds else ""', (README_PROTOCOLS,)),
+    Mutation("two fingerprints of a variant at one commit: the README shows the last", "pipeline/experiments/table1_report.py",
+             "by.setdefault(r.variant, []).append(r)", "by[r.variant] = [r]", (README_PROTOCOLS,)),
+    Mutation("the README's paper line reads its protocol's rows alone", "pipeline/experiments/table1_report.py",
+             "*_readme_table(rows, seeds, paper),", "*_readme_table(rows, seeds, {r.variant: r for r in rows.itertuples()}),",
+             (README_PROTOCOLS,)),
+    Mutation("a later protocol's heading counts rows, not runs", "pipeline/experiments/table1_report.py",
+             "runs = int(rows.n_seeds.sum())", "runs = len(rows)", (README_PROTOCOLS,)),
+    Mutation("the README's effects are the last protocol's", "pipeline/experiments/table1_report.py",
+             "effects_here = effect_table[effect_table.protocol == protocol]",
+             "effects_here = effect_table[effect_table.protocol == results.protocol.iloc[-1]]", (README_PROTOCOLS,)),
+    Mutation("a page's code fence left open", "docs/reproducing.md",
+             "## Set-up details\n\n", "## Set-up details\n\n```\n\n", (FENCES,)),
+    Mutation("the README grows past a five-minute read", "README.md",
+             "## More\n", "## More\n" + "\nA paragraph for maintainers, which belongs on a page under docs/.\n" * 4, (FIVE_MINUTES,)),
+    Mutation("the README's prose doubled", "README.md", "## Set-up: two commands", "## Set-up: two commands\n\n" + "word " * 400,
+             (FIVE_MINUTES,)),
     Mutation("an effect compares the first pair of rows sharing a commit, not the one with most seeds",
              "pipeline/experiments/table1_report.py",
              "pair = max(pairs, key=lambda p: min(len(rows_a[p[0]]), len(rows_b[p[1]])), default=None)",
@@ -3385,8 +3410,8 @@ MUTATIONS = [
              'out += capsnet.OFFICIAL_RECIPE_DEVIATIONS',
              (f"{REPORT}::test_deviations_list_each_recipe_present",)),
     Mutation("the README's official-recipe line shows the paper recipe's rows", "pipeline/experiments/table1_report.py",
-             'cells = [by.get(v if recipe == "paper" or v == "baseline_cnn" else f"{v}_official")',
-             'cells = [by.get(v)',
+             'cells = [by.get(v if recipe == "paper" or v == "baseline_cnn" else f"{v}_official", [])',
+             'cells = [by.get(v, [])',
              ("tests/test_readme.py::test_the_block_states_every_row_and_effect_of_the_first_protocol",)),
     Mutation("the README's effects leave out the paper's", "pipeline/experiments/table1_report.py",
              'paper_delta = "" if math.isnan(e.paper_delta) else f"; paper {e.paper_delta:+.2f}"',
@@ -3417,8 +3442,8 @@ MUTATIONS = [
              '{"n_seeds": max(len(ra), len(rb))}',
              (PUBLISHED_BYTES,)),
     Mutation('the README reads the last protocol, not the headline', "pipeline/experiments/table1_report.py",
-             '    protocol = results.protocol.iloc[0]',
-             '    protocol = results.protocol.iloc[-1]',
+             '    protocol, *others = dict.fromkeys(results.protocol)',
+             '    *others, protocol = dict.fromkeys(results.protocol)',
              ("tests/test_readme.py::test_the_block_states_every_row_and_effect_of_the_first_protocol",)),
     Mutation("the mean of the last epochs is the final epoch's", "pipeline/experiments/table1_report.py",
              '"last5_error_mean": float(np.mean([r.last_epochs_error() for r in mine]))',

@@ -4,6 +4,7 @@ git, but for the three provenance lines that name the report's own commit, softw
 changes a number, a sentence, a figure or a CSV of the published report fails here; a deliberate
 change is published by regenerating (README's "Reproducing the published report" says how)."""
 
+import difflib
 import filecmp
 import json
 import re
@@ -67,7 +68,8 @@ def test_a_window_that_has_only_begun_a_protocol_leaves_the_published_claims_as_
     variant and of §5.2's CapsNet retrained and published (`capsnet publish` sets the records they
     displace aside to earlier/). Under another protocol it adds rows of one seed, and the claims, their
     protocols and the README's block read the protocol whose seeds are all there, as before (a
-    paper-length protocol heads the report only once it has as many runs). Under its own
+    paper-length protocol heads the report only once it has as many runs); the block adds the new
+    protocol's Table 1 apart and changes none of its published lines. Under its own
     protocol and training code it is the same seed again: the later record counts, once
     (`publish.one_per_seed`), and the report names the one it supersedes."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
@@ -89,7 +91,12 @@ def test_a_window_that_has_only_begun_a_protocol_leaves_the_published_claims_as_
     before, after = (pd.read_csv(d / "claims.csv") for d in (PUBLISHED, tmp_path / "reports"))
     columns = ["claim", "ours", "status", "protocol"]
     pd.testing.assert_frame_equal(after[columns], before[columns])
-    assert readme_block_of(readme.read_text()) == readme_block_of((REPO / "README.md").read_text())
+    published, now = (readme_block_of(p.read_text()).splitlines() for p in (REPO / "README.md", readme))
+    changed = [d for d in difflib.ndiff(published, now) if d[:2] in ("- ", "+ ")]
+    assert not [d for d in changed if d.startswith("- ")], changed  # no published line changed or gone
+    added = "\n".join(d[2:] for d in changed).strip()  # a protocol of its own: its Table 1 apart, its one run
+    assert added.startswith("Protocol: **gpu profile: 640 epochs") and ", 1 run, never pooled" in added \
+        if protocol == "paper length" else added == ""
     again = "capsnet_r1 seed 0: run " in result.output
     assert again == (protocol == "its own again"), result.output
     named = "**trained again, the earlier record not counted**: capsnet_r1 seed 0 (run "

@@ -307,7 +307,8 @@ def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):
     readme = t1.readme_lines(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE))
     lines = [line for line in readme if line.startswith("| paper recipe")]
     assert [line.split(" | ")[0] for line in lines] == ["| paper recipe (aaaaaaa)", "| paper recipe (ccccccc)"]
-    assert lines[0].count(": ") == 4 and lines[1].count(": ") == 1  # r1, r1_recon twice, r3; then r3_recon
+    assert lines[0].count(": ") == 6 and lines[1].count(": ") == 1  # r1, r3 and r1_recon's two rows (": " twice each)
+    assert "| 1.00 ± –: one seed: no verdict; 1.20 ± –: one seed: no verdict |" in lines[0]  # neither hidden
     t1_figures.dvc_plot_data(runs, t1.summarize(runs, REFERENCE), tmp_path / "results", tmp_path)  # rows find their runs
     assert len(pd.read_csv(tmp_path / "confusion.csv")) == 1000
 
@@ -1613,3 +1614,37 @@ def test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_s
     runs = publish.with_earlier(current, pub / "models", ["capsnet_r3"], [0])
     assert [r.metrics["error_pct"] for r in runs if r.commit == "17bb48c"] == [1.0]  # read back from there, once
     assert runs[-1].commit == "b8f3efe"  # the current record
+
+
+def test_the_readme_shows_every_protocols_table1_apart_with_seed_counts_and_the_papers_values(tmp_path):
+    """The README block gives the first protocol's Table 1 and effects, then each other protocol's Table 1
+    under its own heading (never pooled): a row short of the most seeds says how many it has, two
+    fingerprints of one variant at one commit are both shown, and the paper's line is whole though a
+    protocol lacks a variant."""
+    for seed in range(3):  # the cut schedule: 6 runs
+        fabricate(tmp_path / "cut", "capsnet_r1", seed, 1.0 + seed / 10, history=[2.0, 1.0 + seed / 10], recon=False)
+        fabricate(tmp_path / "cut", "capsnet_r3", seed, 0.5 + seed / 10, history=[2.0, 0.5 + seed / 10], recon=False)
+    for seed in range(2):  # compressed: capsnet_r1 two seeds, capsnet_r3_recon one seed under each of two codes
+        fabricate(tmp_path / "compressed", "capsnet_r1", seed, 0.8 + seed / 10, history=[2.0, 0.8 + seed / 10],
+                  lr_schedule_epochs=640, fingerprint="1111aaaa1111aaaa", recon=False)
+    for seed, fingerprint in ((0, "2222bbbb2222bbbb"), (1, "3333cccc3333cccc")):
+        fabricate(tmp_path / "compressed", "capsnet_r3_recon", seed, 0.3 + seed / 10, history=[2.0, 0.3 + seed / 10],
+                  lr_schedule_epochs=640, fingerprint=fingerprint)
+    runs = (load(tmp_path / "cut", ["capsnet_r1", "capsnet_r3"], [0, 1, 2])
+            + load(tmp_path / "compressed", ["capsnet_r1", "capsnet_r3_recon"], [0, 1]))
+    summary, effect_table = t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE)
+    summary.to_csv(tmp_path / "results.csv", index=False)  # read back as the README's block reads it
+    effect_table.to_csv(tmp_path / "effects.csv", index=False)
+    lines = t1.readme_lines(pd.read_csv(tmp_path / "results.csv"), pd.read_csv(tmp_path / "effects.csv"))
+    text = "\n".join(lines)
+    cut, compressed = text.index("0.96^(step/2000) ≥"), text.index("0.96^(step/2000 · 640/2) ≥")
+    assert cut < text.index("- routing 3 vs 1, no reconstruction: -0.50") < compressed  # the first protocol's effects
+    first, second = text[:compressed].splitlines(), text[text.rindex("\n", 0, compressed) + 1:].splitlines()
+    assert second[0].startswith("Protocol: **gpu profile: 2 epochs") and ", 4 runs, never pooled" in second[0]
+    paper_line = "| paper (Table 1) | – | 0.34 | – | 0.35 | 0.25 |"  # r3 + recon's 0.25 where the cut one lacks it
+    assert paper_line in first and paper_line in second  # and r3's 0.35 where the compressed one does
+    [cut_row] = [line for line in first if line.startswith("| paper recipe")]
+    assert cut_row == "| paper recipe (c0ffee0) | – | 1.10 ± 0.10: not reproduced | – | 0.60 ± 0.10: not reproduced | – |"
+    [compressed_row] = [line for line in second if line.startswith("| paper recipe")]
+    assert compressed_row == ("| paper recipe (c0ffee0) | – | 0.85 ± 0.07 (2 seeds): not reproduced | – | – | "
+                              "0.30 ± –: one seed: no verdict; 0.40 ± –: one seed: no verdict |")  # both fingerprints
