@@ -120,8 +120,8 @@ def readme_block(claims: pd.DataFrame | None, parts: list[list[str]]) -> str:
     tables as written; tests/test_readme.py compares the README with it)."""
     lines = [README_BEGIN, ""]
     if claims is not None and len(claims):
-        lines += [f"Claims of the paper under this protocol ({stats.LEVEL:.0%} seed-aware intervals; reports/ablation.md "
-                  "says what each would take):", "", *rc.readme_lines(claims), ""]
+        lines += [f"Claims of the paper under the first protocol below ({stats.LEVEL:.0%} seed-aware intervals; "
+                  "reports/ablation.md says what each would take):", "", *rc.readme_lines(claims), ""]
     for k, part in enumerate(p for p in parts if p):
         lines += ([""] if k else []) + part
     return "\n".join(lines + ["", README_END])
