@@ -370,10 +370,10 @@ def _cell(row, seeds: int) -> str:
     return f"{row.test_error_mean:.2f} ± {fmt_pct(row.test_error_std)}{short_of}: {row.verdict}"
 
 
-def _readme_table(rows: pd.DataFrame, seeds: int, paper: dict) -> list[str]:
+def _readme_table(rows: pd.DataFrame, seeds: int, paper: dict[str, float]) -> list[str]:
     """One protocol's Table 1 as the README shows it: a line per recipe and training code (`cohorts`: the
-    rows one commit's code computes), a column per Table 1 row, the paper's values (``paper``: a row of
-    each variant, any protocol's) last."""
+    rows one commit's code computes), a column per Table 1 row, the paper's values (``paper``: variant ->
+    its Table 1 error, read from every protocol's rows) last."""
     lines = ["| | " + " | ".join(name for name, _ in README_COLUMNS) + " |", "|---|" + "---|" * len(README_COLUMNS)]
     for recipe in dict.fromkeys(rows.recipe):
         mine = rows[rows.recipe == recipe]
@@ -386,7 +386,7 @@ def _readme_table(rows: pd.DataFrame, seeds: int, paper: dict) -> list[str]:
             lines.append(f"| {recipe} recipe ({short(commit)}) | "
                          + " | ".join("; ".join(_cell(r, seeds) for r in c) or "–" for c in cells) + " |")
     lines.append("| paper (Table 1) | " + " | ".join(
-        fmt_pct(paper[v].paper_test_error) if v in paper else "–" for _, v in README_COLUMNS) + " |")
+        fmt_pct(paper[v]) if v in paper else "–" for _, v in README_COLUMNS) + " |")
     return lines
 
 
@@ -395,7 +395,7 @@ def readme_lines(results: pd.DataFrame, effect_table: pd.DataFrame) -> list[str]
     the first protocol's Table 1 with its verdicts and every effect, each worded by its interval; then
     every other protocol's Table 1, never pooled with it (its effects are the report's)."""
     protocol, *others = dict.fromkeys(results.protocol)
-    seeds, paper = int(results.n_seeds.max()), {r.variant: r for r in results.itertuples()}
+    seeds, paper = int(results.n_seeds.max()), dict(zip(results.variant, results.paper_test_error))
     lines = [f"Protocol: **{protocol}**; MNIST test error (%), final epoch, mean ± std over seeds, "
              f"with the verdict of its {stats.LEVEL:.0%} seed-aware interval against the paper:", "",
              *_readme_table(results[results.protocol == protocol], seeds, paper)]
