@@ -4,6 +4,7 @@ one fail. A mutation the tests do not catch is a claim the suite does not test.
     .venv/bin/python scripts/mutate.py            # every mutation (407: 97 min on 2 cores shared, 2026-11-28)
     .venv/bin/python scripts/mutate.py -k routing # those whose name contains "routing"
     .venv/bin/python scripts/mutate.py --path scripts/gpu_   # those of the files a change touched
+    .venv/bin/python scripts/mutate.py --test tests/test_report  # those whose named tests a change moved or edited
     .venv/bin/python scripts/mutate.py --sample 80  # 80 drawn at random: the whole list's share caught, bounded
 
 Exit status 1 when any mutation survives. The copy holds the repository's tracked and untracked
@@ -44,7 +45,11 @@ RESUME = "tests/test_wiring.py::test_resume_restores_the_generator_that_dropout_
 COPIED_OUT = ("tests/test_fingerprint_cache.py::"
               "test_the_suites_answers_copied_out_are_found_there_without_computing_and_its_locks_stay")
 STACK = "tests/test_stack.py"
-WINDOW = "tests/test_gpu_window.py"
+WINDOW = "tests/test_gpu_window.py"  # the queue and the levers; the window's other test files:
+WINDOW_SESSION = "tests/test_gpu_session.py"
+WINDOW_IMPORT = "tests/test_gpu_import.py"
+WINDOW_TRAVEL = "tests/test_gpu_travel.py"
+WINDOWS = (WINDOW, WINDOW_SESSION, WINDOW_IMPORT, WINDOW_TRAVEL)  # all of the window's tests
 PAPER = "tests/test_gpu_paper.py"
 CALLS = "tests/test_gpu_calls.py"
 OUTLASTS = "test_a_job_that_outlasts_its_call_trains_on_and_the_next_call_waits_for_it"
@@ -52,19 +57,26 @@ FINGERPRINT = "tests/test_fingerprint.py"
 EXTENSION = "tests/test_extension.py"
 LAYOUT = "tests/test_layout.py"
 COMPILED = "tests/test_wiring.py::test_the_compiled_step_computes_what_eager_computes"
-BENCH_SECONDS = ("tests/test_gpu_window.py::"
+BENCH_SECONDS = ("tests/test_gpu_session.py::"
                  "test_benching_spends_the_seconds_its_benches_ran_over_the_machines_calls_not_the_time_since_the_first")
-SESSION_HEADER = "tests/test_gpu_window.py::test_the_session_log_says_whether_torch_is_compiled_where_python_writes_no_bytecode"
-SESSION_PYCACHE = ("tests/test_gpu_window.py::"
+SESSION_HEADER = "tests/test_gpu_session.py::test_the_session_log_says_whether_torch_is_compiled_where_python_writes_no_bytecode"
+SESSION_PYCACHE = ("tests/test_gpu_session.py::"
                    "test_where_python_writes_no_bytecode_and_torch_has_none_the_session_writes_it_once_for_every_process",)
 SAMPLE_DRAW = ("tests/test_wiring.py::"
                "test_a_sample_of_the_mutations_is_n_distinct_ones_in_the_lists_order_and_its_seed_draws_it_again",)
 SAMPLE_BOUND = ("tests/test_wiring.py::test_the_share_a_sample_says_is_caught_is_clopper_pearsons_one_sided_bound",)
 SAMPLE_SWEEP = ("tests/test_wiring.py::"
                 "test_a_sampled_sweep_runs_only_the_drawn_mutations_and_bounds_the_whole_lists_share",)
+SWEEP_BY_TEST = ("tests/test_wiring.py::"
+                 "test_a_sweep_by_test_runs_only_the_mutations_naming_such_a_test_and_says_when_none_does",)
 GRAD_DIFFS = "tests/test_wiring.py::test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter"
 STATS = "tests/test_stats.py"
-REPORT = "tests/test_report.py"
+REPORT = "tests/test_report.py"  # Table 1's section; the report's other test files:
+REPORT_POOLING = "tests/test_report_pooling.py"
+REPORT_AFFNIST = "tests/test_report_affnist.py"
+REPORT_RUNS = "tests/test_report_runs.py"
+REPORT_STAGE = "tests/test_report_stage.py"
+REPORTS = (REPORT, REPORT_POOLING, REPORT_AFFNIST, REPORT_RUNS, REPORT_STAGE)  # all of the report's tests
 README_PROTOCOLS = f"{REPORT}::test_the_readme_shows_every_protocols_table1_apart_with_seed_counts_and_the_papers_values"
 POWER = "tests/test_power.py"
 PROFILES = "tests/test_profiles.py"
@@ -93,7 +105,7 @@ CPU_HOURS = "tests/test_stack.py::test_the_paper_protocol_on_a_cpu_warns_with_it
 REGISTRY = "tests/test_extension.py::test_the_registry_answers_for_a_plugin_by_what_the_plugin_says_and_refuses_a_name_nobody_gave"
 BAD_SPLIT = "tests/test_data.py::test_a_split_that_is_absent_torn_or_not_a_split_is_one_line_naming_the_command_that_rebuilds_it"
 SUBSETS = "tests/test_data.py::test_prepare_writes_subsets_and_affine_set"
-SPANS = "tests/test_report.py::test_a_schedule_as_long_as_its_training_is_cut_not_compressed_and_each_span_shows_its_range"
+SPANS = "tests/test_report_runs.py::test_a_schedule_as_long_as_its_training_is_cut_not_compressed_and_each_span_shows_its_range"
 CENSUS = "tests/test_cpu_census.py"
 SCALE = "tests/test_scale.py"
 SEED_ERRORS = "tests/test_figures.py::test_seed_errors_draws_every_seed_their_mean_and_interval_beside_the_papers_sigma"
@@ -108,9 +120,9 @@ TRAINING_DATA = ("tests/test_data.py::"
 SYNTHETIC = "tests/test_data.py::test_synthetic_data_has_the_shapes_the_experiment_trains_and_tests_on_and_every_class"
 T1_PREPARE = "tests/test_data.py::test_table1_prepares_its_affine_set_from_params_and_draws_a_montage_of_montage_count"
 T1_BATCHES = "tests/test_data.py::test_table1_draws_whole_shifted_batches_of_its_order_and_scores_the_clean_test_set"
-T1_SECTION = ("tests/test_report.py::"
+T1_SECTION = ("tests/test_report_stage.py::"
               "test_table1s_section_leaves_its_summary_for_multimnist_and_writes_its_outputs_with_or_without_runs")
-RUN_RECORD = "tests/test_report.py::test_a_run_reads_its_device_and_epochs_as_recorded_and_a_pair_right_only_as_a_whole"
+RUN_RECORD = "tests/test_report_runs.py::test_a_run_reads_its_device_and_epochs_as_recorded_and_a_pair_right_only_as_a_whole"
 WARM_HASH = f"{WARM}::test_the_server_hashes_every_file_of_the_package_and_refuses_one_added_since_it_started"
 WARM_STOPPED = f"{WARM}::test_a_stopped_server_ends_the_stages_still_running"
 WARM_EARLY_STOP = f"{WARM}::test_a_stop_sent_the_moment_a_stage_is_forked_ends_it"
@@ -130,9 +142,9 @@ BENCH_FILE = f"{POWER}::test_a_runs_speed_settings_name_its_bench_row_and_only_w
 MULTI_TABLES = "tests/test_multimnist.py::test_the_multimnist_tables_name_each_rows_seeds_origin_and_parameters"
 MULTI_FIGURE = ("tests/test_multimnist.py::"
                 "test_the_multimnist_figure_is_the_best_seed_of_the_lowest_error_reconstruction_variant")
-T1_FIGURES = f"{REPORT}::test_the_error_figure_and_curves_tell_a_variants_commits_apart_and_one_seed_has_no_interval"
-GAP_VARIANTS = f"{REPORT}::test_affnist_gap_reads_one_variant_per_model_and_names_every_seed_and_the_real_set"
-GAP_PROTOCOLS = f"{REPORT}::test_affnist_gap_reads_a_protocol_both_models_trained_under_or_calls_the_gap_confounded"
+T1_FIGURES = f"{REPORT_STAGE}::test_the_error_figure_and_curves_tell_a_variants_commits_apart_and_one_seed_has_no_interval"
+GAP_VARIANTS = f"{REPORT_AFFNIST}::test_affnist_gap_reads_one_variant_per_model_and_names_every_seed_and_the_real_set"
+GAP_PROTOCOLS = f"{REPORT_AFFNIST}::test_affnist_gap_reads_a_protocol_both_models_trained_under_or_calls_the_gap_confounded"
 PRECISION_ARMS = (f"{REPORT}::"
                   "test_the_precision_check_needs_a_bf16_arm_and_a_confounded_effect_names_every_commit_of_each_arm")
 SPEEDS_CITED = (f"{REPORT}::"
@@ -141,17 +153,17 @@ ROW_RECORDS = (f"{REPORT}::"
                "test_a_row_lists_every_adam_eps_its_seeds_recorded_and_a_variant_the_paper_lacks_has_no_verdict")
 EMPTY_RUN_TABLE = f"{REPORT}::test_an_empty_run_table_adds_no_section_and_a_value_not_there_prints_as_a_dash"
 BLOCK_UNENDED = "tests/test_readme.py::test_a_block_begun_but_never_ended_is_refused_and_read_as_none"
-RUN_SPANS = f"{REPORT}::test_the_papers_length_and_an_early_stop_are_not_cut_a_runs_every_resume_is_named_and_epoch_spans_stay_whole"
+RUN_SPANS = f"{REPORT_RUNS}::test_the_papers_length_and_an_early_stop_are_not_cut_a_runs_every_resume_is_named_and_epoch_spans_stay_whole"
 PUBLISHED_BYTES = "tests/test_published.py::test_the_published_report_regenerates_byte_for_byte"
-UNRECORDED_EPS = f"{REPORT}::test_runs_that_do_not_record_adam_eps_or_resumed_are_named"
-PUBLISHED_KEYS = f"{REPORT}::test_published_predictions_keep_only_per_image_labels_predictions_and_source_digits"
+UNRECORDED_EPS = f"{REPORT_RUNS}::test_runs_that_do_not_record_adam_eps_or_resumed_are_named"
+PUBLISHED_KEYS = f"{REPORT_RUNS}::test_published_predictions_keep_only_per_image_labels_predictions_and_source_digits"
 MIRROR_VAR = "tests/test_affnist.py::test_the_mirror_variable_is_a_path_with_home_expanded_and_blank_means_unset"
 AFFNIST_SPLITS = ("tests/test_affnist.py::"
                   "test_prepare_writes_the_offsets_source_digits_and_ranges_that_evaluation_and_the_report_read")
 AFFNIST_MONTAGE = ("tests/test_affnist.py::"
                    "test_prepare_draws_the_first_transform_of_montage_count_digits_and_says_what_it_wrote")
-AFFNIST_SECTION = f"{REPORT}::test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_deviation"
-AFFNIST_README = f"{REPORT}::test_the_52_readme_line_needs_a_gap_and_a_confounded_one_lists_every_row"
+AFFNIST_SECTION = f"{REPORT_AFFNIST}::test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_deviation"
+AFFNIST_README = f"{REPORT_AFFNIST}::test_the_52_readme_line_needs_a_gap_and_a_confounded_one_lists_every_row"
 MULTI_EVAL = "tests/test_multimnist.py::test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads"
 MULTI_PREPARE = ("tests/test_multimnist.py::"
                  "test_multimnist_prepares_its_recipes_draws_fresh_examples_and_pairs_synthetic_digits_of_two_classes")
@@ -175,12 +187,12 @@ FAN_OUT_ITEMS = ("tests/test_train.py::"
                  "test_the_fan_out_items_are_the_stacked_variants_then_each_separate_variants_seeds_and_name_their_stages")
 GROUP_KEY = ("tests/test_stack.py::"
              "test_a_one_seed_groups_key_is_its_runs_own_no_seeds_no_checkpoint_and_non_finite_weights_are_named")
-PROVENANCE_LINES = f"{REPORT}::test_the_provenance_lines_count_each_commit_fingerprint_variant_resume_and_minute"
+PROVENANCE_LINES = f"{REPORT_RUNS}::test_the_provenance_lines_count_each_commit_fingerprint_variant_resume_and_minute"
 ROW_METRICS = f"{REPORT}::test_a_rows_metrics_keep_a_shared_value_as_recorded_and_leave_out_a_key_a_seed_lacks"
-CURVE_PANELS = f"{REPORT}::test_the_learning_curves_draw_one_panel_per_protocol_and_each_schedules_longest_run"
-REPORT_STAGE_RUN = (f"{REPORT}::"
+CURVE_PANELS = f"{REPORT_STAGE}::test_the_learning_curves_draw_one_panel_per_protocol_and_each_schedules_longest_run"
+REPORT_STAGE_RUN = (f"{REPORT_STAGE}::"
                     "test_the_report_stage_needs_a_run_lists_the_missing_names_a_superseded_record_and_logs_every_file")
-CLAIMS_SUMMARY = f"{REPORT}::test_the_terminals_claims_summary_reads_claims_csv_and_flags_a_smoke_run"
+CLAIMS_SUMMARY = f"{REPORT_STAGE}::test_the_terminals_claims_summary_reads_claims_csv_and_flags_a_smoke_run"
 TRACKING = "tests/test_tracking.py"
 TRACKING_NAMES = f"{TRACKING}::test_each_profile_has_its_experiment_its_runs_table_its_order_and_a_sqlite_store_its_lock"
 REPORT_RUN_TAGS = (f"{TRACKING}::"
@@ -188,7 +200,7 @@ REPORT_RUN_TAGS = (f"{TRACKING}::"
 REPLAYED_REPORT = f"{TRACKING}::test_a_journalled_report_replays_into_its_profiles_experiment_with_its_tags"
 UNRECORDED_SPLITS = (f"{TRACKING}::"
                      "test_a_run_journalled_before_dataset_logging_gets_its_splits_by_image_size_and_the_sizes_it_recorded")
-NOT_RECORDED_READ = f"{REPORT}::test_what_a_run_did_not_record_reads_not_recorded_never_a_default"
+NOT_RECORDED_READ = f"{REPORT_RUNS}::test_what_a_run_did_not_record_reads_not_recorded_never_a_default"
 STEPS_TESTS = "tests/test_steps.py"
 STEP_PARTS = f"{STEPS_TESTS}::test_a_step_hands_back_its_parts_detached_and_autocasts_with_the_weight_cache_it_is_given"
 STEP_LR = (f"{STEPS_TESTS}::"
@@ -246,11 +258,11 @@ JOURNAL_READ = (f"{TRACKING}::"
                 "test_a_journal_reads_past_a_blank_line_and_its_torn_tail_warning_counts_the_records_kept")
 ARTIFACTS_BESIDE = f"{TRACKING}::test_a_sqlite_stores_runs_keep_their_files_beside_it_wherever_the_process_runs"
 FIGURES = "tests/test_figures.py"
-T1_HEADLINE = f"{REPORT}::test_the_figures_and_plot_data_read_the_headline_protocol_and_its_best_rows_best_run"
+T1_HEADLINE = f"{REPORT_STAGE}::test_the_figures_and_plot_data_read_the_headline_protocol_and_its_best_rows_best_run"
 CACHE = "tests/test_fingerprint_cache.py"
-BENCH_TABLE = f"{WINDOW}::test_the_bench_table_names_each_rows_levers_keeps_its_last_bench_and_marks_targets_from_its_own_rows"
+BENCH_TABLE = f"{WINDOW_IMPORT}::test_the_bench_table_names_each_rows_levers_keeps_its_last_bench_and_marks_targets_from_its_own_rows"
 BENCH_PROFILE = f"{PROFILE}::test_the_bench_tables_categories_come_from_a_row_that_recorded_them_and_five_kernels_are_named"
-IMPORT = f"{WINDOW}::test_the_import_brings_each_folders_newest_archive_home_and_rewrites_the_report_from_it"
+IMPORT = f"{WINDOW_IMPORT}::test_the_import_brings_each_folders_newest_archive_home_and_rewrites_the_report_from_it"
 SMALL = f"{FINGERPRINT}::test_the_small_configuration_fixes_every_protocol_speed_and_bookkeeping_setting"
 PROBE_KEEP = f"{FINGERPRINT}::test_the_probe_runs_every_cap_at_once_keeps_a_failed_one_and_compares_only_like_with_like"
 SPLIT_ARRAYS = "tests/test_evaluate.py::test_a_split_s_compact_predictions_are_bytes_and_half_scores_and_an_absent_class_reads_zero"
@@ -654,7 +666,7 @@ MUTATIONS = [
              ("tests/test_dvc.py::test_a_second_clone_sharing_the_cache_restores_train_and_evaluate_from_the_run_cache",)),
     Mutation("the report reads a commit column of digits back as a number", "pipeline/report/runs.py",
              "    return pd.read_csv(path, dtype={column: str for column in COMMIT_COLUMNS})", "    return pd.read_csv(path)",
-             (f"{REPORT}::test_report_stage_writes_every_declared_output_whatever_the_variants",)),
+             (f"{REPORT_STAGE}::test_report_stage_writes_every_declared_output_whatever_the_variants",)),
     Mutation("the smoke leaves its report over the published one", "pipeline/profiles.py",
              "        _set_aside(REPORTS, published, SMOKE_REPORT)\n", "",
              (f"{PROFILES}::test_smoke_sets_its_report_aside_and_puts_the_published_one_back",)),
@@ -811,22 +823,22 @@ MUTATIONS = [
     Mutation("capsnet ui overrides the environment's MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "pipeline/cli.py",
              "    env = tracking.SERVER_ENV | dict(os.environ)", "    env = dict(os.environ) | tracking.SERVER_ENV", ("tests/test_tracking.py::test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c",)),
     Mutation("the GPU window's MNIST is copied from a mirror that lacks some of it", "scripts/gpu_fetch_mnist.sh",
-             'if [ "$found" -ne 4 ]; then', "if false; then", (f"{WINDOW}::test_the_mnist_a_window_carries_is_copied_whole_or_not_at_all_saying_why",)),
+             'if [ "$found" -ne 4 ]; then', "if false; then", (f"{WINDOW_TRAVEL}::test_the_mnist_a_window_carries_is_copied_whole_or_not_at_all_saying_why",)),
     Mutation("the GPU window's MNIST is never copied into the carried folder", "scripts/gpu_fetch_mnist.sh",
-             'cp -f "$mirror"/*-ubyte.gz .gpu/mnist/', ":", (f"{WINDOW}::test_the_mnist_a_window_carries_is_copied_whole_or_not_at_all_saying_why",)),
+             'cp -f "$mirror"/*-ubyte.gz .gpu/mnist/', ":", (f"{WINDOW_TRAVEL}::test_the_mnist_a_window_carries_is_copied_whole_or_not_at_all_saying_why",)),
     Mutation("fetching the GPU window's MNIST does not say what a call will send", "scripts/gpu_fetch_mnist.sh",
-             "python3 scripts/gpu_travel.py", ":", (f"{WINDOW}::test_the_mnist_a_window_carries_is_copied_whole_or_not_at_all_saying_why",)),
+             "python3 scripts/gpu_travel.py", ":", (f"{WINDOW_TRAVEL}::test_the_mnist_a_window_carries_is_copied_whole_or_not_at_all_saying_why",)),
     Mutation("the CUDA tests' key leaves out the machine (torch, CUDA, the GPU, its driver)", "scripts/gpu_proof.py",
              'return {"code": code_digest(root, list(tests)), **machine()}', 'return {"code": code_digest(root, list(tests))}',
-             (PAPER, WINDOW)),
+             (PAPER, *WINDOWS)),
     Mutation("the CUDA tests' key leaves out the driver", "scripts/gpu_proof.py",
              '"gpu": gpu, "driver": driver}', '"gpu": gpu, "driver": ""}', (f"{PAPER}::test_the_cuda_tests_key_names_the_driver_nvidia_smi_reports_and_an_unfinished_log_is_refused_in_one_line",)),
     Mutation("the CUDA tests' key leaves out torch's version", "scripts/gpu_proof.py",
              'return {"torch": torch.__version__,', 'return {"torch": "",', (f"{PAPER}::test_the_cuda_tests_key_names_the_driver_nvidia_smi_reports_and_an_unfinished_log_is_refused_in_one_line",)),
     Mutation("every GPU model's CUDA-test logs go into one folder", "scripts/gpu_proof.py",
-             'return bench / device_slug(k["gpu"]) / "cuda-tests"', 'return bench / "cuda-tests"', (PAPER, WINDOW)),
+             'return bench / device_slug(k["gpu"]) / "cuda-tests"', 'return bench / "cuda-tests"', (PAPER, *WINDOWS)),
     Mutation("looking for a CUDA-test log that is not there fails instead of saying none", "scripts/gpu_proof.py",
-             '    if not path.is_file():\n        return None\n    first,', '    first,', (PAPER, WINDOW)),
+             '    if not path.is_file():\n        return None\n    first,', '    first,', (PAPER, *WINDOWS)),
     Mutation("keeping an unfinished CUDA-test log exits 0", "scripts/gpu_proof.py",
              'not kept as a proof", file=sys.stderr)\n        return 1', 'not kept as a proof", file=sys.stderr)\n        return 0',
              (f"{PAPER}::test_the_cuda_tests_key_names_the_driver_nvidia_smi_reports_and_an_unfinished_log_is_refused_in_one_line",)),
@@ -873,11 +885,11 @@ MUTATIONS = [
              "pipeline/experiments/table1_report.py",
              "if (c := shared_commit(rows_a[ka], rows_b[kb]))]",
              "if ka == kb and (c := shared_commit(rows_a[ka], rows_b[kb]))]",
-             ("tests/test_report.py::test_runs_with_one_training_fingerprint_pool_across_commits",)),
+             ("tests/test_report_pooling.py::test_runs_with_one_training_fingerprint_pool_across_commits",)),
     Mutation("README lines group rows by their labels, not the commits that compute them",
              "pipeline/experiments/table1_report.py",
              'commits = dict(zip(mine.commit, mine.commits.fillna("").str.split()))', "commits = {c: [c] for c in mine.commit}",
-             (REPORT,)),
+             REPORTS),
     Mutation("the README shows the first protocol's Table 1 alone", "pipeline/experiments/table1_report.py",
              "    for other in others:", "    for other in others[:0]:", (README_PROTOCOLS,)),
     Mutation("a README cell hides a row's seed count short of the most", "pipeline/experiments/table1_report.py",
@@ -904,51 +916,51 @@ MUTATIONS = [
              "pipeline/experiments/table1_report.py",
              "pair = max(pairs, key=lambda p: min(len(rows_a[p[0]]), len(rows_b[p[1]])), default=None)",
              "pair = next(iter(pairs), None)",
-             ("tests/test_report.py::test_an_effect_compares_the_pair_of_rows_with_the_most_seeds",)),
+             ("tests/test_report_pooling.py::test_an_effect_compares_the_pair_of_rows_with_the_most_seeds",)),
     Mutation("rows of two variants bridged without a commit in common", "pipeline/report/rows.py",
              "return next((c for c in commits_of(a) if c in theirs), None)",
              "return next((c for c in commits_of(a) + commits_of(b)), None)",
-             ("tests/test_report.py::test_runs_with_one_training_fingerprint_pool_across_commits",)),
+             ("tests/test_report_pooling.py::test_runs_with_one_training_fingerprint_pool_across_commits",)),
     Mutation("a fingerprint table bridges a run whatever fingerprint it computes for it", "pipeline/report/rows.py",
              '== t["fingerprints"][r.variant]))', 'is not None or True))',
-             ("tests/test_report.py::test_a_fingerprint_table_lets_rows_of_two_commits_compare",)),
+             ("tests/test_report_pooling.py::test_a_fingerprint_table_lets_rows_of_two_commits_compare",)),
     Mutation("fingerprints of two environments compare (a table bridges, the GPU queue counts)", "pipeline/core/lineage.py",
              "    if own_env == environment:\n", "    if True:\n",
-             ("tests/test_report.py::test_a_fingerprint_table_lets_rows_of_two_commits_compare", QUEUE)),
+             ("tests/test_report_pooling.py::test_a_fingerprint_table_lets_rows_of_two_commits_compare", QUEUE)),
     Mutation("a run is carried into another environment without its commit's table of its own", "pipeline/core/lineage.py",
              "    if not vouched(config, variant, tables):\n", "    if False:\n",
-             ("tests/test_report.py::test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment",)),
+             ("tests/test_report_pooling.py::test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment",)),
     Mutation("a run is carried into another environment through another commit's table", "pipeline/core/lineage.py",
              'for t in tables if t.get("commit") == commit and t.get("environment") == environment]',
              'for t in tables if t.get("environment") == environment]',
-             ("tests/test_report.py::test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment",)),
+             ("tests/test_report_pooling.py::test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment",)),
     Mutation("another commit's table in a run's own environment vouches for it", "pipeline/core/lineage.py",
              '        t.get("commit") == commit and t.get("environment") == own_env', '        t.get("environment") == own_env',
-             ("tests/test_report.py::test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment", QUEUE)),
+             ("tests/test_report_pooling.py::test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment", QUEUE)),
     Mutation("a window's table of a commit replaces the published table of that commit from another host",
              "pipeline/core/lineage.py", "        if dest.is_file() and json.loads(dest.read_text())", "        if False and json.loads(dest.read_text())",
-             ("tests/test_report.py::test_a_commits_table_from_another_host_is_kept_beside_the_one_published_never_over_it",)),
+             ("tests/test_report_pooling.py::test_a_commits_table_from_another_host_is_kept_beside_the_one_published_never_over_it",)),
     Mutation("a seed an earlier call trained is trained again", "scripts/gpu_session.sh",
              'if [ -f "models/$variant/seed$s/config.json" ]; then trained=', 'if false; then trained=',
-             ("tests/test_gpu_window.py::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
+             ("tests/test_gpu_session.py::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
     Mutation("a failed evaluation is asked again until the deadline", "scripts/gpu_session.sh",
              '[ "$evaluated" = 0 ] && [ -n "$seeds" ] && return 3', '[ -n "$seeds" ] && return 3',
-             ("tests/test_gpu_window.py::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
+             ("tests/test_gpu_session.py::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
     Mutation("a job stops after the first seed it trains", "scripts/gpu_session.sh",
              'while run_job "$1"; [ $? = 3 ]; do :; done', 'run_job "$1"',
-             ("tests/test_gpu_window.py::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
+             ("tests/test_gpu_session.py::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
     Mutation("seeds train stacked where the bench says stacking is slower", "scripts/gpu_queue.py",
              "alone = not stacking_pays(params, variant, len(seeds), rows, parallel)", "alone = False",
              ("tests/test_gpu_window.py::test_where_stacked_seeds_train_slower_a_job_trains_one_seed_and_asks_again_for_the_next",)),
     Mutation("a captured run is priced at the uncaptured step's speed", "pipeline/report/costs.py",
              "return CONFIGURATIONS[amp, compiled] if plain or name is None else name", "return CONFIGURATIONS[amp, compiled]",
-             ("tests/test_gpu_window.py::test_the_bench_table_is_what_the_report_prices_seeds_with",)),
+             ("tests/test_gpu_import.py::test_the_bench_table_is_what_the_report_prices_seeds_with",)),
     Mutation("the levers pick a stacked mode where one seed alone trains faster", "scripts/gpu_levers.py",
              "seeds = STACKED if fastest[STACKED] > fastest[1] else 1", "seeds = STACKED if fastest[STACKED] else 1",
              ("tests/test_profiles.py::test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove",)),
     Mutation("a seed trained again overwrites its published record", "pipeline/report/publish.py",
              "        set_aside(dest, variant, seed_dir, run_id(models_dir / variant / seed_dir))\n", "",
-             ("tests/test_report.py::test_a_seed_trained_again_sets_its_published_record_aside_and_the_report_keeps_both",)),
+             ("tests/test_report_runs.py::test_a_seed_trained_again_sets_its_published_record_aside_and_the_report_keeps_both",)),
     Mutation("the report leaves out the published records set aside", "pipeline/stages/report.py",
              "models_dir, variants, seeds, p),", "models_dir / 'none', variants, seeds, p),",
              ("tests/test_published.py",)),
@@ -978,29 +990,29 @@ MUTATIONS = [
     Mutation("the session never records what its jobs took", "scripts/gpu_session.sh",
              '[ "$status" = 0 ] && [ "$resumed" = 0 ] && { python3 scripts/gpu_queue.py --record',
              '[ "$status" = 9 ] && { python3 scripts/gpu_queue.py --record',
-             (f"{WINDOW}::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
+             (f"{WINDOW_SESSION}::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
     Mutation("the session's fit does not read the jobs measured", "scripts/gpu_session.sh",
              '--checkpoints "checkpoints/$variant" --jobs "$JOBS"', '--checkpoints "checkpoints/$variant"',
-             (f"{WINDOW}::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
+             (f"{WINDOW_SESSION}::test_a_window_evaluates_what_an_earlier_call_trained_and_trains_seeds_one_by_one_where_stacking_is_slower",)),
     Mutation("a window does not start from the jobs earlier windows measured", "scripts/gpu_session.sh",
              'if [ -s "$kept" ] && [ ! -e logs/jobs/seconds.jsonl ]; then', 'if false; then',
-             (f"{WINDOW}::test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_benched",)),
+             (f"{WINDOW_SESSION}::test_a_window_does_not_bench_again_what_an_earlier_window_on_its_gpu_model_benched",)),
     Mutation("the import adds a window's measured jobs again", "scripts/gpu_import.sh",
              "awk '!seen[$0]++'", "cat",
-             (f"{WINDOW}::test_the_import_keeps_each_measured_job_once_per_gpu_model",)),
+             (f"{WINDOW_IMPORT}::test_the_import_keeps_each_measured_job_once_per_gpu_model",)),
     Mutation("rows of one training code recorded on two hosts stay apart", "pipeline/report/rows.py",
              "if other[:2] == key[:2] and shared_commit(mine, rows[other]) is not None:", "if False:",
-             (f"{REPORT}::test_one_code_trained_again_on_another_host_is_one_row_and_each_seed_counts_once",)),
+             (f"{REPORT_POOLING}::test_one_code_trained_again_on_another_host_is_one_row_and_each_seed_counts_once",)),
     Mutation("rows of one training code under two protocols are joined", "pipeline/report/rows.py",
              "if other[:2] == key[:2] and shared_commit(mine, rows[other]) is not None:",
              "if other[:1] == key[:1] and shared_commit(mine, rows[other]) is not None:",
-             (f"{REPORT}::test_one_code_trained_again_on_another_host_is_one_row_and_each_seed_counts_once",)),
+             (f"{REPORT_POOLING}::test_one_code_trained_again_on_another_host_is_one_row_and_each_seed_counts_once",)),
     Mutation("the report stage does not join rows of one training code", "pipeline/stages/report.py",
              "publish.one_per_seed(same_code(bridge(", "publish.one_per_seed((bridge(",
              (PUBLISHED_BYTES,)),
     Mutation("the report never reads the fingerprint tables", "pipeline/stages/report.py",
              "lineage.load_tables(fingerprints))", "lineage.load_tables(None))",
-             ("tests/test_published.py", "tests/test_report.py::test_report_stage_reads_its_fingerprint_tables")),
+             ("tests/test_published.py", "tests/test_report_stage.py::test_report_stage_reads_its_fingerprint_tables")),
     Mutation("capsnet fingerprint tables another configuration than the train stage fingerprints",
              "pipeline/training/fingerprint.py",
              "pool.submit(training_fingerprint, run_config(params, v, seed=0))",
@@ -1020,7 +1032,7 @@ MUTATIONS = [
     Mutation("§5.2's gap compares two fingerprints only when equal", "pipeline/experiments/affnist_report.py",
              "and len({r.commit_key for r in cnn}) == 1 and shared_commit(caps, cnn) is not None)",
              "and len({r.commit_key for r in caps + cnn}) == 1 and shared_commit(caps, cnn) is not None)",
-             ("tests/test_report.py::test_affnist_gap_of_two_fingerprints_from_one_commit_has_an_interval",)),
+             ("tests/test_report_affnist.py::test_affnist_gap_of_two_fingerprints_from_one_commit_has_an_interval",)),
     Mutation("intervals from a one-sided t quantile", "pipeline/report/stats.py",
              "float(stats.t.ppf(0.5 + level / 2, df))",
              "float(stats.t.ppf(level, df))",
@@ -1104,7 +1116,7 @@ MUTATIONS = [
     Mutation("Table 1's rows read each seed's best epoch, selected on the test set", "pipeline/experiments/table1_report.py",
              'errors = [r.metrics["error_pct"] for r in mine]',
              "errors = [best_epoch(r.history)[0] for r in mine]",
-             ("tests/test_report.py::test_rows_never_pool_protocols_or_commits",)),
+             ("tests/test_report_pooling.py::test_rows_never_pool_protocols_or_commits",)),
     Mutation("an official row cites the paper recipe's re-runs", "pipeline/experiments/table1_report.py",
              'reference.get("reruns", {}).get(variant, "") if mine[0].recipe == "paper" else ""',
              'reference.get("reruns", {}).get(table1_row(variant, mine[0].recipe), "")',
@@ -1120,43 +1132,43 @@ MUTATIONS = [
     Mutation("rows of no common commit compared with an interval", "pipeline/experiments/table1_report.py",
              "    if not pair:\n        return row | {",
              "    if False:\n        return row | {",
-             ("tests/test_report.py::test_rows_never_pool_protocols_or_commits",)),
+             ("tests/test_report_pooling.py::test_rows_never_pool_protocols_or_commits",)),
     Mutation("§5.2's gap read on the expanded-MNIST set", "pipeline/experiments/affnist_report.py",
              'err_cnn = np.stack([~r.correct["affnist_test"] for r in cnn])',
              'err_cnn = np.stack([~r.correct["expanded_test"] for r in cnn])',
-             ("tests/test_report.py::test_affnist_summary_gap_and_matched_flag",)),
+             ("tests/test_report_affnist.py::test_affnist_summary_gap_and_matched_flag",)),
     Mutation("§5.2's gap resamples images, not their source digits", "pipeline/experiments/affnist_report.py",
              "parts = stats.effect_parts(err_cnn, err_caps, groups)",
              "parts = stats.effect_parts(err_cnn, err_caps)",
-             ("tests/test_report.py::test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups",)),
+             ("tests/test_report_runs.py::test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups",)),
     Mutation("§5.2's gap read CNN − CapsNet", "pipeline/experiments/affnist_report.py",
              "parts = stats.effect_parts(err_cnn, err_caps, groups)",
              "parts = stats.effect_parts(err_caps, err_cnn, groups)",
-             ("tests/test_report.py::test_affnist_summary_gap_and_matched_flag",)),
+             ("tests/test_report_affnist.py::test_affnist_summary_gap_and_matched_flag",)),
     Mutation("§5.2's gap larger only past twice the paper's", "pipeline/experiments/affnist_report.py",
              "    if ci_low > paper_gap:\n",
              "    if ci_low > 2 * paper_gap:\n",
-             ("tests/test_report.py::test_gap_verdict_boundaries",)),
+             ("tests/test_report_affnist.py::test_gap_verdict_boundaries",)),
     Mutation("§5.2's smaller gap called reproduced", "pipeline/experiments/affnist_report.py",
              'return "reproduced" if ci_high >= paper_gap else "smaller gap"',
              'return "reproduced"',
-             ("tests/test_report.py::test_gap_verdict_boundaries",)),
+             ("tests/test_report_affnist.py::test_gap_verdict_boundaries",)),
     Mutation("§5.2's no difference called opposite", "pipeline/experiments/affnist_report.py",
              "    if ci_high < 0:\n",
              "    if ci_low < 0:\n",
-             ("tests/test_report.py::test_gap_verdict_boundaries",)),
+             ("tests/test_report_affnist.py::test_gap_verdict_boundaries",)),
     Mutation("the paper's §5.2 gap read CNN − CapsNet", "pipeline/experiments/affnist_report.py",
              'paper_gap = ref["capsnet"]["affnist_accuracy_pct"] - ref["cnn"]["affnist_accuracy_pct"]',
              'paper_gap = ref["cnn"]["affnist_accuracy_pct"] - ref["capsnet"]["affnist_accuracy_pct"]',
-             ("tests/test_report.py::test_affnist_summary_gap_and_matched_flag",)),
+             ("tests/test_report_affnist.py::test_affnist_summary_gap_and_matched_flag",)),
     Mutation("§5.2's accuracy std with ddof 0", "pipeline/experiments/affnist_report.py",
              '"affnist_acc_std": float(np.std(affine, ddof=1))',
              '"affnist_acc_std": float(np.std(affine))',
-             ("tests/test_report.py::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
+             ("tests/test_report_affnist.py::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
     Mutation("§5.2's gap across training codes gets an interval", "pipeline/experiments/affnist_report.py",
              "    if not one_origin:  #",
              "    if False:  #",
-             ("tests/test_report.py::test_affnist_gap_across_commits_is_confounded",)),
+             ("tests/test_report_affnist.py::test_affnist_gap_across_commits_is_confounded",)),
     Mutation("a MultiMNIST verdict against 0 % instead of the paper's", "pipeline/experiments/multimnist_report.py",
              "diff = stats.against_paper(errors, paper_error, None) if paper else None",
              "diff = stats.against_paper(errors, 0.0, None) if paper else None",
@@ -1200,7 +1212,7 @@ MUTATIONS = [
              ("tests/test_profiles.py::test_a_cuda_profile_without_cuda_is_refused_before_anything_runs",)),
     Mutation("the effects figure pools every protocol's effects", "pipeline/experiments/table1_figures.py",
              "    here = effect_table[effect_table.protocol == protocol]\n    path =", "    here = effect_table\n    path =",
-             ("tests/test_report.py::test_the_effects_figure_plots_the_headline_protocols_effects_with_what_would_settle_each",)),
+             ("tests/test_report_stage.py::test_the_effects_figure_plots_the_headline_protocols_effects_with_what_would_settle_each",)),
     Mutation("capsnet ui starts mlflow ui on a taken port", "pipeline/cli.py",
              "problem = None if dry_run else tracking.port_problem(port)", "problem = None",
              ("tests/test_tracking.py::test_ui_on_a_taken_port_says_so_before_loading_anything",)),
@@ -1217,12 +1229,12 @@ MUTATIONS = [
              '"paper_protocol_hours": math.nan', ("tests/test_published.py",)),
     Mutation("rows pool commits", "pipeline/report/rows.py",
              "out.setdefault((r.variant, r.protocol_key, r.commit_key), []).append(r)",
-             'out.setdefault((r.variant, r.protocol_key, ""), []).append(r)', (REPORT,)),
+             'out.setdefault((r.variant, r.protocol_key, ""), []).append(r)', REPORTS),
     Mutation("§5.2 has no word for a gap below 0", "pipeline/experiments/affnist_report.py",
-             '    if ci_high < 0:\n        return "opposite"\n', "", (REPORT,)),
+             '    if ci_high < 0:\n        return "opposite"\n', "", REPORTS),
     Mutation("old runs' Adam ε filled from a default", "pipeline/report/runs.py",
              'return self.config.get("optimizer", {}).get("adam_eps", NOT_RECORDED)',
-             'return self.config.get("optimizer", {}).get("adam_eps", 1e-7)', (REPORT,)),
+             'return self.config.get("optimizer", {}).get("adam_eps", 1e-7)', REPORTS),
     Mutation("the published report rounds one more digit", "pipeline/report/document.py",
              "def fmt_pct(x: float, digits: int = 2)", "def fmt_pct(x: float, digits: int = 3)",
              ("tests/test_published.py",)),
@@ -1232,10 +1244,10 @@ MUTATIONS = [
              ("tests/test_published.py",)),
     Mutation("the learning curves pool every protocol's runs in one panel", "pipeline/stages/report.py",
              "            mine = [r for r in runs if r.protocol_key == key]\n", "            mine = runs\n",
-             (f"{REPORT}::test_each_protocol_has_its_own_learning_curve_panel",)),
+             (f"{REPORT_STAGE}::test_each_protocol_has_its_own_learning_curve_panel",)),
     Mutation("a learning-curve panel labels its lines by the rows of every protocol", "pipeline/stages/report.py",
              "ambiguous = with_several_rows(mine)", "ambiguous = with_several_rows(runs)",
-             (f"{REPORT}::test_each_protocol_has_its_own_learning_curve_panel",)),
+             (f"{REPORT_STAGE}::test_each_protocol_has_its_own_learning_curve_panel",)),
     Mutation("the report stage hands runs to experiments by image size", "pipeline/stages/report.py",
              "[r for r in runs if r.experiment == e.NAME]", "[r for r in runs if r.image_size == e.IMAGE_SIZE]",
              (EXTENSION, LAYOUT)),
@@ -1249,9 +1261,9 @@ MUTATIONS = [
              "return LEGACY_IMAGE_SIZES[image_size]", 'return "table1"', ("tests/test_published.py",)),
     Mutation("runs of one training fingerprint split by commit", "pipeline/report/runs.py",
              'return f"fp {self.fingerprint[:8]}" if self.fingerprint != NOT_RECORDED else short(self.commit)',
-             "return short(self.commit)", (REPORT,)),
+             "return short(self.commit)", REPORTS),
     Mutation("a fingerprint row's figure misses the runs of its other commits", "pipeline/experiments/table1_figures.py",
-             "r.commit_key == row_key(best.commit)", "r.commit == best.commit", (REPORT,)),
+             "r.commit_key == row_key(best.commit)", "r.commit == best.commit", REPORTS),
     Mutation("train.compile_mode never reaches torch.compile", "pipeline/training/train.py",
              "compiled(stack, cfg.compile_mode)", "compiled(stack)",
              ("tests/test_train.py::test_the_compile_mode_reaches_torch_compile_and_is_not_part_of_the_checkpoint_key",)),
@@ -1316,10 +1328,10 @@ MUTATIONS = [
              ("tests/test_steps.py::test_a_batch_drawn_for_a_device_counter_is_the_batch_drawn_for_the_step",)),
     Mutation("a seed trained with settings the CUDA tests fail is evaluated as it is", "scripts/gpu_session.sh",
              '  if [ "$status" = 0 ]; then proofs "$variant" "$seeds" || return $?; fi\n', "",
-             (WINDOW + "::test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_trains_again",)),
+             (WINDOW_SESSION + "::test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_trains_again",)),
     Mutation("the CUDA tests hold back the window's first jobs", "scripts/gpu_session.sh",
              "  cuda_tests &\n", "  cuda_tests\n",
-             (WINDOW + "::test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_trains_again",)),
+             (WINDOW_SESSION + "::test_the_cuda_tests_run_beside_the_first_jobs_and_a_seed_they_do_not_prove_trains_again",)),
     Mutation("a model whose profile mode fails its CUDA tests keeps that mode", "scripts/gpu_levers.py",
              "    if ok:\n        return None, f\"{model}: {why}; the profile's {mode} stays\"",
              "    if True:\n        return None, f\"{model}: {why}; the profile's {mode} stays\"",
@@ -1332,7 +1344,7 @@ MUTATIONS = [
              ("tests/test_wiring.py::test_tf32_is_on_only_where_train_tf32_says",)),
     Mutation("a TF32 run reads as fp32 in the report", "pipeline/core/protocol.py",
              'if "tf32" not in cfg:', 'if cfg.get("tf32"):',
-             ("tests/test_report.py::test_run_provenance_shows_what_each_run_recorded_and_nothing_else",)),
+             ("tests/test_report_runs.py::test_run_provenance_shows_what_each_run_recorded_and_nothing_else",)),
     Mutation("the gpu levers pick a captured mode the bench ran uncaptured", "scripts/gpu_levers.py",
              'return "the bench ran it uncaptured"', "pass",
              ("tests/test_profiles.py::test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove",)),
@@ -1340,23 +1352,23 @@ MUTATIONS = [
              "    for prefix in proofs:", "    for prefix in []:",
              ("tests/test_profiles.py::test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove",)),
     Mutation("a stacked job is priced as one seed", "scripts/gpu_queue.py",
-             "images = seeds * train[\"epochs\"]", "images = train[\"epochs\"]", (WINDOW,)),
+             "images = seeds * train[\"epochs\"]", "images = train[\"epochs\"]", WINDOWS),
     Mutation("a job is priced at MNIST's image size whatever its experiment's", "scripts/gpu_queue.py",
              "area = (registry.entry(experiment).image_size / MNIST_SIDE) ** 2", "area = 1.0",
              ("tests/test_gpu_window.py::test_the_estimate_is_the_bench_row_of_the_settings_the_job_trains_with",)),
     Mutation("a job's estimate ignores the processes sharing the GPU", "scripts/gpu_queue.py",
-             "(row[\"train_images_per_s\"] / parallel)", "row[\"train_images_per_s\"]", (WINDOW,)),
+             "(row[\"train_images_per_s\"] / parallel)", "row[\"train_images_per_s\"]", WINDOWS),
     Mutation("a job that does not fit the window never starts with its first seeds", "scripts/gpu_queue.py",
-             "else range(len(seeds), 0, -1):", "else range(len(seeds), len(seeds) - 1, -1):", (WINDOW,)),
+             "else range(len(seeds), 0, -1):", "else range(len(seeds), len(seeds) - 1, -1):", WINDOWS),
     Mutation("a job the last call stopped is estimated afresh instead of resumed", "scripts/gpu_queue.py",
-             "if set(stopped) <= set(seeds):", "if False:", (WINDOW,)),
+             "if set(stopped) <= set(seeds):", "if False:", WINDOWS),
     Mutation("the bench table puts stacked aggregates where the costs read one seed's speed", "scripts/bench_table.py",
-             'lines.append(f"| stacked {label(r)}', 'lines.append(f"| capsnet-repro {label(r)}', (WINDOW,)),
+             'lines.append(f"| stacked {label(r)}', 'lines.append(f"| capsnet-repro {label(r)}', WINDOWS),
     Mutation("a CNN job is priced at the compiled row it does not train with", "scripts/gpu_levers.py",
              "compiled = train[\"compile\"] and (model == \"capsnet\" or train.get(\"compile_cnns\", True))",
-             "compiled = train[\"compile\"]", (WINDOW,)),
+             "compiled = train[\"compile\"]", WINDOWS),
     Mutation("a window benches again what an earlier one on its GPU model benched", "scripts/gpu_session.sh",
-             '&& cp "$kept" logs/bench/ &&', "&& true &&", (WINDOW,)),
+             '&& cp "$kept" logs/bench/ &&', "&& true &&", WINDOWS),
     Mutation("benching never yields to training", "scripts/gpu_session.sh",
              '-ge "$BENCH_BUDGET" ]', "-ge 999999 ]", (BENCH_SECONDS,)),
     Mutation("benching counts the time since the first bench began, not the seconds benches ran", "scripts/gpu_session.sh",
@@ -1418,11 +1430,11 @@ MUTATIONS = [
              ("tests/test_fingerprint_cache.py::test_the_cache_key_follows_the_code_configuration_processor_and_kernel_settings",)),
     Mutation("the window computes no table of the published runs' commits on its host", "scripts/gpu_plan.sh",
              "  mapfile -t BRIDGES < <(", "  BRIDGES=(); true < <(",
-             (f"{WINDOW}::test_the_window_carries_runs_of_another_environment_through_tables_it_computes_on_its_host",)),
+             (f"{WINDOW_SESSION}::test_the_window_carries_runs_of_another_environment_through_tables_it_computes_on_its_host",)),
     Mutation("the queue reads no table the window computed beside its own", "scripts/gpu_queue.py",
              "    here = lineage.load_tables(args.fingerprints.parent) if args.fingerprints else []",
              "    here = []",
-             (f"{WINDOW}::test_the_window_carries_runs_of_another_environment_through_tables_it_computes_on_its_host",)),
+             (f"{WINDOW_SESSION}::test_the_window_carries_runs_of_another_environment_through_tables_it_computes_on_its_host",)),
     Mutation("the window asks for tables of records no table of their own commit vouches for", "scripts/gpu_queue.py",
              "            if lineage.vouched(c, v, known) and lineage", "            if commit and lineage", (QUEUE,)),
     Mutation("the window asks for tables of records already known in its environment", "scripts/gpu_queue.py",
@@ -1519,7 +1531,7 @@ MUTATIONS = [
              "[*published_tables, table]", "[table]", (QUEUE,)),
     Mutation("the window asks the queue without its fingerprint table", "scripts/gpu_plan.sh",
              '[ -s "$FP_TABLE" ] && QUEUE_ARGS=(--fingerprints "$FP_TABLE")', "true",
-             (f"{WINDOW}::test_the_window_queues_again_what_other_training_code_published",)),
+             (f"{WINDOW_SESSION}::test_the_window_queues_again_what_other_training_code_published",)),
     # --- the precision check (#36 item 6): the fp32 twin, its queue, its levers, its effect ---
     Mutation("a precision twin trains in its profile's precision", "pipeline/training/config.py",
              '    recipe["amp"] = protocol.amp_of(v.precision, params.train.amp)  # a precision twin\'s own\n', "",
@@ -1572,30 +1584,30 @@ MUTATIONS = [
     Mutation("reports/metrics pools a variant's protocols and training code", "pipeline/stages/report.py",
              "for name, rows in row_names(runs).items():",
              "for name, rows in {v: [r for r in runs if r.variant == v] for v in dict.fromkeys(r.variant for r in runs)}.items():",
-             (f"{REPORT}::test_variant_metrics_never_pool_protocols_or_training_code",)),
+             (f"{REPORT_POOLING}::test_variant_metrics_never_pool_protocols_or_training_code",)),
     Mutation("a protocol a window has only begun becomes the headline", "pipeline/report/rows.py",
              "key=lambda k: (-counts[k], -k[1], -current[k])", "key=lambda k: -k[1]",
-             (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",
+             (f"{REPORT_POOLING}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",
               f"{BEGUN}[paper length]")),
     Mutation("of two protocols with as many runs the shorter heads the report", "pipeline/report/rows.py",
              "key=lambda k: (-counts[k], -k[1], -current[k])", "key=lambda k: (-counts[k], -current[k])",
-             (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
+             (f"{REPORT_POOLING}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
     Mutation("of two complete protocols the one whose records were displaced heads the report", "pipeline/report/rows.py",
              "key=lambda k: (-counts[k], -k[1], -current[k])", "key=lambda k: (-counts[k], -k[1])",
-             (f"{REPORT}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
+             (f"{REPORT_POOLING}::test_the_headline_protocol_is_the_one_with_most_runs_then_the_longest_then_the_newest",)),
     Mutation("§5.2's gap pools a protocol a window has only begun", "pipeline/experiments/affnist_report.py",
              "    runs = headline_runs(runs)\n", "",
-             (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",
+             (f"{REPORT_AFFNIST}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",
               f"{BEGUN}[paper length]")),
     Mutation("report rows in the order first seen, a begun protocol's among the headline's", "pipeline/report/rows.py",
              "return sorted(group(runs).items(), key=lambda item: order[item[0][1]])", "return list(group(runs).items())",
-             (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
+             (f"{REPORT_AFFNIST}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
     Mutation("the README's §5.2 line lists every protocol's rows", "pipeline/experiments/affnist.py",
              "shown = table[table.protocol == g.gap_protocol]", "shown = table",
-             (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
+             (f"{REPORT_AFFNIST}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
     Mutation("a claim of another protocol than the headline does not name it", "pipeline/report/claims.py",
              'return claim.ours if claim.protocol == headline else f"{claim.ours}, under {claim.protocol}"', "return claim.ours",
-             (f"{REPORT}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
+             (f"{REPORT_AFFNIST}::test_affnist_gap_reads_the_protocol_both_models_have_most_runs_of_and_names_it",)),
     Mutation("the MultiMNIST column reads the last row of a variant, whatever its protocol", "pipeline/experiments/multimnist_report.py",
              "    for r in multi[multi.protocol == multi.protocol.iloc[0]].itertuples():\n        ours_by_row.setdefault(r.table1_row, r)",
              "    for r in multi.itertuples():\n        ours_by_row[r.table1_row] = r", ("tests/test_multimnist.py::test_the_multimnist_column_reads_its_first_protocols_rows_and_names_it",)),
@@ -1606,42 +1618,42 @@ MUTATIONS = [
     # --- the window's seconds: LEFT less the start as measured and what follows the call ---
     Mutation("the window ignores when LEFT was read", "scripts/gpu_plan.sh",
              'then overhead=$(( since + after )); fi', "then true; fi",
-             (f"{WINDOW}::test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after",)),
+             (f"{WINDOW_TRAVEL}::test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after",)),
     Mutation("the window believes a reading of any age", "scripts/gpu_plan.sh",
              '[ "$since" -le 600 ]; then', '[ "$since" -le 999999 ]; then',
-             (f"{WINDOW}::test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after",)),
+             (f"{WINDOW_TRAVEL}::test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after",)),
     Mutation("the window believes a clock ahead of the device's", "scripts/gpu_plan.sh",
              'if [ "$since" -ge 0 ] &&', 'if [ "$since" -ge -999999 ] &&',
-             (f"{WINDOW}::test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after",)),
+             (f"{WINDOW_TRAVEL}::test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after",)),
     Mutation("a warm call allows for a cold call's aftermath", "scripts/gpu_plan.sh",
              "[ -f logs/gpu_tests.done ] && overhead=75 after=30", "[ -f logs/gpu_tests.done ] && overhead=75",
-             (f"{WINDOW}::test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after",)),
+             (f"{WINDOW_TRAVEL}::test_the_window_is_what_left_loses_to_the_start_as_measured_and_allowed_after",)),
     Mutation("the next call's command is printed for a tree that is not HEAD", "scripts/gpu_command.sh",
-             'if [ -n "$changed" ]; then', "if false; then", (f"{WINDOW}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
+             'if [ -n "$changed" ]; then', "if false; then", (f"{WINDOW_TRAVEL}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
     Mutation("the next call's command is printed beside untracked files that travel", "scripts/gpu_command.sh",
              "changed=$(git status --porcelain |", "changed=$(git status --porcelain --untracked-files=no |",
-             (f"{WINDOW}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
+             (f"{WINDOW_TRAVEL}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
     Mutation("the next call's command leaves out when LEFT was read", "scripts/gpu_command.sh",
-             "CAPSNET_GPU_LEFT=$1 CAPSNET_GPU_LEFT_AT=$(date +%s) ", "CAPSNET_GPU_LEFT=$1 ", (f"{WINDOW}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
+             "CAPSNET_GPU_LEFT=$1 CAPSNET_GPU_LEFT_AT=$(date +%s) ", "CAPSNET_GPU_LEFT=$1 ", (f"{WINDOW_TRAVEL}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
     # --- what every GPU call carries: the published records, the device tool's 64 MiB ---
     Mutation("published source digits keep their evaluated width", "pipeline/report/publish.py",
              'keep = {k: narrowest(t) if k.endswith("_digit_index") else t.contiguous() for k, t in pred.items()',
-             "keep = {k: t.contiguous() for k, t in pred.items()", (f"{REPORT}::test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups",)),
+             "keep = {k: t.contiguous() for k, t in pred.items()", (f"{REPORT_RUNS}::test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups",)),
     Mutation("narrowed source digits are read back in their narrow type", "pipeline/report/runs.py",
              '{name: pred[f"{name}_digit_index"].long().numpy()', '{name: pred[f"{name}_digit_index"].numpy()',
-             (f"{REPORT}::test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups",)),
+             (f"{REPORT_RUNS}::test_published_source_digits_are_narrowed_and_read_back_as_the_same_groups",)),
     Mutation("the travel size leaves out untracked files that travel", "scripts/gpu_travel.py",
              '"untracked": sizes(listed("--others", "--exclude-standard"))', '"untracked": {}',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation("the travel size leaves out the carried folder", "scripts/gpu_travel.py",
              '        groups[f"carried {path}"] = sizes(found)\n', "",
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation("the travel size never warns before the limit", "scripts/gpu_travel.py",
              "    if total > args.limit_mib - args.margin_mib:", "    if False:",
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation("the import unpacks a window inside the carried folder", "scripts/gpu_import.sh",
              "rm -rf .gpu-import && mkdir -p .gpu-import\n", "rm -rf .gpu/import && mkdir -p .gpu/import\n",
-             (f"{WINDOW}::test_the_import_unpacks_a_window_where_no_gpu_call_carries_it",)),
+             (f"{WINDOW_IMPORT}::test_the_import_unpacks_a_window_where_no_gpu_call_carries_it",)),
     # --- the docs: every command, link and path they give exists ---
     Mutation("a make target the README names is gone", "Makefile", "ui: venv  ##", "serve: venv  ##", (DOCS,)),
     Mutation("a make target has no line in a bare make's list", "Makefile", "gpu: venv  ## the whole", "gpu: venv  # the whole",
@@ -1727,15 +1739,15 @@ MUTATIONS = [
     Mutation("the bench table leaves the profiles out", "scripts/bench_table.py",
              "        lines += profile_table(mine)\n", "", (PROFILE,)),
     Mutation("a call's checks come back one file each, past the device tool's eight", "scripts/gpu_session.sh",
-             '*) checks+=("${f##*/}") ;;', '*) ;;', (WINDOW,)),
+             '*) checks+=("${f##*/}") ;;', '*) ;;', WINDOWS),
     Mutation("the import looks for a call's checks beside its archive", "scripts/gpu_import.sh",
-             'checks=.gpu-import/checks-$n && mkdir', 'checks=$folder && mkdir', (WINDOW,)),
+             'checks=.gpu-import/checks-$n && mkdir', 'checks=$folder && mkdir', WINDOWS),
     Mutation("the queue prices a larger canvas's CapsNet by its image area alone", "scripts/gpu_queue.py",
-             "    if ratio > area:\n", "    if False:\n", (WINDOW,)),
+             "    if ratio > area:\n", "    if False:\n", WINDOWS),
     Mutation("the queue prices a pooled CNN by its smaller FLOP", "scripts/gpu_queue.py",
-             "    if ratio > area:\n", "    if ratio > 0:\n", (WINDOW,)),
+             "    if ratio > area:\n", "    if ratio > 0:\n", WINDOWS),
     Mutation("the FLOP table is not what the code counts", "reports/bench/flop_per_image.json",
-             '"capsnet_affnist": 4', '"capsnet_affnist": 3', (WINDOW,)),
+             '"capsnet_affnist": 4', '"capsnet_affnist": 3', WINDOWS),
     Mutation("the trace hashes an operation's inputs, not its outputs", "scripts/fingerprint_trace.py",
              '"out": outputs_hash(out)}\n', '"out": outputs_hash(args)}\n', (TRACE,)),
     Mutation("the trace's hash reads the bytes alone, not their dtype and shape", "scripts/fingerprint_trace.py",
@@ -1828,7 +1840,7 @@ MUTATIONS = [
              (f"{CALLS}::test_a_job_that_ended_without_its_exit_status_is_not_waited_for",)),
     Mutation("inductor's cache under the carried .gpu/, which the next call's carry replaces", "scripts/gpu_session.sh",
              "export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu-cache/inductor", "export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu/inductor",
-             (f"{WINDOW}::test_a_call_brings_back_its_checks_as_one_file_within_the_device_tools_eight",)),
+             (f"{WINDOW_SESSION}::test_a_call_brings_back_its_checks_as_one_file_within_the_device_tools_eight",)),
     Mutation("a call's account of its window never reaches its session.log", "scripts/gpu_plan.sh",
              '  >>"${OUT:-$PWD/gpu_out}/session.log"\n', "  >&2\n",
              (f"{PAPER}::test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job",)),
@@ -2645,7 +2657,7 @@ MUTATIONS = [
     Mutation("a run without breakdown.json is not missing", "pipeline/report/runs.py",
              'result_dir / "breakdown.json",\n            model_dir',
              "\n            model_dir",
-             (f"{REPORT}::test_a_run_missing_any_of_its_five_files_is_listed_as_missing_and_named_when_loaded",)),
+             (f"{REPORT_RUNS}::test_a_run_missing_any_of_its_five_files_is_listed_as_missing_and_named_when_loaded",)),
     Mutation("a stage whose warm interpreter died succeeds", "pipeline/warm.py",
              '        return 1\n    return last["exit"]',
              '        return 0\n    return last["exit"]',
@@ -2820,103 +2832,103 @@ MUTATIONS = [
     Mutation("rows whose runs record no commit share \"not recorded\" as one", "pipeline/report/rows.py",
              "own = [short(r.commit) for r in runs if r.commit != NOT_RECORDED]",
              "own = [short(r.commit) for r in runs]",
-             (f"{REPORT}::test_runs_that_record_no_commit_share_no_commit",)),
+             (f"{REPORT_POOLING}::test_runs_that_record_no_commit_share_no_commit",)),
     Mutation("a row that shares no commit is left out of the cohorts", "pipeline/report/rows.py",
              "        if not counts:\n            out += [(label, [label]) for label in left]\n            break\n",
              "        if not counts:\n            break\n",
-             (f"{REPORT}::test_runs_that_record_no_commit_share_no_commit",)),
+             (f"{REPORT_POOLING}::test_runs_that_record_no_commit_share_no_commit",)),
     Mutation("metrics.json's pre-2026-11-22 keys are not read", 'pipeline/report/runs.py',
              'out = {legacy.get(k, k): v for k, v in metrics.items()}',
              'out = dict(metrics)',
-             (REPORT,)),
+             REPORTS),
     Mutation("a run that recorded no recipe reads as the official code's", 'pipeline/report/runs.py',
              'return self.cfg.get("recipe", "paper")',
              'return self.cfg.get("recipe", "official")',
-             (REPORT,)),
+             REPORTS),
     Mutation('a run that resumed from epoch 0 reads as resumed', 'pipeline/report/runs.py',
              'return None if last is None else [last] if last else []',
              'return None if last is None else [last]',
-             (REPORT,)),
+             REPORTS),
     Mutation('a resume from an already final checkpoint goes unsaid', 'pipeline/report/runs.py',
              'if epochs[-1] >= len(self.history):',
              'if False:',
-             (REPORT,)),
+             REPORTS),
     Mutation('a compressed schedule reads as its own pace', 'pipeline/report/runs.py',
              'if protocol.compressed(cfg) else ""',
              'if False else ""',
-             (REPORT,)),
+             REPORTS),
     Mutation("a run joined to another host's row keeps its own fingerprint's key", 'pipeline/report/runs.py',
              '        if self.same_code_as:\n',
              '        if False:\n',
-             (REPORT,)),
+             REPORTS),
     Mutation("a run's images trained are its steps", 'pipeline/report/runs.py',
              'int(steps) * int(self.cfg["batch_size"])',
              'int(steps)',
-             (REPORT,)),
+             REPORTS),
     Mutation("the last epochs' error is the last epoch's", 'pipeline/report/runs.py',
              '.iloc[-k:].mean())',
              '.iloc[-1:].mean())',
-             (REPORT,)),
+             REPORTS),
     Mutation('tables name commits by 8 characters, the journals by 7', 'pipeline/report/runs.py',
              'else commit[:7]',
              'else commit[:8]',
-             (REPORT,)),
+             REPORTS),
     Mutation("a run's commit is not read from its journal", 'pipeline/report/runs.py',
              'if journal is not None and journal.is_file():',
              'if False:',
-             (REPORT,)),
+             REPORTS),
     Mutation('a commit read from a journal is not labelled so', 'pipeline/report/runs.py',
              'f"{r.commit} (journal tag)"',
              'r.commit',
-             (REPORT,)),
+             REPORTS),
     Mutation('a run with any of its five files counts as complete', 'pipeline/report/runs.py',
              'if not all(p.is_file() for p in _needed',
              'if not any(p.is_file() for p in _needed',
-             (REPORT,)),
+             REPORTS),
     Mutation('the report loads the runs it was told to skip', 'pipeline/report/runs.py',
              '            if (variant, seed) in skip:\n',
              '            if False:\n',
-             (REPORT,)),
+             REPORTS),
     Mutation("runs lose their test images' source digits", 'pipeline/report/runs.py',
              '{name: pred[f"{name}_digit_index"].long().numpy() for name in sets if f"{name}_digit_index" in pred}',
              '{}',
-             (REPORT,)),
+             REPORTS),
     Mutation("a run's device drops its name", 'pipeline/report/runs.py',
              'return f"{device} ({name})" if name else str(device)',
              'return str(device)',
-             (REPORT,)),
+             REPORTS),
     Mutation('an error rate off any whole count is rounded to one', 'pipeline/report/runs.py',
              'abs(count - round(count)) < 1e-3',
              'abs(count - round(count)) < 1',
-             (REPORT,)),
+             REPORTS),
     Mutation('every variant is labelled as if it had several rows', 'pipeline/report/rows.py',
              'if sum(key[0] == v for key in rows) > 1}',
              'if sum(key[0] == v for key in rows) >= 1}',
-             (REPORT,)),
+             REPORTS),
     Mutation('runs of a variant with several rows are not told apart', 'pipeline/report/rows.py',
              'if r.variant in ambiguous else r.variant',
              'if False else r.variant',
-             (REPORT,)),
+             REPORTS),
     Mutation("a row's commit hides the tables that compute it", 'pipeline/report/rows.py',
              '(f"; computed by {\', \'.join(tables)}" if tables else "")',
              '""',
-             (REPORT,)),
+             REPORTS),
     Mutation("a fingerprint row's key is its label cut to 7 characters", 'pipeline/report/rows.py',
              'return commit.split(":")[0] if commit.startswith("fp ") else short(commit)',
              'return short(commit)',
-             (REPORT,)),
+             REPORTS),
     Mutation('a fingerprint table without the variant is a KeyError', 'pipeline/report/rows.py',
              '                                 and t["fingerprints"].get(r.variant) is not None\n',
              '',
-             (REPORT,)),
+             REPORTS),
     Mutation('the cohorts start from the least shared commit', 'pipeline/report/rows.py',
              'commit = max(counts, key=counts.get)',
              'commit = min(counts, key=counts.get)',
-             (REPORT,)),
+             REPORTS),
     Mutation("rows of one code join under the first run's fingerprint", 'pipeline/report/rows.py',
              '            last[target[(r.variant, r.protocol_key, r.commit_key)]] = r.fingerprint',
              '            last.setdefault(target[(r.variant, r.protocol_key, r.commit_key)], r.fingerprint)',
-             (REPORT,)),
+             REPORTS),
     Mutation("seeds that agree exactly get no interval", "pipeline/report/stats.py",
              "        return Interval(estimate, estimate, estimate, se, df)\n",
              "        return Interval(estimate, math.nan, math.nan, se, df)\n",
@@ -3044,7 +3056,7 @@ MUTATIONS = [
     Mutation("a run is priced at a captured mode's row that ran uncaptured", "pipeline/report/costs.py",
              'and not name.endswith("(ran uncaptured)")',
              "",
-             (f"{WINDOW}::test_the_bench_table_is_what_the_report_prices_seeds_with",)),
+             (f"{WINDOW_IMPORT}::test_the_bench_table_is_what_the_report_prices_seeds_with",)),
     Mutation("a run's row is any whose name starts with its configuration's", "pipeline/report/costs.py",
              'and (name == wanted or name.startswith((wanted + " (", wanted + ":")))):',
              "and name.startswith(wanted)):",
@@ -3152,7 +3164,7 @@ MUTATIONS = [
     Mutation("the real affNIST is called the affNIST-style set", "pipeline/experiments/affnist_report.py",
              "return REAL_SET if str(source).startswith(REAL_AFFNIST) else STYLE_SET",
              "return STYLE_SET",
-             (GAP_VARIANTS, f"{REPORT}::test_the_readme_line_of_52_names_the_set_the_models_were_tested_on")),
+             (GAP_VARIANTS, f"{REPORT_AFFNIST}::test_the_readme_line_of_52_names_the_set_the_models_were_tested_on")),
     Mutation("§5.2's gap names the set of no run", "pipeline/experiments/affnist_report.py",
              '"set": set_name(caps[0].breakdown["sources"].get("affnist_test", ""))}',
              '"set": set_name("")}',
@@ -3268,7 +3280,7 @@ MUTATIONS = [
     Mutation('the provenance not listed', "pipeline/report/document.py",
              'lines += [f"- **{k}**: {v}" for k, v in provenance.items()]',
              'pass',
-             (f"{REPORT}::test_the_report_stage_needs_a_run_lists_the_missing_names_a_superseded_record_and_logs_every_file",)),
+             (f"{REPORT_STAGE}::test_the_report_stage_needs_a_run_lists_the_missing_names_a_superseded_record_and_logs_every_file",)),
     Mutation('the README loses what follows its block', "pipeline/report/document.py",
              'write_text(path, head + block + rest.split(README_END, 1)[1])',
              'write_text(path, head + block)',
@@ -3300,7 +3312,7 @@ MUTATIONS = [
     Mutation('compressed schedules of different lengths of training said as one', "pipeline/report/document.py",
              'lambda r: (r.cfg["lr_schedule_epochs"], r.cfg["epochs"])',
              'lambda r: (r.cfg["lr_schedule_epochs"], 0)',
-             (f"{REPORT}::test_a_compressed_schedule_is_another_protocol_and_says_so",)),
+             (f"{REPORT_POOLING}::test_a_compressed_schedule_is_another_protocol_and_says_so",)),
     Mutation('the README block without the claims', "pipeline/report/document.py",
              '    if claims is not None and len(claims):\n        lines += [f"Claims',
              '    if False:\n        lines += [f"Claims',
@@ -3316,7 +3328,7 @@ MUTATIONS = [
     Mutation('a recorded value repeats per run', "pipeline/report/document.py",
              'return "; ".join(dict.fromkeys(f"{v:g}"',
              'return "; ".join(list(f"{v:g}"',
-             (f"{REPORT}::test_rows_never_pool_protocols_or_commits",)),
+             (f"{REPORT_POOLING}::test_rows_never_pool_protocols_or_commits",)),
     Mutation('an interval printed without its signs', "pipeline/report/document.py",
              'f"[{lo:+.2f}, {hi:+.2f}]"',
              'f"[{lo:.2f}, {hi:.2f}]"',
@@ -3324,47 +3336,47 @@ MUTATIONS = [
     Mutation("a tree over the device tool's limit passes the travel check", "scripts/gpu_travel.py",
              '    if total > args.limit_mib:\n',
              '    if False:\n',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation('the travel check over the limit exits 0', "scripts/gpu_travel.py",
              '              file=sys.stderr)\n        return 1',
              '              file=sys.stderr)\n        return 0',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation('the travel list prints nothing', "scripts/gpu_travel.py",
              'sys.stdout.write("".join(f"{path}\\0" for path in every))',
              'pass',
-             (f"{WINDOW}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
+             (f"{WINDOW_TRAVEL}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
     Mutation('the travel list separates its files by newlines', "scripts/gpu_travel.py",
              'sys.stdout.write("".join(f"{path}\\0" for path in every))',
              'sys.stdout.write("".join(f"{path}\\n" for path in every))',
-             (f"{WINDOW}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
+             (f"{WINDOW_TRAVEL}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
     Mutation('the travel size counts ignored files, which do not travel', "scripts/gpu_travel.py",
              'listed("--others", "--exclude-standard")',
              'listed("--others")',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation("the travel check's largest folders only at the top level", "scripts/gpu_travel.py",
              'parts = Path(path).parts[:-1][:DEPTH]',
              'parts = Path(path).parts[:-1][:1]',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation('the travel check names the smallest folders', "scripts/gpu_travel.py",
              'key=lambda kv: -kv[1])[:count]',
              'key=lambda kv: kv[1])[:count]',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation('the travel size carries nothing by default, not .gpu', "scripts/gpu_travel.py",
              'args.carry or [".gpu"]',
              'args.carry or []',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation('the travel check outside a checkout exits 0', "scripts/gpu_travel.py",
              '              file=sys.stderr)\n        return 2',
              '              file=sys.stderr)\n        return 0',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation('the travel size in megabytes, not MiB', "scripts/gpu_travel.py",
              'total = sum(every.values()) / MIB',
              'total = sum(every.values()) / 1000000',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation("the travel check names the top folder ''", "scripts/gpu_travel.py",
              'folder = "/".join(parts) if parts else "."',
              'folder = "/".join(parts)',
-             (f"{WINDOW}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
+             (f"{WINDOW_TRAVEL}::test_what_a_gpu_call_sends_is_measured_against_the_device_tools_limit",)),
     Mutation('fingerprint_at.py leaves its worktree behind', "scripts/fingerprint_at.py",
              '            git("worktree", "remove", "--force", str(tree))',
              '            pass',
@@ -3436,7 +3448,7 @@ MUTATIONS = [
     Mutation("Table 1's recon column says yes for no", "pipeline/experiments/table1_report.py",
              '("yes" if r.reconstruction else "no")',
              '("no" if r.reconstruction else "yes")',
-             (f"{REPORT}::test_rows_never_pool_protocols_or_commits",)),
+             (f"{REPORT_POOLING}::test_rows_never_pool_protocols_or_commits",)),
     Mutation("an effect's seed count the larger arm's", "pipeline/experiments/table1_report.py",
              '{"n_seeds": min(len(ra), len(rb))}',
              '{"n_seeds": max(len(ra), len(rb))}',
@@ -3592,7 +3604,7 @@ MUTATIONS = [
     Mutation("§5.2's README line calls the real affNIST the affNIST-style set", "pipeline/experiments/affnist.py",
              'CapsNet − CNN accuracy on the {ra.set_name(g.affnist_source)}:',
              'CapsNet − CNN accuracy on the affNIST-style set:',
-             (f"{REPORT}::test_the_readme_line_of_52_names_the_set_the_models_were_tested_on",)),
+             (f"{REPORT_AFFNIST}::test_the_readme_line_of_52_names_the_set_the_models_were_tested_on",)),
     Mutation("MultiMNIST's prepare does not say how many recipes it wrote", "pipeline/experiments/multimnist.py",
              'return f"MultiMNIST: {len(recipes[\'pairs\']):,} test recipes"',
              'return "MultiMNIST"',
@@ -4440,16 +4452,16 @@ MUTATIONS = [
              (JOURNAL_READ,)),
     Mutation("a third host's table of a commit replaces the second's", "pipeline/core/lineage.py",
              'dest = dest.with_name(f"{source.stem}-{environment_tag(environment)}.json")', 'dest = dest.with_name(f"{source.stem}-other.json")',
-             (f"{REPORT}::test_one_commits_tables_from_three_hosts_are_all_kept",)),
+             (f"{REPORT_POOLING}::test_one_commits_tables_from_three_hosts_are_all_kept",)),
     Mutation("a table of a run's own commit vouches for it whatever fingerprint it holds", 'pipeline/core/lineage.py',
              ' and t["fingerprints"].get(variant) == fingerprint\n        for t in tables)', '\n        for t in tables)',
-             (f"{REPORT}::test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment",)),
+             (f"{REPORT_POOLING}::test_a_table_of_a_runs_own_commit_carries_it_into_a_new_environment",)),
     Mutation("a commit's table from the same environment is kept beside the published one, not over it", 'pipeline/core/lineage.py',
              'json.loads(dest.read_text())["environment"] != environment:', 'json.loads(dest.read_text())["environment"] == environment:',
-             (f"{REPORT}::test_a_commits_table_from_another_host_is_kept_beside_the_one_published_never_over_it",)),
+             (f"{REPORT_POOLING}::test_a_commits_table_from_another_host_is_kept_beside_the_one_published_never_over_it",)),
     Mutation('keep_tables does not say where the tables went', 'pipeline/core/lineage.py',
              '        kept.append(dest)\n', '',
-             (f"{REPORT}::test_a_commits_table_from_another_host_is_kept_beside_the_one_published_never_over_it",)),
+             (f"{REPORT_POOLING}::test_a_commits_table_from_another_host_is_kept_beside_the_one_published_never_over_it",)),
     Mutation("a scratch sqlite store's runs keep their files where the process runs", "pipeline/core/tracking.py",
              "artifact_location=artifact_root(self.uri).as_uri()", 'artifact_location=(repo_root() / "mlruns").as_uri()',
              (ARTIFACTS_BESIDE,)),
@@ -4637,13 +4649,13 @@ MUTATIONS = [
              (f"{PAPER}::test_the_proofs_command_line_names_a_missing_cuda_test_file_in_one_line_and_finds_no_log_with_exit_1",)),
     Mutation("the travel size counts links, which the device tool leaves out", "scripts/gpu_travel.py",
              "if (root / p).is_file() and not (root / p).is_symlink()}", "if (root / p).is_file()}",
-             (f"{WINDOW}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
+             (f"{WINDOW_TRAVEL}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
     Mutation("the travel size fails on a tracked file deleted from the tree", "scripts/gpu_travel.py",
              "if (root / p).is_file() and not (root / p).is_symlink()}", "if not (root / p).is_symlink()}",
-             (f"{WINDOW}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
+             (f"{WINDOW_TRAVEL}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
     Mutation("a carried single file does not travel", "scripts/gpu_travel.py",
              "        found = [str(Path(d, f).relative_to(root)) for d, _, files in os.walk(root / path) for f in files] \\\n            if (root / path).is_dir() else [path]", "        found = [str(Path(d, f).relative_to(root)) for d, _, files in os.walk(root / path) for f in files]",
-             (f"{WINDOW}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
+             (f"{WINDOW_TRAVEL}::test_what_travels_leaves_out_deleted_files_and_links_and_counts_a_carried_file",)),
     Mutation("the levers read no pytest-xdist line of the CUDA tests' log", "scripts/gpu_levers.py",
              '*[(t, o) for o, t in re.findall(r"\\b(PASSED|FAILED|ERROR|SKIPPED) \\S*?(test_\\w+\\.py::\\S+)", log)]', "*[]",
              (f"{PROFILES}::test_gpu_levers_count_only_a_passed_proof_and_write_what_each_choice_trains_with",)),
@@ -4700,7 +4712,7 @@ MUTATIONS = [
              (STREAMS_PROOF,)),
     Mutation('--check-run of a model no variant is timed for fails with a traceback', 'scripts/gpu_levers.py',
              '    if cfg["model"] not in BENCHED:\n        return ""\n', '',
-             (f"{WINDOW}::test_a_run_is_checked_against_the_cuda_tests_of_the_speed_settings_it_recorded",)),
+             (f"{WINDOW_SESSION}::test_a_run_is_checked_against_the_cuda_tests_of_the_speed_settings_it_recorded",)),
     Mutation("the levers' line compares with the profile's mode in another stack layout", 'scripts/gpu_levers.py',
              'r["mode"] == trained_mode(train, model) and r.get("stack", "fused") == "fused"]', 'r["mode"] == trained_mode(train, model)]',
              (f"{PROFILES}::test_gpu_levers_picks_the_fastest_mode_its_cuda_tests_prove",)),
@@ -4841,13 +4853,13 @@ MUTATIONS = [
     # --- publishing: whole runs only, and every displaced record where the report reads it ---
     Mutation("a run missing one of its records is published", "pipeline/report/publish.py",
              "        if missing_runs(models_dir, results_dir, [variant], [seed]):\n            continue\n", "",
-             (f"{REPORT}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
+             (f"{REPORT_RUNS}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
     Mutation("a record set aside a second time nests inside its first copy", "pipeline/report/publish.py",
              "            shutil.rmtree(target, ignore_errors=True)\n", "",
-             (f"{REPORT}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
+             (f"{REPORT_RUNS}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
     Mutation("a published record without a run id is set aside where the report never reads it", "pipeline/report/publish.py",
              'return json.loads((model_dir / "config.json").read_text()).get("run_id") or "unrecorded"', 'return json.loads((model_dir / "config.json").read_text()).get("run_id", "")',
-             (f"{REPORT}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
+             (f"{REPORT_RUNS}::test_publishing_takes_whole_runs_and_sets_aside_a_record_without_run_id_or_set_aside_before",)),
     Mutation("seeds needed counts one seed, which has no interval", "pipeline/report/power.py",
              "    for n in range(2, max_seeds + 1):", "    for n in range(1, max_seeds + 1):",
              ("tests/test_power.py::test_the_paper_terms_are_the_verdicts_own_and_an_interval_needs_two_seeds",)),
@@ -5639,6 +5651,15 @@ MUTATIONS = [
     Mutation("--sample is parsed but every mutation runs", "scripts/mutate.py",
              "        chosen = sample(chosen, args.sample, seed)\n", "        sample(chosen, args.sample, seed)\n",
              SAMPLE_SWEEP),
+    Mutation("--test is parsed but every mutation runs", "scripts/mutate.py",
+             "              and (not args.test or any(w in test for w in args.test for test in m.tests))]\n",
+             "              ]\n", SWEEP_BY_TEST),
+    Mutation("--test picks the mutations naming no such test", "scripts/mutate.py",
+             "(not args.test or any(w in test for w in args.test for test in m.tests))]\n",
+             "(not args.test or not any(w in test for w in args.test for test in m.tests))]\n", SWEEP_BY_TEST),
+    Mutation("a --test that matches nothing sweeps nothing without saying why", "scripts/mutate.py",
+             "                  *([f\"naming a test whose id contains {' or '.join(map(repr, args.test))}\"] if args.test else [])]",
+             "                  ]", SWEEP_BY_TEST),
     Mutation("--seed is ignored: every sample a new draw", "scripts/mutate.py",
              "seed = random.SystemRandom().randrange(10 ** 6) if args.seed is None else args.seed\n",
              "seed = random.SystemRandom().randrange(10 ** 6)\n", SAMPLE_SWEEP),
@@ -5719,11 +5740,14 @@ def main() -> int:
     parser.add_argument("-k", default="", help="only mutations whose name contains this")
     parser.add_argument("--path", action="append", default=[],
                         help="only mutations of a file whose path contains this (repeatable: any of them)")
+    parser.add_argument("--test", action="append", default=[],
+                        help="only mutations naming a test whose id contains this (repeatable: any of them)")
     parser.add_argument("--sample", type=int, metavar="N",
                         help="only N of those, drawn at random (the summary bounds the share caught of all of them)")
     parser.add_argument("--seed", type=int, help="the draw of --sample (default: a new one, printed to repeat it)")
     args = parser.parse_args()
-    chosen = [m for m in MUTATIONS if args.k in m.name and (not args.path or any(p in m.path for p in args.path))]
+    chosen = [m for m in MUTATIONS if args.k in m.name and (not args.path or any(p in m.path for p in args.path))
+              and (not args.test or any(w in test for w in args.test for test in m.tests))]
     if args.sample is not None:
         if args.sample < 1:
             parser.error(f"--sample {args.sample}: give how many mutations to draw, at least 1")
@@ -5734,7 +5758,8 @@ def main() -> int:
               flush=True)
     if not chosen:  # else the unmutated check below would run the whole suite for nothing
         wanted = [*([f"whose name contains {args.k!r}"] if args.k else []),
-                  *([f"of a file whose path contains {' or '.join(map(repr, args.path))}"] if args.path else [])]
+                  *([f"of a file whose path contains {' or '.join(map(repr, args.path))}"] if args.path else []),
+                  *([f"naming a test whose id contains {' or '.join(map(repr, args.test))}"] if args.test else [])]
         print(f"no mutation {' and '.join(wanted)}", file=sys.stderr)
         return 2
     survived = []

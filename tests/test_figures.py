@@ -1,7 +1,7 @@
 """What the figures draw (pipeline/report/figures.py): each figure is captured before it is saved and
 its artists are read back, so a dot at the wrong row, a band that spans nothing or a reconstruction
 in the wrong colour fails here. The data handed to each figure is tested where it is assembled
-(tests/test_report.py)."""
+(tests/test_report_stage.py)."""
 
 import math
 

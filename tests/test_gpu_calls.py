@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import script
-from test_gpu_window import STUB_GPU, device_tree, python3_on_path
+from gpu_device import STUB_GPU, device_tree, python3_on_path
 
 gpu_queue = script("gpu_queue")
 

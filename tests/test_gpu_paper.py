@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from conftest import REPO, script, write_profile
-from test_gpu_window import (CAPS, STUB_GPU, device_tree, plan_until_the_queue, publish_seed0, python3_on_path,
-                             session_log)
+from gpu_device import (CAPS, STUB_GPU, device_tree, plan_until_the_queue, publish_seed0, python3_on_path,
+                        session_log)
 
 epoch_overhead, gpu_levers, gpu_proof, gpu_queue, gpu_window = (
     script(name) for name in ("epoch_overhead", "gpu_levers", "gpu_proof", "gpu_queue", "gpu_window"))

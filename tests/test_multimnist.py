@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 from scipy import stats as sp
 
+from report_runs import REFERENCE, fabricate
 from pipeline.experiments import multimnist as mm
 from pipeline.models.baseline import MultiMNISTCNN
 from pipeline.models.capsnet import CapsNet, capsnet_loss, margin_loss, reconstruction_loss
@@ -213,7 +214,6 @@ def test_multimnist_variants_train_on_cpu_with_finite_loss(tmp_path, model, rout
 
 
 def test_report_renders_the_multimnist_column_from_fabricated_runs(tmp_path):
-    from test_report import REFERENCE, fabricate
 
     from pipeline.experiments import multimnist_report as rm
     from pipeline.experiments import table1_report as t1
@@ -243,7 +243,6 @@ def test_report_renders_the_multimnist_column_from_fabricated_runs(tmp_path):
 def test_the_multimnist_column_reads_its_first_protocols_rows_and_names_it(tmp_path):
     """A MultiMNIST seed a later window trained under another protocol is a row of its own, listed
     after the protocol with more runs, whose row the both-columns table reads and names."""
-    from test_report import REFERENCE, fabricate
 
     from pipeline.experiments import multimnist_report as rm
     from pipeline.experiments import table1_report as t1
@@ -265,7 +264,6 @@ def test_the_multimnist_column_reads_its_first_protocols_rows_and_names_it(tmp_p
 
 def _multimnist_runs(tmp_path, errors: dict) -> list:
     """MultiMNIST runs of one fingerprinted Table 1 run's record: {variant: [pair error % per seed]}."""
-    from test_report import fabricate
 
     from pipeline.report import runs as rr
 
@@ -280,7 +278,6 @@ def test_the_multimnist_tables_name_each_rows_seeds_origin_and_parameters(tmp_pa
     another protocol ran is not run there); one seed has no ± and no verdict; the detail table gives each
     row's fingerprint and commit, per-seed errors, Δ against the paper and both parameter counts, and
     dashes for a variant the paper has no number for."""
-    from test_report import REFERENCE
 
     from pipeline.experiments import multimnist_report as rm
 
@@ -306,7 +303,6 @@ def test_the_multimnist_tables_name_each_rows_seeds_origin_and_parameters(tmp_pa
 
 
 def test_the_multimnist_figure_is_the_best_seed_of_the_lowest_error_reconstruction_variant(tmp_path):
-    from test_report import REFERENCE
 
     from pipeline.experiments import multimnist_report as rm
     from pipeline.report.runs import run_figure

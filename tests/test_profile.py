@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from torch.autograd import DeviceType
 
 from conftest import bench_table
-from test_gpu_window import device_tree, python3_on_path
+from gpu_device import device_tree, python3_on_path
 
 from pipeline.cli import main
 from pipeline.training import profile

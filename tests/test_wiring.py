@@ -291,6 +291,15 @@ def test_the_share_a_sample_says_is_caught_is_clopper_pearsons_one_sided_bound()
     assert bound(0, 10) == 0
 
 
+def copying_the_files_of(mutations):
+    """A stand-in for mutate.py's scratch_copy that copies only the files ``mutations`` cut."""
+    def scratch_copy(dest):
+        for m in mutations:
+            (dest / m.path).parent.mkdir(parents=True, exist_ok=True)
+            (dest / m.path).write_text((REPO / m.path).read_text())
+    return scratch_copy
+
+
 def test_a_sampled_sweep_runs_only_the_drawn_mutations_and_bounds_the_whole_lists_share(monkeypatch, capsys, tmp_path):
     """--sample reaches the sweep (the tests run are the drawn mutations' own) and its summary, one
     survivor among them lowering the bound."""
@@ -302,13 +311,8 @@ def test_a_sampled_sweep_runs_only_the_drawn_mutations_and_bounds_the_whole_list
         runs.append(tests)
         return len(runs) in (1, 2)  # the unmutated copy passes, then the first drawn mutation survives
 
-    def scratch_copy(dest):
-        for m in drawn:
-            (dest / m.path).parent.mkdir(parents=True, exist_ok=True)
-            (dest / m.path).write_text((REPO / m.path).read_text())
-
     monkeypatch.setattr(mutate, "run_tests", run_tests)
-    monkeypatch.setattr(mutate, "scratch_copy", scratch_copy)
+    monkeypatch.setattr(mutate, "scratch_copy", copying_the_files_of(drawn))
     monkeypatch.setattr("sys.argv", ["mutate.py", "--sample", "4", "--seed", "3"])
     assert mutate.main() == 1
     out = capsys.readouterr().out
@@ -316,6 +320,29 @@ def test_a_sampled_sweep_runs_only_the_drawn_mutations_and_bounds_the_whole_list
     assert f"drawn 4 of {len(mutate.MUTATIONS)} mutations (--sample 4 --seed 3 draws them again)" in out
     assert "3 of 4 mutations caught" in out
     assert f"so of all {len(mutate.MUTATIONS)}, at least {100 * mutate.caught_at_least(3, 4):.1f} % are caught" in out
+
+
+def test_a_sweep_by_test_runs_only_the_mutations_naming_such_a_test_and_says_when_none_does(monkeypatch, capsys):
+    """--test picks the mutations whose named tests a change moved or edited (a test file split in two):
+    each one named runs, no other, and a filter nothing matches says so in one line instead of sweeping."""
+    mutate = script("mutate")
+    wanted = [m for m in mutate.MUTATIONS if any("test_report_affnist.py" in t for t in m.tests)]
+    assert wanted and len(wanted) < len(mutate.MUTATIONS)
+    runs = []
+
+    def run_tests(copy, tests):
+        runs.append(tests)
+        return len(runs) == 1  # the unmutated copy passes, every mutation is caught
+
+    monkeypatch.setattr(mutate, "run_tests", run_tests)
+    monkeypatch.setattr(mutate, "scratch_copy", copying_the_files_of(wanted))
+    monkeypatch.setattr("sys.argv", ["mutate.py", "--test", "test_report_affnist.py"])
+    assert mutate.main() == 0
+    assert runs[1:] == [m.tests for m in wanted]
+    assert f"{len(wanted)} of {len(wanted)} mutations caught" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["mutate.py", "--test", "tests/test_no_such_file.py"])
+    assert mutate.main() == 2
+    assert "no mutation naming a test whose id contains 'tests/test_no_such_file.py'" in capsys.readouterr().err
 
 
 _PASSED_TMP: list = []  # the folder the first test below wrote in, for the second to look at
