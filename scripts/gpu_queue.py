@@ -74,7 +74,7 @@ GROUPS = [["capsnet_r3_recon", "capsnet_r3_recon_official", "capsnet_r1_recon", 
           ["capsnet_r3_recon_fp32"],
           ["capsnet_affnist", "cnn_affnist"]]
 SEEDS = (0, 1, 2)
-EARLIER = "earlier"  # pipeline.report.publish.EARLIER (that module needs torch; tests/test_profiles.py checks they agree)
+EARLIER = "earlier"  # pipeline.report.publish.EARLIER (that module needs torch; tests/test_gpu_window.py checks they agree)
 
 
 def published(runs: Path, variant: str, seed: int) -> list[dict]:

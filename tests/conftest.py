@@ -26,6 +26,14 @@ def write_profile(path: Path, profile: str = "gpu", *sets: str) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def gpu_params(tmp_path_factory) -> dict:
+    """The gpu profile's params as a GPU window writes them (`write_profile`), read back."""
+    import yaml
+
+    return yaml.safe_load(write_profile(tmp_path_factory.mktemp("params") / "params.gpu.yaml").read_text())
+
+
 def bench_table(folder: Path) -> str:
     """What `python3 scripts/bench_table.py FOLDER` prints for a folder of bench rows."""
     return subprocess.run([sys.executable, "scripts/bench_table.py", str(folder)], cwd=REPO, capture_output=True,

@@ -316,3 +316,42 @@ def test_a_run_is_checked_against_the_cuda_tests_of_the_speed_settings_it_record
     assert gpu_levers.run_unproven(run("multimnist_cnn", True, False, True), {}) == ""  # no lever chosen for it
     assert "no CUDA test proves" in gpu_levers.run_unproven(
         {"config": {**run("capsnet", True, True, False)["config"], "compile_mode": "reduce-overhead"}}, passed)
+
+
+def test_gpu_session_writes_only_git_ignored_paths():
+    """The device tool re-sends the working tree each call and deletes there what git does not
+    ignore: a run output of scripts/gpu_session.sh or gpu_plan.sh outside .gitignore (results/**/metrics.json was)
+    vanishes between calls of one session."""
+    script = (REPO / "scripts" / "gpu_session.sh").read_text() + (REPO / "scripts" / "gpu_plan.sh").read_text()
+    written = ["models/v/seed0/model.safetensors", "checkpoints/v/seed0.pt", "gpu_results/v/seed0/metrics.json",
+               "logs/bench/v@bf16-graphs.jsonl", "journal/run.jsonl", "logs/v-0.log", "params.gpu.yaml",
+               "params.gpu.$key.yaml", "logs/gpu_tests.txt", "fingerprints/0953adc.json", "params.paper-gpu.yaml",
+               "logs/tests.kept",
+               "data/prepared/train.safetensors"]
+    for path in written:
+        assert path.split("/")[0] in script, path
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=REPO, capture_output=True,
+                             text=True).stdout.split()
+    assert ignored == written
+    assert '"results/$variant' not in script  # evaluate never writes into the committed results/ tree
+
+
+def test_the_gpu_scripts_call_capsnet_with_options_it_has():
+    """The GPU session runs where no test runs before it: every `capsnet` command its scripts call,
+    and every option they pass, must exist (a renamed option fails there, in the GPU's minutes)."""
+    import re
+
+    from pipeline.cli import main
+
+    calls = []
+    for shell in ("gpu_session.sh", "gpu_plan.sh", "gpu_import.sh"):
+        text = (REPO / "scripts" / shell).read_text().replace("\\\n", " ")
+        for line in text.splitlines():
+            for m in re.finditer(r'(?:\$CLI|pipeline\.cli|capsnet)\s+([a-z][\w-]*)([^|;&]*)', line):
+                calls.append((shell, m.group(1), re.findall(r"(--[a-z][\w-]*)", m.group(2))))
+    assert any(command == "prepare" for _, command, _ in calls)  # the scan sees the calls
+    for shell, command, options in calls:
+        if command not in main.commands:
+            continue  # `capsnet` in prose, or another program's word
+        known = {o for p in main.commands[command].params for o in p.opts}
+        assert set(options) <= known, f"{shell}: capsnet {command} has no {sorted(set(options) - known)}"

@@ -1,8 +1,10 @@
 """A lent GPU window is 15 device-minutes: scripts/gpu_queue.py prices each job from the bench rows of the
 settings it trains with (or its measured seconds) and --fit starts only jobs whose estimate fits what is
-left of it. The session script on the device: tests/test_gpu_session.py; the import here:
-tests/test_gpu_import.py; what a call carries: tests/test_gpu_travel.py."""
+left of it; what is published under the profile's protocol is not queued again. The levers a job trains
+with: tests/test_gpu_levers.py; the session script on the device: tests/test_gpu_session.py; the import
+here: tests/test_gpu_import.py; what a call carries: tests/test_gpu_travel.py."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,13 +14,9 @@ import yaml
 
 from conftest import REPO, script, write_profile
 from gpu_device import CAPS, CNN, rows
+from pipeline.core.params import parse_params
 
-gpu_levers, gpu_queue = script("gpu_levers"), script("gpu_queue")
-
-
-@pytest.fixture(scope="module")
-def gpu_params(tmp_path_factory):
-    return yaml.safe_load(write_profile(tmp_path_factory.mktemp("params") / "params.gpu.yaml").read_text())
+gpu_queue = script("gpu_queue")
 
 
 def test_the_estimate_is_the_bench_row_of_the_settings_the_job_trains_with(gpu_params):
@@ -251,34 +249,149 @@ def test_without_the_flop_table_an_image_costs_its_area(monkeypatch, tmp_path):
         gpu_queue.flop_table.cache_clear()
 
 
-def test_seeds_side_by_side_on_streams_need_their_own_cuda_test(gpu_params):
-    """The streams layout (stacked seeds each on a CUDA stream of its own) is picked only where its own
-    capture test passed beside its mode's (gpu_levers.LAYOUT_PROOFS: the captured step in streams against
-    the eager loop, at the mode's precision, compiled or eager); a run trained in it, seeds stacked, is
-    checked against that test; one seed alone in it, or the other layouts, need no more than the mode's."""
-    capture = "test_capture_gpu.py::test_the_captured_step_replays_what_the_eager_step_computes"
-    mode_proofs = {f"{capture}[capsnet_r3_recon-bf16-compiled-fused-1seed]": "PASSED",
-                   "test_gpu.py::test_compiled_bf16_stacked_training_steps_stay_finite[capsnet_r3_recon]": "PASSED"}
-    streams_proof = {f"{capture}[capsnet_r3_recon-bf16-compiled-streams-3seed]": "PASSED"}
-    eager_streams = {f"{capture}[capsnet_r3_recon-bf16-eager-streams-3seed]": "PASSED"}  # another mode's
-    stacked = [{"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 3, "stack": stack, "captured": True,
-                "train_images_per_s": rate} for stack, rate in (("streams", 140_000.0), ("fused", 31_000.0))]
-    one = {"variant": "capsnet_r3_recon", "mode": CAPS, "seeds": 1, "captured": True, "train_images_per_s": 66_000.0}
-    train = gpu_levers.variant_train(gpu_params, "capsnet_r3_recon")
-    picked, line = gpu_levers.choose([*stacked, one], {**mode_proofs, **streams_proof}, train, "capsnet")
-    assert picked["stack_layout"] == "streams" and "140,000 images/s" in line, line
-    picked, line = gpu_levers.choose([*stacked, one], {**mode_proofs, **eager_streams}, train, "capsnet")
-    assert picked["stack_layout"] == "fused" and "1 seed" in line, line  # streams unproven: one seed at 66k beats 31k
-    assert gpu_levers.proven(CAPS, "capsnet_r3_recon", mode_proofs, "loop") == (True, "")
-    assert gpu_levers.proven(CAPS, "capsnet_r3_recon", mode_proofs, "streams")[1] == \
-        f"{capture}[capsnet_r3_recon-bf16-compiled-streams… did not run"
+def test_gpu_queue_skips_what_is_published_under_the_profiles_protocol(tmp_path):
+    """scripts/gpu_queue.py: runs of the gpu profile's protocol are done, wherever their record is
+    published (models/, or set aside under earlier/ by a later run of the same seed); runs of an older
+    protocol (the published ones, cut at 50 epochs of the uncompressed schedule) are queued again;
+    the fp32 twin counts only its fp32 records; Table 1's rows (seed by seed) come before MultiMNIST,
+    the precision check's twin and §5.2."""
+    import json
 
-    def run(stack_layout, seeds):
-        return {"config": {"model": "capsnet", "amp": True, "compile": True, "compile_mode": "default",
-                           "channels_last": False, "cuda_graph": True, "stack_layout": stack_layout},
-                "stacked_seeds": list(range(seeds))}
+    from pipeline.core import protocol
+    from pipeline.report import publish
+    from pipeline.training.config import run_config
 
-    assert "streams" in gpu_levers.run_unproven(run("streams", 3), mode_proofs)
-    assert gpu_levers.run_unproven(run("streams", 3), {**mode_proofs, **streams_proof}) == ""
-    assert gpu_levers.run_unproven(run("streams", 1), mode_proofs) == ""  # one seed: the loop of one
-    assert gpu_levers.run_unproven(run("fused", 3), mode_proofs) == ""
+    gpu_queue = script("gpu_queue")
+    assert gpu_queue.EARLIER == publish.EARLIER
+    params = write_profile(tmp_path / "params.gpu.yaml")
+    raw = yaml.safe_load(params.read_text())
+    gpu = parse_params(raw)
+    runs = tmp_path / "runs"
+
+    def record(where: str, variant: str, seed: int, **changed) -> None:  # a config.json as the train stage writes it
+        cfg = {k: v for k, v in dataclasses.asdict(run_config(gpu, variant, seed)).items() if v is not None}
+        config = {"config": {**cfg, **changed}, "params": {"device": "cuda"}}
+        folder = runs / where / variant / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(config))
+
+    record("models", "capsnet_r3_recon", 0)
+    record("earlier/run1/models", "capsnet_r1", 2)  # set aside by a later run of another protocol
+    record("models", "capsnet_r1", 2, epochs=640)
+    record("models", "capsnet_r3_recon", 1, lr_schedule_epochs=0)  # the old, cut schedule
+    record("models", "capsnet_r3_recon_fp32", 0)
+    record("models", "capsnet_r3_recon_fp32", 1, amp=True)  # not the twin's precision
+    assert protocol.planned(raw, "capsnet_r3_recon_fp32")[-1] == "fp32"
+    assert protocol.planned(raw, "capsnet_r3_recon")[-1] == "bf16 autocast"
+    items = gpu_queue.queue(runs, raw)
+    assert len(items) == 15 * 3 - 3
+    assert not {"capsnet_r3_recon:0", "capsnet_r1:2", "capsnet_r3_recon_fp32:0"} & set(items)
+    assert items[0] == "capsnet_r3_recon_official:0" and items[8] == "capsnet_r3_recon:1"  # the old protocol: again
+    assert items.index("baseline_cnn:2") < items.index("multimnist_r3_recon:0") < items.index("capsnet_r3_recon_fp32:1") \
+        < items.index("capsnet_affnist:0")
+    published = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--limit", "3",
+                                "--runs", str(runs)], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert published == items[:3] == ["capsnet_r3_recon_official:0", "capsnet_r1_recon:0", "capsnet_r1_recon_official:0"]
+    stacked = gpu_queue.stacked(items)  # one item per variant, its missing seeds in one process
+    assert stacked[:2] == ["capsnet_r3_recon_official:0,1,2", "capsnet_r1_recon:0,1,2"]
+    assert "capsnet_r3_recon:1,2" in stacked and "capsnet_r1:0,1" in stacked and "capsnet_r3_recon_fp32:1,2" in stacked
+    assert len(stacked) == 15
+
+    # with the fingerprint table of the code that trains (gpu_plan.sh writes it first): a record of other
+    # training code, or of the same digits in another environment, is queued again; one without a
+    # fingerprint (it predates them) keeps counting by its protocol
+    env = "torch 2.11.0+cu130, CPU AVX2 capped"
+    table = {"commit": "c0ffee" * 6 + "0123", "environment": env,
+             "fingerprints": {"capsnet_r3_recon": "a" * 16, "capsnet_r1": "b" * 16, "capsnet_r1_recon": "c" * 16}}
+    (tmp_path / "table.json").write_text(json.dumps(table))
+
+    def fingerprinted(where: str, variant: str, seed: int, fingerprint: str, environment: str = env) -> None:
+        path = runs / where / variant / f"seed{seed}" / "config.json"
+        if not path.is_file():
+            record(where, variant, seed)
+        path.write_text(json.dumps(json.loads(path.read_text()) | {
+            "training_fingerprint": fingerprint, "environment": {"fingerprint_environment": environment}}))
+
+    fingerprinted("models", "capsnet_r3_recon", 0, "a" * 16)  # this code's training
+    fingerprinted("earlier/run1/models", "capsnet_r1", 2, "f" * 16)  # other training code
+    fingerprinted("models", "capsnet_r1_recon", 0, "c" * 16, "torch 2.11.0+cu130, CPU AVX512")  # an uncapped one
+    assert gpu_queue.queue(runs, raw) == [i for i in items if i != "capsnet_r1_recon:0"]  # no table: not checked
+    checked = gpu_queue.queue(runs, raw, table)
+    assert set(checked) == set(items) | {"capsnet_r1:2"} and len(checked) == len(items) + 1
+    assert "capsnet_r3_recon_fp32:0" not in checked  # no fingerprint recorded: its protocol decides
+    assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1_recon:0", "capsnet_r1:2"]
+    done = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--runs", str(runs),
+                           "--fingerprints", str(tmp_path / "table.json")], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == checked
+    assert done.stderr.strip() == f"queued again, published under this protocol by other training code than c0ffeec's ({env}): " \
+        "capsnet_r1_recon:0 capsnet_r1:2"
+    # the uncapped record carries over where tables of its own commit say what it trained: that commit's
+    # table in the record's environment holds what it recorded, its table in the window's environment what
+    # the window's table holds (pipeline.core.lineage; scripts/fingerprint_at.py writes the latter)
+    path = runs / "models" / "capsnet_r1_recon" / "seed0" / "config.json"
+    config = json.loads(path.read_text())
+    config["environment"]["git_commit"] = "d" * 40
+    path.write_text(json.dumps(config))
+    (runs / "fingerprints").mkdir()
+    own = {"commit": "d" * 40, "environment": "torch 2.11.0+cu130, CPU AVX512", "fingerprints": {"capsnet_r1_recon": "c" * 16}}
+    (runs / "fingerprints" / "there.json").write_text(json.dumps(own | {"environment": env}))
+    (runs / "fingerprints" / "own.json").write_text(json.dumps(own | {"fingerprints": {"capsnet_r1_recon": "e" * 16}}))
+    assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1_recon:0", "capsnet_r1:2"]  # its commit computed "e…" there
+    (runs / "fingerprints" / "own.json").write_text(json.dumps(own))
+    assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1:2"]
+    assert "capsnet_r1_recon:0" not in gpu_queue.queue(runs, raw, table)
+    assert gpu_queue.bridges(runs, raw, table) == []  # every record known in the window's environment
+    (runs / "fingerprints" / "there.json").unlink()  # the commit's code not computed in the window's environment
+    assert gpu_queue.other_training(runs, raw, table) == ["capsnet_r1_recon:0", "capsnet_r1:2"]
+    # so the window computes that table on its own host (gpu_plan.sh): the commits whose table there would
+    # carry a record, each with the variants it needs, the commit with the most records first; a record
+    # its own commit's table does not vouch for, or one known there already, asks for none
+    for seed in (0, 1):
+        fingerprinted("models", "capsnet_r3", seed, "9" * 16, "torch 2.11.0+cu130, CPU AVX512")
+        path = runs / "models" / "capsnet_r3" / f"seed{seed}" / "config.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | {
+            "environment": {"fingerprint_environment": "torch 2.11.0+cu130, CPU AVX512", "git_commit": "e" * 40}}))
+    (runs / "fingerprints" / "e.json").write_text(json.dumps(own | {"commit": "e" * 40, "fingerprints": {"capsnet_r3": "9" * 16}}))
+    assert gpu_queue.bridges(runs, raw, table) == [("e" * 40, ["capsnet_r3"]), ("d" * 40, ["capsnet_r1_recon"])]
+    asked = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--runs", str(runs), "--bridges",
+                            "--fingerprints", str(tmp_path / "table.json")], cwd=REPO, capture_output=True, text=True, check=True)
+    assert asked.stdout.splitlines() == [f"{'e' * 40} capsnet_r3", f"{'d' * 40} capsnet_r1_recon"]
+    (runs / "fingerprints" / "own.json").write_text(json.dumps(own | {"fingerprints": {"capsnet_r1_recon": "e" * 16}}))
+    assert gpu_queue.bridges(runs, raw, table) == [("e" * 40, ["capsnet_r3"])]  # d's table does not vouch for it
+    beside = {"commit": "e" * 40, "environment": env, "fingerprints": {"capsnet_r3": "b" * 16}}
+    assert gpu_queue.bridges(runs, raw, table, [beside]) == []  # the window's own table of e, beside its table
+    absent = subprocess.run([sys.executable, "scripts/gpu_queue.py", "--params", str(params), "--fingerprints",
+                             str(tmp_path / "none.json")], cwd=REPO, capture_output=True, text=True)
+    assert absent.returncode == 1 and "capsnet fingerprint" in absent.stderr and "none.json does not exist" in absent.stderr
+
+
+def test_the_queue_plans_the_protocol_the_train_stage_records_from_the_same_params(tmp_path):
+    """pipeline.core.protocol: a params file that leaves base.profile, train.tf32 and the device to their
+    defaults is planned (gpu_queue.py, a device left to auto counting as CUDA) as the protocol its run records
+    on a GPU, cuda:N included; a record's device is the resolved one it wrote (params), not the config's
+    `auto`; another base rate is another protocol, and a record without a profile says so. The precision
+    check's rule: no interval end, no decision."""
+    import dataclasses
+    import math
+
+    from pipeline.core import protocol
+    from pipeline.core.params import load_params
+    from pipeline.training.config import run_config
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["base"].pop("profile", None)
+    raw["train"].pop("tf32", None)
+    for amp in (False, True):
+        raw["train"].update(device="auto", amp=amp)
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+        recorded = dataclasses.asdict(run_config(load_params(tmp_path / "params.yaml"), "capsnet_r1", 0))
+        cfg = {k: v for k, v in recorded.items() if v is not None}  # as config.json records it
+        for device in ("cuda", "cuda:1"):
+            assert protocol.planned(raw, "capsnet_r1") == protocol.protocol_key(cfg, device)
+    assert protocol.precision(cfg, "cuda:1") == "bf16 autocast"  # the last record's: amp on
+    assert protocol.device_of({"config": {**cfg, "device": "auto"}, "params": {"device": "cuda"}}) == "cuda"
+    assert protocol.protocol_key({**cfg, "lr": cfg["lr"] / 2}, "cuda") != protocol.protocol_key(cfg, "cuda")
+    assert protocol.protocol_key({k: v for k, v in cfg.items() if k != "profile"}, "cuda")[0] == protocol.NOT_RECORDED
+    # the precision check: undecided without either end of an interval, and an interval ending at 0 holds it
+    assert protocol.bf16_allowed(math.nan, 0.2, 3) is None and protocol.bf16_allowed(-0.1, math.nan, 3) is None
+    assert protocol.bf16_allowed(0.0, 0.2, 3) is True and protocol.bf16_allowed(-0.2, 0.0, 3) is True
