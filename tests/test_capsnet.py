@@ -7,7 +7,7 @@ import torch
 
 from pipeline.models.baseline import BaselineCNN, PoolingCNN
 from pipeline.models.capsnet import (
-    CapsNet, PrimaryCaps, dynamic_routing, margin_loss, reconstruction_loss, squash,
+    CapsNet, PrimaryCaps, capsule_length, dynamic_routing, margin_loss, reconstruction_loss, squash,
 )
 
 
@@ -153,6 +153,19 @@ def test_primary_capsules_never_mix_grid_positions():
     torch.testing.assert_close(u[0, 2], squash(torch.full((3,), 5.0)))
 
 
+def test_primary_caps_sees_conv1_after_its_relu():
+    """Conv1 is 256 channels of 9×9 with a ReLU (§4): PrimaryCaps' input has no negative value, and
+    some of conv1's pre-activations are negative (else the check would hold with no ReLU)."""
+    torch.manual_seed(0)
+    model = CapsNet(routing_iterations=1, reconstruction=False, num_classes=3)
+    seen = {}
+    model.conv1.register_forward_hook(lambda module, args, out: seen.update(conv1=out))
+    model.primary.register_forward_pre_hook(lambda module, args: seen.update(primary=args[0]))
+    model(torch.rand(2, 1, 28, 28))
+    assert (seen["conv1"] < 0).any()
+    torch.testing.assert_close(seen["primary"], torch.relu(seen["conv1"]))
+
+
 def test_decoder_sees_the_label_capsule_in_training():
     torch.manual_seed(0)
     model = CapsNet(routing_iterations=1, num_classes=3).eval()
@@ -223,6 +236,15 @@ def test_all_zero_images_give_no_nan():
     loss.backward()
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_class_score_is_the_capsule_length():
+    """§4: the class score is ‖v_j‖ (with the squash's ε, negligible here), not ‖v_j‖²: a 3-4-0 capsule
+    scores 5, and the model's lengths are its poses' norms."""
+    v = torch.tensor([[[3.0, 4.0, 0.0], [0.0, 0.0, 0.5]]])  # (B=1, K=2, D=3)
+    torch.testing.assert_close(capsule_length(v), torch.tensor([[5.0, 0.5]]))
+    out = CapsNet(1, False, num_classes=3)(torch.rand(2, 1, 28, 28))
+    torch.testing.assert_close(out.lengths, out.poses.norm(dim=-1))
 
 
 def test_lengths_below_one():
