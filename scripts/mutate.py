@@ -70,6 +70,7 @@ SAMPLE_DRAW = ("tests/test_wiring.py::"
 SAMPLE_BOUND = ("tests/test_wiring.py::test_the_share_a_sample_says_is_caught_is_clopper_pearsons_one_sided_bound",)
 SAMPLE_SWEEP = ("tests/test_wiring.py::"
                 "test_a_sampled_sweep_runs_only_the_drawn_mutations_and_bounds_the_whole_lists_share",)
+AMBIGUOUS = ("tests/test_wiring.py::test_a_mutation_whose_line_stands_twice_is_not_run_and_says_so",)
 SWEEP_BY_TEST = ("tests/test_wiring.py::"
                  "test_a_sweep_by_test_runs_only_the_mutations_naming_such_a_test_and_says_when_none_does",)
 GRAD_DIFFS = "tests/test_wiring.py::test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter"
@@ -640,8 +641,8 @@ MUTATIONS = [
              "max_rotation_deg: 30.0 ",
              ("tests/test_params.py::test_committed_params_are_the_paper_protocol",)),
     Mutation("params accept an unknown key", "pipeline/core/params.py",
-             "    if unknown:\n",
-             "    if False:\n",
+             "    unknown = sorted(set(raw) - set(fields))\n    if unknown:\n",
+             "    unknown = sorted(set(raw) - set(fields))\n    if False:\n",
              ("tests/test_params.py",)),
     Mutation("params accept a value above its range", "pipeline/core/params.py",
              "        if hi is not None and value > hi:",
@@ -1288,7 +1289,8 @@ MUTATIONS = [
              "pair_cost(runs_a, runs_b, seeds, bench, costs.PAPER_EPOCHS)[0]", "pair_cost(runs_a, runs_b, seeds, bench)[0]",
              (POWER,)),
     Mutation("a claim's status leaves out its cost at the paper's epochs", "pipeline/report/claims.py",
-             "{goal}{hours_phrase(seeds, hours, why, paper_hours)}\"\n", "{goal}{hours_phrase(seeds, hours, why)}\"\n",
+             "needs {seeds} per arm to {goal}{hours_phrase(seeds, hours, why, paper_hours)}\"\n",
+             "needs {seeds} per arm to {goal}{hours_phrase(seeds, hours, why)}\"\n",
              (POWER,)),
     Mutation("effect rows leave out the paper protocol's cost", "pipeline/report/claims.py",
              '"paper_protocol_hours": paper_protocol_cost(runs_a, runs_b, needed, bench)',
@@ -1724,8 +1726,8 @@ MUTATIONS = [
     Mutation("a make target the README names is gone", "Makefile", "ui: venv  ##", "serve: venv  ##", (DOCS,)),
     Mutation("a make target has no line in a bare make's list", "Makefile", "gpu: venv  ## the whole", "gpu: venv  # the whole",
              (DOCS,)),
-    Mutation("the README links a page that is not there", "README.md", "[docs/testing.md](docs/testing.md)",
-             "[docs/testing.md](docs/tests.md)", (DOCS,)),
+    Mutation("the README links a page that is not there", "README.md", "Details: [docs/testing.md](docs/testing.md)",
+             "Details: [docs/testing.md](docs/tests.md)", (DOCS,)),
     # --- where a step's time goes (capsnet bench --profile-steps) ---
     Mutation("a convolution's implicit GEMM counted as a matrix product", "pipeline/training/profile.py",
              '    ("matmul", ("triton_tem",)),\n    ("fused (triton)", ("triton",)),\n    ("convolution", ("conv", "implicit_gemm", "fprop", "dgrad", "wgrad", "nchwtonhwc", "nhwctonchw", "cudnn")),\n    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm")),',
@@ -5717,6 +5719,9 @@ MUTATIONS = [
     Mutation("--sample is parsed but every mutation runs", "scripts/mutate.py",
              "        chosen = sample(chosen, args.sample, seed)\n", "        sample(chosen, args.sample, seed)\n",
              SAMPLE_SWEEP),
+    Mutation("a line standing twice is cut at its first place", "scripts/mutate.py",
+             "if original.count(m.old) != 1:  # none: the line is gone; several: which one it cuts is chance\n",
+             "if m.old not in original:  # none: the line is gone; several: which one it cuts is chance\n", AMBIGUOUS),
     Mutation("--test is parsed but every mutation runs", "scripts/mutate.py",
              "              and (not args.test or any(w in test for w in args.test for test in m.tests))]\n",
              "              ]\n", SWEEP_BY_TEST),
@@ -5842,8 +5847,10 @@ def main() -> int:
         for m in chosen:
             target = copy / m.path
             original = target.read_text()
-            if m.old not in original:
-                print(f"STALE    {m.name}: {m.path} no longer contains the line to mutate", file=sys.stderr)
+            if original.count(m.old) != 1:  # none: the line is gone; several: which one it cuts is chance
+                print(f"STALE    {m.name}: {m.path} no longer contains the line to mutate" if m.old not in original
+                      else f"AMBIGUOUS {m.name}: its line stands {original.count(m.old)} times in {m.path}; give it "
+                      "the context of the one place it cuts", file=sys.stderr)
                 survived.append(m.name)
                 continue
             target.write_text(original.replace(m.old, m.new, 1))

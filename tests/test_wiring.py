@@ -256,6 +256,32 @@ def test_every_mutation_still_finds_the_line_it_cuts():
     assert not gone, f"mutations naming tests that do not exist: {gone}"  # a parameter id: mutate.py says BROKEN
 
 
+def test_every_mutation_cuts_one_place():
+    """mutate.py cuts a mutation's line where it first stands: a line standing twice (an `if unknown:` of
+    two functions; a line of mutate.py's own code that its list also spells) was cut wherever came first,
+    which an edit above it could change without a word."""
+    mutate = script("mutate")
+    twice = [f"{m.name}: {(REPO / m.path).read_text().count(m.old)} places" for m in mutate.MUTATIONS
+             if (REPO / m.path).read_text().count(m.old) > 1]
+    assert not twice, f"mutations whose line stands in several places: {twice}"
+
+
+def test_a_mutation_whose_line_stands_twice_is_not_run_and_says_so(monkeypatch, capsys):
+    """The sweep refuses a line standing twice, as it refuses one that is gone: it names the mutation, runs
+    no test for it and counts it against the list (exit 1)."""
+    mutate = script("mutate")
+    twice = mutate.Mutation("a line standing twice", "pipeline/x.py", "x = 1\n", "x = 2\n", ("tests/test_x.py",))
+    runs = []
+    monkeypatch.setattr(mutate, "MUTATIONS", [twice])
+    monkeypatch.setattr(mutate, "run_tests", lambda copy, tests: runs.append(tests) or True)
+    monkeypatch.setattr(mutate, "scratch_copy", lambda dest: (dest / "pipeline").mkdir() or
+                        (dest / "pipeline" / "x.py").write_text("x = 1\ny = 0\nx = 1\n"))
+    monkeypatch.setattr("sys.argv", ["mutate.py"])
+    assert mutate.main() == 1
+    assert runs == [("tests/test_x.py",)]  # the unmutated copy's run only
+    assert "AMBIGUOUS a line standing twice: its line stands 2 times in pipeline/x.py" in capsys.readouterr().err
+
+
 def test_each_test_id_constant_of_the_mutation_list_is_bound_once():
     """A second ``RUN_RECORD = …`` (2026-11-28) silently moved three older mutations onto another
     test, which did not catch them; a sweep would have called the three bugs untested."""
