@@ -187,7 +187,7 @@ REFUSED_OPTIONS = f"{PROFILES}::test_options_that_do_not_go_together_are_refused
 FAILED_PREFILL = f"{PROFILES}::test_a_failed_prefill_stops_before_the_command_with_its_params_in_order_and_a_label_per_slot"
 SMOKE_ASIDE = (f"{PROFILES}::"
                "test_a_smoke_that_writes_no_report_sets_nothing_aside_and_one_that_deletes_sets_its_folder_aside")
-FAN_OUT_ITEMS = ("tests/test_train.py::"
+FAN_OUT_ITEMS = ("tests/test_train_cli.py::"
                  "test_the_fan_out_items_are_the_stacked_variants_then_each_separate_variants_seeds_and_name_their_stages")
 GROUP_KEY = ("tests/test_stack.py::"
              "test_a_one_seed_groups_key_is_its_runs_own_no_seeds_no_checkpoint_and_non_finite_weights_are_named")
@@ -717,10 +717,10 @@ MUTATIONS = [
              "if index < len(lines) - 1:", "if True:", ("tests/test_tracking.py",)),
     Mutation("an evaluation against another store dies in MLflow's traceback", "pipeline/stages/evaluate.py",
              "    if not tracker.has_run(run_id):", "    if False:",
-             ("tests/test_train.py::test_evaluating_against_a_store_without_the_training_run_says_so_and_keeps_the_evaluation",)),
+             ("tests/test_train_cli.py::test_evaluating_against_a_store_without_the_training_run_says_so_and_keeps_the_evaluation",)),
     Mutation("an evaluation logs no dataset inputs", "pipeline/experiments/base.py",
              '        datasets.append(dataset_input(path, data, "evaluation"))\n', "",
-             ("tests/test_train.py::test_train_and_evaluate_cli_log_one_run_per_variant",)),
+             ("tests/test_train_cli.py::test_train_and_evaluate_cli_log_one_run_per_variant",)),
     Mutation("a dataset digest ignores the labels", "pipeline/data/splits.py",
              "    for name in sorted(tensors):\n        tensor", '    for name in sorted(set(tensors) - {"labels"}):\n        tensor',
              ("tests/test_data.py",)),
@@ -763,7 +763,7 @@ MUTATIONS = [
     Mutation("hints name the one-seed stages for a stacked variant", "pipeline/core/stage_names.py",
              'return f"train_stacked@{variant}" if variant in params.ablation.stacked else',
              'return f"train_stacked@{variant}" if False else',
-             ("tests/test_train.py::test_a_missing_model_names_the_train_stage_that_exists",)),
+             ("tests/test_train_cli.py::test_a_missing_model_names_the_train_stage_that_exists",)),
     Mutation("a missing evaluation's hint names a stage that does not exist", "pipeline/core/stage_names.py",
              'return f"evaluate_stacked@{variant}-{seed}" if variant in params.ablation.stacked else',
              'return f"evaluate@{variant}-{seed}" if variant in params.ablation.stacked else',
@@ -1334,7 +1334,7 @@ MUTATIONS = [
              "r.commit_key == row_key(best.commit)", "r.commit == best.commit", REPORTS),
     Mutation("train.compile_mode never reaches torch.compile", "pipeline/training/train.py",
              "compiled(stack, cfg.compile_mode)", "compiled(stack)",
-             ("tests/test_train.py::test_the_compile_mode_reaches_torch_compile_and_is_not_part_of_the_checkpoint_key",)),
+             ("tests/test_levers.py::test_the_compile_mode_reaches_torch_compile_and_is_not_part_of_the_checkpoint_key",)),
     Mutation("bmm with a transposed kernel", "pipeline/training/stack.py",
              "out = conv.weight.flatten(1) @ cols", "out = conv.weight.transpose(2, 3).flatten(1) @ cols", (STACK,)),
     Mutation("the bmm layout runs the grouped convolutions", "pipeline/training/stack.py",

@@ -1,6 +1,7 @@
 """Shared helpers: tiny synthetic MNIST IDX files written by the tests themselves, and the scripts as
 modules."""
 
+import dataclasses
 import gzip
 import importlib
 import os
@@ -103,6 +104,22 @@ def tiny_data(n_train=48, n_test=16):
     test_images, test_labels = synthetic_digits(n_test, seed=2)
     return {"train_images": train_images, "train_labels": train_labels,
             "test_images": test_images, "test_labels": test_labels}
+
+
+def tiny_config(**changes):
+    """A one-routing CapsNet run on tiny_data's 28×28 digits, 3 epochs of batch 16 in deterministic fp32."""
+    from pipeline.training.config import RunConfig
+
+    cfg = RunConfig(variant="capsnet_r1", model="capsnet", routing_iterations=1, reconstruction=False,
+                    image_size=28, num_classes=10, target_accuracy_pct=0.0, seed=0, profile="smoke", epochs=3, batch_size=16,
+                    lr=1e-3, lr_decay_rate=0.96, lr_decay_steps=2000, lr_min=1e-6, max_shift=2, amp=False,
+                    compile=False, deterministic=True, log_every=2, eval_batch_size=64, device="cpu")
+    return dataclasses.replace(cfg, **changes)
+
+
+def experiment_of(cfg, data, device):
+    """What the training loop builds for ``cfg``: its experiment's Training."""
+    return cfg.experiment_module().Training(cfg, data, device)
 
 
 class Recorder:

@@ -33,7 +33,7 @@ import os
 import pytest
 import torch
 
-from conftest import REPO, synthetic_digits
+from conftest import REPO, experiment_of, synthetic_digits
 from pipeline.core.params import load_params
 from pipeline.experiments import multimnist as mm
 from pipeline.training.stack import SeedStack, loss_recipe
@@ -48,11 +48,6 @@ PARAMS = load_params(REPO / "params.yaml")
 # a precision twin (capsnet_r3_recon_fp32) is its original's model: these tests set the precision themselves
 VARIANTS = sorted(v for v, spec in PARAMS.variants.items() if not spec.precision)
 BATCH = 128  # the batch the profiles train with
-
-
-def experiment_of(cfg, data, device):
-    """What the training loop builds for ``cfg``: its experiment's Training."""
-    return cfg.experiment_module().Training(cfg, data, device)
 
 
 def config(variant: str, **changes):
