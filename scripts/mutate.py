@@ -104,7 +104,7 @@ SEEDS_CLI = "tests/test_cli.py::test_train_reads_its_seeds_and_gives_each_seed_i
 EVAL_HINT = "tests/test_cli.py::test_evaluate_needs_no_params_but_names_the_train_stage_where_they_load"
 EVAL_LOGGED = "tests/test_tracking.py::test_an_evaluation_is_logged_to_its_training_run_at_the_last_epoch_under_evaluation"
 LOGGED_ONCE = "tests/test_tracking.py::test_a_stage_run_again_logs_its_metrics_once_and_a_failed_run_stays_failed"
-REPLAYED = "tests/test_tracking.py::test_journal_replays_into_mlflow_once"
+REPLAYED = "tests/test_journal.py::test_journal_replays_into_mlflow_once"
 CPU_HOURS = "tests/test_stack.py::test_the_paper_protocol_on_a_cpu_warns_with_its_hours_before_any_work"
 REGISTRY = "tests/test_extension.py::test_the_registry_answers_for_a_plugin_by_what_the_plugin_says_and_refuses_a_name_nobody_gave"
 BAD_SPLIT = "tests/test_data.py::test_a_split_that_is_absent_torn_or_not_a_split_is_one_line_naming_the_command_that_rebuilds_it"
@@ -197,12 +197,15 @@ CURVE_PANELS = f"{REPORT_STAGE}::test_the_learning_curves_draw_one_panel_per_pro
 REPORT_STAGE_RUN = (f"{REPORT_STAGE}::"
                     "test_the_report_stage_needs_a_run_lists_the_missing_names_a_superseded_record_and_logs_every_file")
 CLAIMS_SUMMARY = f"{REPORT_STAGE}::test_the_terminals_claims_summary_reads_claims_csv_and_flags_a_smoke_run"
-TRACKING = "tests/test_tracking.py"
+TRACKING = "tests/test_tracking.py"  # tracking's boundary; its other test files:
+JOURNAL = "tests/test_journal.py"
+UI = "tests/test_ui.py"
+TRACKINGS = (TRACKING, JOURNAL, UI)  # all of tracking's tests
 TRACKING_NAMES = f"{TRACKING}::test_each_profile_has_its_experiment_its_runs_table_its_order_and_a_sqlite_store_its_lock"
 REPORT_RUN_TAGS = (f"{TRACKING}::"
                    "test_the_report_run_is_tagged_with_its_commit_and_stage_and_ends_finished_and_a_lost_run_is_not_had")
-REPLAYED_REPORT = f"{TRACKING}::test_a_journalled_report_replays_into_its_profiles_experiment_with_its_tags"
-UNRECORDED_SPLITS = (f"{TRACKING}::"
+REPLAYED_REPORT = f"{JOURNAL}::test_a_journalled_report_replays_into_its_profiles_experiment_with_its_tags"
+UNRECORDED_SPLITS = (f"{JOURNAL}::"
                      "test_a_run_journalled_before_dataset_logging_gets_its_splits_by_image_size_and_the_sizes_it_recorded")
 NOT_RECORDED_READ = f"{REPORT_RUNS}::test_what_a_run_did_not_record_reads_not_recorded_never_a_default"
 STEPS_TESTS = "tests/test_steps.py"
@@ -253,12 +256,12 @@ AFFINE_WARP = f"{DATA_TESTS}::test_a_warp_rounds_to_the_nearest_grey_level_and_t
 AFFINE_DRAWS = f"{DATA_TESTS}::test_the_six_affine_draws_are_independent_of_one_another"
 CLI_TESTS = "tests/test_cli.py"
 FINGERPRINT_CLI = f"{CLI_TESTS}::test_fingerprint_computes_every_variant_by_default_and_refuses_an_unknown_one_before_any"
-SYNC_COUNTS = f"{TRACKING}::test_sync_says_how_many_runs_it_added_and_found_there_and_warns_of_a_torn_tail"
-JOURNAL_START = (f"{TRACKING}::"
+SYNC_COUNTS = f"{JOURNAL}::test_sync_says_how_many_runs_it_added_and_found_there_and_warns_of_a_torn_tail"
+JOURNAL_START = (f"{JOURNAL}::"
                  "test_a_journal_starts_a_run_with_its_tags_and_resumes_only_a_run_it_holds_tagging_it_resumed")
-JOURNAL_REPORT = (f"{TRACKING}::"
+JOURNAL_REPORT = (f"{JOURNAL}::"
                   "test_a_journalled_report_run_replays_as_the_stores_with_its_commit_stage_metrics_and_end")
-JOURNAL_READ = (f"{TRACKING}::"
+JOURNAL_READ = (f"{JOURNAL}::"
                 "test_a_journal_reads_past_a_blank_line_and_its_torn_tail_warning_counts_the_records_kept")
 ARTIFACTS_BESIDE = f"{TRACKING}::test_a_sqlite_stores_runs_keep_their_files_beside_it_wherever_the_process_runs"
 FIGURES = "tests/test_figures.py"
@@ -714,7 +717,7 @@ MUTATIONS = [
              '"train.checkpoint_every": 5},',
              (f"{PAPER}::test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job",)),
     Mutation("a torn journal tail refuses the whole file", "pipeline/core/journal.py",
-             "if index < len(lines) - 1:", "if True:", ("tests/test_tracking.py",)),
+             "if index < len(lines) - 1:", "if True:", TRACKINGS),
     Mutation("an evaluation against another store dies in MLflow's traceback", "pipeline/stages/evaluate.py",
              "    if not tracker.has_run(run_id):", "    if False:",
              ("tests/test_train_cli.py::test_evaluating_against_a_store_without_the_training_run_says_so_and_keeps_the_evaluation",)),
@@ -748,7 +751,7 @@ MUTATIONS = [
              "        with contextlib.nullcontext():",
              ("tests/test_reliability.py::test_concurrent_stages_create_a_fresh_store_once",)),
     Mutation("a trainer that loses the race to log a new dataset fails its run", "pipeline/core/tracking.py",
-             'if attempt == 2 or "unique" not in str(err).lower():', "if True:", ("tests/test_tracking.py",)),
+             'if attempt == 2 or "unique" not in str(err).lower():', "if True:", TRACKINGS),
     Mutation("an eager run ignores train.deterministic", "pipeline/training/train.py",
              "torch._C._set_deterministic_algorithms(cfg.deterministic, warn_only=True)",
              "torch._C._set_deterministic_algorithms(False, warn_only=True)",
@@ -771,7 +774,7 @@ MUTATIONS = [
     Mutation("make ui opens the experiment's GenAI overview", "pipeline/core/tracking.py",
              'return f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs?{urlencode(query)}"',
              'return f"http://127.0.0.1:{port}/#/experiments/{experiment_id}"',
-             ("tests/test_tracking.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
+             ("tests/test_ui.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
     Mutation("smoke runs share the published runs' experiment", "pipeline/core/tracking.py",
              'return EXPERIMENT if profile in ("paper", "") else f"{EXPERIMENT}-{profile}"', "return EXPERIMENT",
              (REPLAYED,)),
@@ -886,9 +889,9 @@ MUTATIONS = [
              (f"{CENSUS}::test_a_process_is_counted_under_the_kind_its_program_or_module_names",)),
     Mutation("capsnet ui starts MLflow's job runner beside the UI", "pipeline/cli.py",
              "    env = tracking.SERVER_ENV | dict(os.environ)", "    env = dict(os.environ)",
-             ("tests/test_tracking.py::test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c",)),
+             ("tests/test_ui.py::test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c",)),
     Mutation("capsnet ui overrides the environment's MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "pipeline/cli.py",
-             "    env = tracking.SERVER_ENV | dict(os.environ)", "    env = dict(os.environ) | tracking.SERVER_ENV", ("tests/test_tracking.py::test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c",)),
+             "    env = tracking.SERVER_ENV | dict(os.environ)", "    env = dict(os.environ) | tracking.SERVER_ENV", ("tests/test_ui.py::test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c",)),
     Mutation("the GPU window's MNIST is copied from a mirror that lacks some of it", "scripts/gpu_fetch_mnist.sh",
              'if [ "$found" -ne 4 ]; then', "if false; then", (f"{WINDOW_TRAVEL}::test_the_mnist_a_window_carries_is_copied_whole_or_not_at_all_saying_why",)),
     Mutation("the GPU window's MNIST is never copied into the carried folder", "scripts/gpu_fetch_mnist.sh",
@@ -1282,7 +1285,7 @@ MUTATIONS = [
              ("tests/test_report_stage.py::test_the_effects_figure_plots_the_headline_protocols_effects_with_what_would_settle_each",)),
     Mutation("capsnet ui starts mlflow ui on a taken port", "pipeline/cli.py",
              "problem = None if dry_run else tracking.port_problem(port)", "problem = None",
-             ("tests/test_tracking.py::test_ui_on_a_taken_port_says_so_before_loading_anything",)),
+             ("tests/test_ui.py::test_ui_on_a_taken_port_says_so_before_loading_anything",)),
     Mutation("the paper protocol's cost is the runs' own length", "pipeline/report/claims.py",
              "float(np.mean(per_epoch)) * epochs", "float(np.mean(recorded))", (POWER,)),
     Mutation("the paper protocol's cost asks for no epochs", "pipeline/report/claims.py",
@@ -2099,7 +2102,7 @@ MUTATIONS = [
     Mutation("an older experiment keeps MLflow's GenAI view", "pipeline/core/tracking.py",
              "                if experiment.tags.get(key) != value:",
              "                if False:",
-             ("tests/test_tracking.py::test_published_runs_open_on_the_experiment_with_the_most_and_every_experiment_is_model_training",)),
+             ("tests/test_ui.py::test_published_runs_open_on_the_experiment_with_the_most_and_every_experiment_is_model_training",)),
     Mutation("the stale-run sweep closes the run that swept", "pipeline/core/tracking.py",
              "stale = [r.info.run_id for r in runs if r.info.run_id != keep]",
              "stale = [r.info.run_id for r in runs]",
@@ -2207,19 +2210,19 @@ MUTATIONS = [
     Mutation("capsnet ui on a taken 65535 suggests a port that does not exist", "pipeline/cli.py",
              "other = port + 1 if 1024 <= port < 65535 else 5001",
              "other = port + 1",
-             ("tests/test_tracking.py::test_ui_on_a_taken_port_says_so_before_loading_anything",)),
+             ("tests/test_ui.py::test_ui_on_a_taken_port_says_so_before_loading_anything",)),
     Mutation("capsnet ui prints a line per journal it loads", "pipeline/cli.py",
              "added = _replay(tracker, journals, quiet=True)",
              "added = _replay(tracker, journals)",
-             ("tests/test_tracking.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
+             ("tests/test_ui.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
     Mutation("mlflow ui stopping with an error reads as success", "pipeline/cli.py",
              "    except subprocess.CalledProcessError as err:\n        raise UserError",
              "    except subprocess.CalledProcessError as err:\n        return\n        raise UserError",
-             ("tests/test_tracking.py::test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c",)),
+             ("tests/test_ui.py::test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c",)),
     Mutation("Ctrl-C in capsnet ui is click's Aborted!", "pipeline/cli.py",
              "    except KeyboardInterrupt:\n        pass\n    except subprocess",
              "    except subprocess",
-             ("tests/test_tracking.py::test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c",)),
+             ("tests/test_ui.py::test_ui_says_when_mlflow_ui_stops_with_an_error_and_stops_quietly_on_ctrl_c",)),
     Mutation("params refuse train.device cuda:N", "pipeline/core/params.py",
              ' or self.device.startswith("cuda:")):',
              "):",
@@ -4040,7 +4043,7 @@ MUTATIONS = [
              (UNRECORDED_SPLITS,)),
     Mutation("a port refused for any reason is called taken", "pipeline/core/tracking.py",
              'return "is taken (another `mlflow ui`?)" if err.errno == errno.EADDRINUSE else', 'return "is taken (another `mlflow ui`?)" if True else',
-             (f"{TRACKING}::test_a_port_another_server_holds_is_taken_and_one_refused_otherwise_says_why",)),
+             (f"{UI}::test_a_port_another_server_holds_is_taken_and_one_refused_otherwise_says_why",)),
     Mutation("any failure to lock is told as another process holding the lock", "pipeline/core/files.py",
              "            if err.errno not in (errno.EAGAIN, errno.EACCES):\n                raise\n", "",
              ("tests/test_files.py::test_a_lock_that_fails_for_another_reason_than_a_holder_is_not_called_in_use",)),
@@ -4456,31 +4459,31 @@ MUTATIONS = [
     Mutation('capsnet track sync of a folder without journals says nothing', 'pipeline/cli.py',
              '    if not journals:\n        raise UserError',
              '    if False:\n        raise UserError',
-             ("tests/test_tracking.py::test_sync_rejects_an_empty_folder_and_a_foreign_file",)),
+             ("tests/test_journal.py::test_sync_rejects_an_empty_folder_and_a_foreign_file",)),
     Mutation('a torn journal in the middle is a traceback', 'pipeline/cli.py',
              'except (ValueError, KeyError) as err:',
              'except ZeroDivisionError as err:',
-             ("tests/test_tracking.py::test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses",)),
+             ("tests/test_journal.py::test_a_torn_last_line_replays_the_complete_records_and_a_torn_middle_refuses",)),
     Mutation('capsnet track sync counts runs synced before as added', 'pipeline/cli.py',
              'added += run_id is not None',
              'added += 1',
-             ("tests/test_tracking.py::test_sync_says_how_many_runs_it_added_and_found_there_and_warns_of_a_torn_tail",)),
+             ("tests/test_journal.py::test_sync_says_how_many_runs_it_added_and_found_there_and_warns_of_a_torn_tail",)),
     Mutation("capsnet ui's URL shows every run, not the published ones", 'pipeline/cli.py',
              'f"tags.{tracking.PUBLISHED_TAG} = \'true\'"',
              '""',
-             ("tests/test_tracking.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
+             ("tests/test_ui.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
     Mutation('capsnet ui names the published experiment by its id', 'pipeline/cli.py',
              'name = tracker.client.get_experiment(experiments[0]).name',
              'name = experiments[0]',
-             ("tests/test_tracking.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
+             ("tests/test_ui.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
     Mutation('capsnet ui tags no run published', 'pipeline/cli.py',
              'experiments = tracker.mark_published({j.stem for j in journals})',
              'experiments = tracker.mark_published(set())',
-             ("tests/test_tracking.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
+             ("tests/test_ui.py::test_ui_loads_the_published_journals_once_and_serves_them",)),
     Mutation('capsnet ui on a taken privileged port suggests the next privileged one', 'pipeline/cli.py',
              'other = port + 1 if 1024 <= port < 65535 else 5001',
              'other = port + 1 if port < 65535 else 5001',
-             ("tests/test_tracking.py::test_ui_on_a_taken_port_says_so_before_loading_anything",)),
+             ("tests/test_ui.py::test_ui_on_a_taken_port_says_so_before_loading_anything",)),
     Mutation('capsnet train names every seed by the first', 'pipeline/cli.py',
              'click.echo(f"{variant} seed {done.cfg.seed}: final',
              'click.echo(f"{variant} seed {seed_list[0]}: final',

@@ -106,6 +106,14 @@ def tiny_data(n_train=48, n_test=16):
             "test_images": test_images, "test_labels": test_labels}
 
 
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> str:
+    """A sqlite MLflow store in tmp_path, which is also the repository root that runs name paths by."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    return f"sqlite:///{tmp_path}/m.db"
+
+
 def tiny_config(**changes):
     """A one-routing CapsNet run on tiny_data's 28×28 digits, 3 epochs of batch 16 in deterministic fp32."""
     from pipeline.training.config import RunConfig
