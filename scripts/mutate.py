@@ -46,7 +46,9 @@ RECIPE_WIRING = "tests/test_wiring.py::test_a_variant_trains_with_its_recipes_lo
 RESUME = "tests/test_wiring.py::test_resume_restores_the_generator_that_dropout_draws_from"
 COPIED_OUT = ("tests/test_fingerprint_cache.py::"
               "test_the_suites_answers_copied_out_are_found_there_without_computing_and_its_locks_stay")
-STACK = "tests/test_stack.py"
+STACK = "tests/test_stack.py"  # the stack and its layouts; a group's seeds apart:
+STACK_GROUP = "tests/test_stack_group.py"
+STACKS = (STACK, STACK_GROUP)  # all of the stack's tests
 WINDOW = "tests/test_gpu_window.py"  # the queue and the levers; the window's other test files:
 WINDOW_SESSION = "tests/test_gpu_session.py"
 WINDOW_IMPORT = "tests/test_gpu_import.py"
@@ -105,7 +107,7 @@ EVAL_HINT = "tests/test_cli.py::test_evaluate_needs_no_params_but_names_the_trai
 EVAL_LOGGED = "tests/test_tracking.py::test_an_evaluation_is_logged_to_its_training_run_at_the_last_epoch_under_evaluation"
 LOGGED_ONCE = "tests/test_tracking.py::test_a_stage_run_again_logs_its_metrics_once_and_a_failed_run_stays_failed"
 REPLAYED = "tests/test_journal.py::test_journal_replays_into_mlflow_once"
-CPU_HOURS = "tests/test_stack.py::test_the_paper_protocol_on_a_cpu_warns_with_its_hours_before_any_work"
+CPU_HOURS = "tests/test_stack_group.py::test_the_paper_protocol_on_a_cpu_warns_with_its_hours_before_any_work"
 REGISTRY = "tests/test_extension.py::test_the_registry_answers_for_a_plugin_by_what_the_plugin_says_and_refuses_a_name_nobody_gave"
 BAD_SPLIT = "tests/test_data.py::test_a_split_that_is_absent_torn_or_not_a_split_is_one_line_naming_the_command_that_rebuilds_it"
 SUBSETS = "tests/test_data.py::test_prepare_writes_subsets_and_affine_set"
@@ -189,7 +191,7 @@ SMOKE_ASIDE = (f"{PROFILES}::"
                "test_a_smoke_that_writes_no_report_sets_nothing_aside_and_one_that_deletes_sets_its_folder_aside")
 FAN_OUT_ITEMS = ("tests/test_train_cli.py::"
                  "test_the_fan_out_items_are_the_stacked_variants_then_each_separate_variants_seeds_and_name_their_stages")
-GROUP_KEY = ("tests/test_stack.py::"
+GROUP_KEY = ("tests/test_stack_group.py::"
              "test_a_one_seed_groups_key_is_its_runs_own_no_seeds_no_checkpoint_and_non_finite_weights_are_named")
 PROVENANCE_LINES = f"{REPORT_RUNS}::test_the_provenance_lines_count_each_commit_fingerprint_variant_resume_and_minute"
 ROW_METRICS = f"{REPORT}::test_a_rows_metrics_keep_a_shared_value_as_recorded_and_leave_out_a_key_a_seed_lacks"
@@ -243,9 +245,9 @@ SAME_POOLING = f"{BASELINE_TESTS}::test_the_multimnist_cnn_pools_as_same_padding
 DOWNLOAD_TESTS = "tests/test_download.py"
 URL_MIRROR = (f"{DOWNLOAD_TESTS}::"
               "test_a_url_mirror_is_asked_under_its_base_and_any_failure_there_passes_to_the_next_source")
-STOPPED_SLICE = (f"{STACK}::"
+STOPPED_SLICE = (f"{STACK_GROUP}::"
                  "test_a_stopped_seeds_slice_gone_non_finite_fails_neither_the_others_steps_nor_their_checkpoint")
-RESUMED_AFTER_STOP = (f"{STACK}::"
+RESUMED_AFTER_STOP = (f"{STACK_GROUP}::"
                       "test_a_group_killed_after_a_seed_stopped_resumes_with_its_stopped_weights_and_every_seeds_extras")
 AUTOTUNE_FUSED = ("tests/test_wiring.py::"
                   "test_cudnn_autotunes_on_cuda_only_where_the_run_need_not_be_deterministic_and_adam_is_fused_there")
@@ -684,15 +686,15 @@ MUTATIONS = [
              "generator.set_state(saved)", "pass", (RESUME,)),
     Mutation("stacked seeds share one generator", "pipeline/training/train.py",
              "generators = [torch.Generator(device=device).manual_seed(c.seed) for c in cfgs]",
-             "generators = [torch.Generator(device=device).manual_seed(cfg.seed)] * len(cfgs)", (STACK,)),
+             "generators = [torch.Generator(device=device).manual_seed(cfg.seed)] * len(cfgs)", STACKS),
     Mutation("stacked seeds built from one initialisation", "pipeline/training/train.py",
-             "        torch.manual_seed(c.seed)\n", "        torch.manual_seed(cfg.seed)\n", (STACK,)),
+             "        torch.manual_seed(c.seed)\n", "        torch.manual_seed(cfg.seed)\n", STACKS),
     Mutation("dropout masks from the global generator", "pipeline/training/stack.py",
-             'draw = getattr(self.template, "dropout_keep", None)', "draw = None", (STACK,)),
+             'draw = getattr(self.template, "dropout_keep", None)', "draw = None", STACKS),
     Mutation("stacked losses averaged over the seeds", "pipeline/training/steps.py",
-             "(parts[:, 0] * active).sum().backward()", "(parts[:, 0] * active).mean().backward()", (STACK,)),
+             "(parts[:, 0] * active).sum().backward()", "(parts[:, 0] * active).mean().backward()", STACKS),
     Mutation("a seed that stopped early keeps its last weights, not its stopping epoch's", "pipeline/training/train.py",
-             "        if seed.weights is not None:\n            model.load_state_dict(seed.weights)\n", "", (STACK,)),
+             "        if seed.weights is not None:\n            model.load_state_dict(seed.weights)\n", "", STACKS),
     Mutation("the loop layout gives every seed the first seed's batch", "pipeline/training/stack.py",
              "self._one(self.seed_weights(k), *self._seed_inputs(batch, keep, k))",
              "self._one(self.seed_weights(k), *self._seed_inputs(batch, keep, 0))",
@@ -1339,12 +1341,12 @@ MUTATIONS = [
              "compiled(stack, cfg.compile_mode)", "compiled(stack)",
              ("tests/test_levers.py::test_the_compile_mode_reaches_torch_compile_and_is_not_part_of_the_checkpoint_key",)),
     Mutation("bmm with a transposed kernel", "pipeline/training/stack.py",
-             "out = conv.weight.flatten(1) @ cols", "out = conv.weight.transpose(2, 3).flatten(1) @ cols", (STACK,)),
+             "out = conv.weight.flatten(1) @ cols", "out = conv.weight.transpose(2, 3).flatten(1) @ cols", STACKS),
     Mutation("the bmm layout runs the grouped convolutions", "pipeline/training/stack.py",
              'convs_as_matmul(copy.deepcopy(models[0])) if layout == "bmm" else models[0]',
-             'models[0] if layout == "bmm" else models[0]', (STACK,)),
+             'models[0] if layout == "bmm" else models[0]', STACKS),
     Mutation("the streams layout gives every seed the first seed's weights", "pipeline/training/stack.py",
-             "parts.append(one(per_seed[k], *", "parts.append(one(per_seed[0], *", (STACK,)),
+             "parts.append(one(per_seed[k], *", "parts.append(one(per_seed[0], *", STACKS),
     Mutation("the streams layout runs every seed on the first seed's stream", "pipeline/training/stack.py",
              "            with streams.on(k):", "            with streams.on(0):", (STREAMS,)),
     Mutation("the streams layout never joins the seeds' streams back", "pipeline/training/stack.py",
@@ -2114,7 +2116,7 @@ MUTATIONS = [
     Mutation("a checkpoint of the trainer before stacks is resumed", "pipeline/training/checkpoint.py",
              '    if "stack" not in state:',
              "    if False:",
-             ("tests/test_stack.py::test_a_checkpoint_of_the_trainer_before_stacks_starts_afresh",)),
+             ("tests/test_stack_group.py::test_a_checkpoint_of_the_trainer_before_stacks_starts_afresh",)),
     Mutation("a plugin under a built-in's name is listed twice", "pipeline/core/registry.py",
              "*(n for n in _registered if n not in EXPERIMENTS)]",
              "*(n for n in _registered)]",
@@ -2466,7 +2468,7 @@ MUTATIONS = [
     Mutation("two seeds may train into one output directory", "pipeline/stages/train.py",
              " or len(set(map(str, out_dirs))) != len(seeds):",
              ":",
-             ("tests/test_stack.py::test_the_train_stage_refuses_seeds_that_would_share_an_output_directory",)),
+             ("tests/test_stack_group.py::test_the_train_stage_refuses_seeds_that_would_share_an_output_directory",)),
     Mutation("the paper protocol on a CPU is not warned of its hours", "pipeline/stages/train.py",
              "        if hours > 1:",
              "        if False:",

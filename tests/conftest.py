@@ -114,6 +114,15 @@ def store(tmp_path, monkeypatch) -> str:
     return f"sqlite:///{tmp_path}/m.db"
 
 
+@pytest.fixture
+def small_cnns(monkeypatch):
+    """The CNNs with narrow convolutions: what is tested is the stacking and the per-seed dropout,
+    not the width (the real 35M-parameter CNN takes seconds a step on 2 cores)."""
+    from pipeline.models import baseline
+
+    monkeypatch.setattr(baseline, "CONV_CHANNELS", (8, 8, 4))
+
+
 def tiny_config(**changes):
     """A one-routing CapsNet run on tiny_data's 28×28 digits, 3 epochs of batch 16 in deterministic fp32."""
     from pipeline.training.config import RunConfig

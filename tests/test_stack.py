@@ -1,5 +1,7 @@
 """Stacked seeds (pipeline.training.stack, train.train_group): S seeds trained as one computation give each
-seed what a separate run of it gives, for every experiment family and a CNN with dropout."""
+seed what a separate run of it gives, for every experiment family and a CNN with dropout, in every
+layout (fused, bmm, loop, streams) and compiled. A group's seeds apart (one stopping early, a killed
+group resuming, the group's checkpoint key): tests/test_stack_group.py."""
 
 import contextlib
 import dataclasses
@@ -7,75 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import REPO, Recorder, synthetic_digits, tiny_data
-from pipeline.core.params import load_params
+from conftest import synthetic_digits, tiny_data
+from stacks import (BMM_WEIGHT_RTOL, MULTIMNIST_WEIGHT_RTOL, SEEDS, WEIGHT_RTOL, assert_close_in_norm,
+                    assert_same_run, config, data_for)
 from pipeline.experiments import multimnist as mm
-from pipeline.experiments.affnist import expanded_mnist
-from pipeline.models import baseline
-from pipeline.training import steps
-from pipeline.training import checkpoint
-from pipeline.training.config import run_config
 from pipeline.training.train import predict, train, train_group
-
-SEEDS = (0, 1, 2)
-# issue #23: each seed's weights within 1e-5 relative of its separate run, as the norm of the
-# difference over the norm of the tensor. Not element by element: a grouped convolution or batched
-# matmul sums in another order (float differences ~1e-7), and Adam divides each update by the
-# gradient's own scale, so an element whose gradient is near 0 can move by a visibly different
-# amount (measured: capsnet_r3_recon's digits.W 4.4e-6 in norm, 5e-4 of its largest element).
-WEIGHT_RTOL = 1e-5
-# the bmm layout sums every convolution in another order than conv2d, and 4 Adam steps carry that
-# into the weights: up to 1.9e-5 measured on this project's AVX2 CPU (capsnet_r3_recon's digits.W,
-# behind routing's squashes; 2026-11-25), within 1e-5 on the AVX512 machine before it
-BMM_WEIGHT_RTOL = 5e-5
-# multimnist_r1_recon's seed 0 on this project's AMD EPYC (AVX2) CPU, torch 2.15 (2026-11-29): 7.2e-5 in
-# decoder.net.2.weight, all of it one of the decoder's 1024 ReLUs whose input sits on zero, which
-# rounding puts on one side in the vmapped (batched matmul) forward and on the other in the separate
-# run: 268 of that unit's 512 weights, and the weights feeding it, move by up to 5.8e-4 (half an Adam
-# step of lr 1e-3). The other seeds are within 5e-6, and the loop layout matches the separate run bit
-# for bit; within 1e-5 on the machines before
-MULTIMNIST_WEIGHT_RTOL = 2e-4
-
-
-def assert_close_in_norm(mine: torch.Tensor, theirs: torch.Tensor, where: str, bound: float = WEIGHT_RTOL) -> None:
-    off = float((mine.detach().double() - theirs.detach().double()).norm() / theirs.detach().double().norm().clamp_min(1e-12))
-    assert off <= bound, f"{where}: {off:.2e} relative"
-
-
-@pytest.fixture
-def small_cnns(monkeypatch):
-    """The CNNs with narrow convolutions: what is tested is the stacking and the per-seed dropout,
-    not the width (the real 35M-parameter CNN takes seconds a step on 2 cores)."""
-    monkeypatch.setattr(baseline, "CONV_CHANNELS", (8, 8, 4))
-
-
-def config(variant: str, **changes):
-    cfg = run_config(load_params(REPO / "params.yaml"), variant, 0, device="cpu", epochs=2, batch_size=24,
-                     compile=False, amp=False, deterministic=True, log_every=1, eval_batch_size=64,
-                     multimnist_epoch_size=48)
-    return dataclasses.replace(cfg, **changes)
-
-
-def data_for(cfg, n_train: int = 48) -> dict[str, torch.Tensor]:
-    data = tiny_data(n_train=n_train)
-    if cfg.image_size == 40:  # §5.2: scored on the test digits placed on the canvas
-        data["test_images"], _ = expanded_mnist(data["test_images"], seed=0)
-    if cfg.experiment_name == "multimnist":  # scored on pair recipes over the 28×28 test digits
-        recipes = mm.test_recipes(data["test_labels"], 1, cfg.max_shift, seed=3)
-        data.update(test_pairs=recipes["pairs"], test_shifts=recipes["shifts"])
-    return data
-
-
-def assert_same_run(stacked, separate, where: str, bound: float = WEIGHT_RTOL) -> None:
-    """One seed's stacked result against its separate run: weights, history, test predictions."""
-    mine, theirs = stacked.model.state_dict(), separate.model.state_dict()
-    assert mine.keys() == theirs.keys()
-    for name, value in theirs.items():
-        assert_close_in_norm(mine[name], value, f"{where}: {name}", bound)
-    assert [h["test_error_pct"] for h in stacked.history] == [h["test_error_pct"] for h in separate.history], where
-    assert [h["train_loss"] for h in stacked.history] == pytest.approx(
-        [h["train_loss"] for h in separate.history], rel=bound), where
-    assert stacked.stop_reason == separate.stop_reason and stacked.steps == separate.steps, where
 
 
 @pytest.mark.parametrize("variant", ["capsnet_r3_recon", "baseline_cnn", "cnn_affnist", "multimnist_r1_recon"])
@@ -357,161 +295,6 @@ def test_the_streams_layout_forks_every_seed_before_any_works_and_joins_them_aft
     assert stack_mod.compiled(fused) is fused and compiled_fns == [(fused, "default")]
 
 
-def seed_one_stops_after_epoch_one(monkeypatch, before_score=lambda call: None) -> dict:
-    """A constructed test error for a group of SEEDS with a target of 90 %: seed 1 reaches it at its
-    first score and no other seed ever does (scored in seed order: 0, 1, 2 in epoch 1, then 0, 2);
-    ``before_score(call)`` runs before each. The count of scores so far, in ["n"]; a run without a
-    target (target_accuracy_pct 0) never stops, whatever it is told."""
-    calls = {"n": 0}
-
-    def constructed(training, model, batch_size, amp):
-        calls["n"] += 1
-        before_score(calls["n"])
-        return 5.0 if calls["n"] == 2 else 50.0
-
-    monkeypatch.setattr("pipeline.experiments.table1.Training.test_error", constructed)
-    return calls
-
-
-def test_a_seed_that_stops_early_freezes_while_the_others_train_on(tmp_path, monkeypatch):
-    """§5.2's early stopping per seed: a constructed error sequence stops seed 1 after epoch 1; it
-    ends with its separate run's epoch-1 weights, the others train every epoch."""
-    cfg = config("capsnet_r1", epochs=3, target_accuracy_pct=90.0)
-    seed_one_stops_after_epoch_one(monkeypatch)
-    cfgs = [dataclasses.replace(cfg, seed=s) for s in SEEDS]
-    stacked = train_group(cfgs, tiny_data(), tmp_path / "stack.pt")
-    assert [len(r.history) for r in stacked] == [3, 1, 3]
-    assert [r.stop_reason for r in stacked] == ["budget", "target", "budget"]
-    alone = train(dataclasses.replace(cfgs[1], epochs=1, target_accuracy_pct=0.0), tiny_data(), tmp_path / "one.pt")
-    for name, value in alone.model.state_dict().items():
-        assert_close_in_norm(stacked[1].model.state_dict()[name], value, f"seed 1 {name}")
-    state = torch.load(tmp_path / "stack.pt", weights_only=False)
-    assert [s["stop_reason"] for s in state["seeds"]] == ["budget", "target", "budget"]
-
-
-def test_a_stopped_seeds_slice_gone_non_finite_fails_neither_the_others_steps_nor_their_checkpoint(tmp_path,
-                                                                                                    monkeypatch):
-    """Once a seed stops, its slice of the stack is no longer its run (its result is the weights it
-    stopped with): seed 1 stops after epoch 1 and its slice is then made non-finite; the others train
-    on to epoch 3, checkpointed every epoch, and every result is finite (seed 1's: the weights it stopped with)."""
-    from pipeline.training import train as train_module
-
-    built = {}
-    build_group = train_module.build_group
-    monkeypatch.setattr(train_module, "build_group", lambda *args: built.setdefault("group", build_group(*args)))
-
-    def poison_seed_one(call):
-        if call == 4:  # epoch 2, seed 1 stopped: its slice goes non-finite before the checkpoint
-            with torch.no_grad():
-                for w in built["group"][0].seed_weights(1).values():
-                    w.fill_(float("nan"))
-
-    calls = seed_one_stops_after_epoch_one(monkeypatch, poison_seed_one)
-    cfg = config("capsnet_r1", epochs=3, target_accuracy_pct=90.0, checkpoint_every=1)
-    stacked = train_group([dataclasses.replace(cfg, seed=s) for s in SEEDS], tiny_data(), tmp_path / "stack.pt")
-    assert [len(r.history) for r in stacked] == [3, 1, 3] and calls["n"] == 7
-    for k, result in enumerate(stacked):
-        assert all(torch.isfinite(w).all() for w in result.model.state_dict().values()), f"seed {SEEDS[k]}"
-
-
-def test_a_stacked_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch, small_cnns):
-    """Killed during epoch 2's second step (baseline_cnn: dropout masks come from the seeds'
-    generators, which the checkpoint carries), then resumed."""
-    cfgs = [dataclasses.replace(config("baseline_cnn", epochs=3), seed=s) for s in SEEDS]
-    data = tiny_data()
-    straight = train_group(cfgs, data, tmp_path / "a.pt")
-    real, calls = steps.training_step, {"n": 0}
-
-    def killed(*args):
-        calls["n"] += 1
-        if calls["n"] == 4:  # 2 steps an epoch: the second step of epoch 2
-            raise KeyboardInterrupt("simulated kill")
-        return real(*args)
-
-    monkeypatch.setattr(steps, "training_step", killed)
-    with pytest.raises(KeyboardInterrupt):
-        train_group(cfgs, data, tmp_path / "b.pt")
-    monkeypatch.setattr(steps, "training_step", real)
-    recorders = [Recorder() for _ in SEEDS]
-    resumed = train_group(cfgs, data, tmp_path / "b.pt", loggers=recorders)
-    assert [[e for e, _ in r.epochs] for r in recorders] == [[2, 3]] * 3
-    for k in range(len(SEEDS)):
-        assert resumed[k].resumed_at == [1]
-        for name, value in straight[k].model.state_dict().items():
-            assert torch.equal(value, resumed[k].model.state_dict()[name]), (k, name)
-
-
-def test_a_group_killed_after_a_seed_stopped_resumes_with_its_stopped_weights_and_every_seeds_extras(tmp_path,
-                                                                                                     monkeypatch):
-    """Seed 1 stops after epoch 1; the group is killed in epoch 2 and resumed without extras: every seed
-    ends as the uninterrupted group's, seed 1 with the weights it stopped with (its slice of the stack
-    has drifted since, under Adam's momentum), and the checkpoint still carries each seed's extras
-    (its tracking run id: a second resume logs on into it)."""
-    calls = seed_one_stops_after_epoch_one(monkeypatch)
-    cfgs = [dataclasses.replace(config("capsnet_r1", epochs=3, target_accuracy_pct=90.0), seed=s) for s in SEEDS]
-    straight = train_group(cfgs, tiny_data(), tmp_path / "a.pt")
-    calls["n"] = 0
-    real, taken = steps.training_step, {"n": 0}
-
-    def killed(*args, **kwargs):
-        taken["n"] += 1
-        if taken["n"] == 3:  # 2 steps an epoch: epoch 2's first, after epoch 1's checkpoint
-            raise KeyboardInterrupt("simulated kill")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(steps, "training_step", killed)
-    extras = [{"run_id": f"run-{s}"} for s in SEEDS]
-    with pytest.raises(KeyboardInterrupt):
-        train_group(cfgs, tiny_data(), tmp_path / "b.pt", extras=extras)
-    monkeypatch.setattr(steps, "training_step", real)
-    resumed = train_group(cfgs, tiny_data(), tmp_path / "b.pt")
-    assert [r.resumed_at for r in resumed] == [[1]] * 3 and [len(r.history) for r in resumed] == [3, 1, 3]
-    for k in range(len(SEEDS)):
-        for name, value in straight[k].model.state_dict().items():
-            assert torch.equal(value, resumed[k].model.state_dict()[name]), (k, name)
-    assert [s["extra"] for s in torch.load(tmp_path / "b.pt", weights_only=False)["seeds"]] == extras
-
-
-def test_a_group_checkpoint_does_not_resume_another_group(tmp_path):
-    cfg = config("capsnet_r1", epochs=1)
-    train_group([dataclasses.replace(cfg, seed=s) for s in (0, 1)], tiny_data(), tmp_path / "g.pt")
-    with pytest.warns(UserWarning, match="another configuration"):
-        assert checkpoint.load_checkpoint(tmp_path / "g.pt", [dataclasses.replace(cfg, seed=s) for s in (0, 2)]) is None
-
-
-def test_a_checkpoint_of_the_trainer_before_stacks_starts_afresh(tmp_path):
-    """A checkpoint with the group's key but no stack (one seed's model, as trainers wrote before
-    stacked seeds) is not resumed: what it holds is not what the loop restores."""
-    cfg = config("capsnet_r1", epochs=1)
-    torch.save({"digest": checkpoint.group_digest([cfg]), "epoch": 0, "model": {}}, tmp_path / "old.pt")
-    with pytest.warns(UserWarning, match="older trainer"):
-        assert checkpoint.load_checkpoint(tmp_path / "old.pt", cfg) is None
-
-
-def test_a_group_must_share_everything_but_the_seed():
-    cfg = config("capsnet_r1")
-    with pytest.raises(ValueError, match="every setting but the seed"):
-        checkpoint.group_config([cfg, dataclasses.replace(cfg, seed=1, lr=2e-3)])
-    with pytest.raises(Exception, match="repeat"):
-        checkpoint.group_config([cfg, cfg])
-
-
-def test_a_one_seed_groups_key_is_its_runs_own_no_seeds_no_checkpoint_and_non_finite_weights_are_named(tmp_path):
-    """A one-seed group resumes a separate run's checkpoint (its key is the run's digest); a group of no
-    seeds is refused; no file is no checkpoint; non-finite weights are refused naming the first three
-    floating-point tensors (integer tensors are never non-finite)."""
-    cfg = config("capsnet_r1")
-    assert checkpoint.group_digest([cfg]) == cfg.digest()
-    assert checkpoint.group_digest([cfg, dataclasses.replace(cfg, seed=1)]) != cfg.digest()
-    with pytest.raises(ValueError, match="no seeds to train"):
-        checkpoint.group_config([])
-    assert checkpoint.load_checkpoint(tmp_path / "none.pt", cfg) is None and not list(tmp_path.iterdir())
-    bad = {name: torch.tensor([float("nan")]) for name in "abcd"} | {"steps": torch.tensor([7])}
-    with pytest.raises(checkpoint.NonFiniteLossError, match=r"^x: non-finite weights in a, b, c …; nothing saved"):
-        checkpoint.assert_finite_weights(bad, "x")
-    checkpoint.assert_finite_weights({"steps": torch.tensor([7]), "w": torch.ones(2)}, "x")
-
-
 @pytest.mark.parametrize("layout", ["fused", "bmm", "loop", "streams"])
 def test_the_stacked_loss_sums_the_seeds_so_each_gets_its_own_gradient(layout, monkeypatch):
     """Adam sees each seed's own gradient only if the loop backpropagates the sum: the stack's
@@ -558,42 +341,3 @@ def test_adam_sees_each_seeds_own_gradient_in_the_stack(tmp_path):
         for i, moments in alone.items():
             for key in ("exp_avg", "exp_avg_sq"):
                 assert_close_in_norm(stacked[i][key][k], moments[key][0], f"seed {c.seed} param {i} {key}")
-
-
-def test_the_train_stage_refuses_seeds_that_would_share_an_output_directory(tmp_path):
-    """run_group writes seed k into out_dirs[k]: two seeds into one directory (or a list of another
-    length) would overwrite one seed's model with the other's, so it is refused before any work."""
-    from pipeline.core.errors import UserError
-    from pipeline.stages import train as train_stage
-
-    params = load_params(REPO / "params.yaml")
-    for out_dirs in ([tmp_path / "m", tmp_path / "m"], [tmp_path / "m"]):
-        with pytest.raises(UserError, match=r"capsnet_r1: 2 seed\(s\) need as many distinct output directories"):
-            train_stage.run_group(params, "capsnet_r1", [0, 1], tmp_path / "data", out_dirs, tmp_path / "c.pt")
-    assert not (tmp_path / "m").exists()
-
-
-def test_the_paper_protocol_on_a_cpu_warns_with_its_hours_before_any_work(tmp_path, monkeypatch):
-    """The variant's own experiment's measured CPU seconds per 60k-image epoch (§5.2's CapsNet: 2,370 s)
-    × 640 epochs × 2 seeds: about 843 h, said before anything trains; the smoke profile is not warned."""
-    import warnings
-
-    from pipeline.core.errors import UserError
-    from pipeline.experiments import affnist
-    from pipeline.stages import train as train_stage
-
-    paper = load_params(REPO / "params.yaml")
-    paper = dataclasses.replace(paper, train=dataclasses.replace(paper.train, device="cpu"))
-    monkeypatch.setattr(affnist, "training_data", lambda data_dir, cfg: ({"train_images": torch.empty(60_000, 0)}, []))
-    (tmp_path / "file").write_text("")
-    out_dirs = [tmp_path / "file" / "seed0", tmp_path / "file" / "seed1"]  # under a file: the output check stops it
-
-    def run_group(params):
-        with pytest.raises(UserError, match="output"):
-            train_stage.run_group(params, "capsnet_affnist", [0, 1], tmp_path, out_dirs, tmp_path / "c.pt")
-
-    with pytest.warns(UserWarning, match=r"capsnet_affnist seed\(s\) \[0, 1\]: 640 epochs on a CPU take about 843 h"):
-        run_group(paper)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        run_group(dataclasses.replace(paper, base=dataclasses.replace(paper.base, profile="smoke")))

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 from conftest import REPO, tiny_data
-from test_stack import data_for, small_cnns  # noqa: F401 (small_cnns: a fixture)
+from stacks import data_for
 
 from pipeline.core.params import load_params
 from pipeline.experiments import multimnist as mm

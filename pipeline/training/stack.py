@@ -101,7 +101,7 @@ def conv2d_as_matmul(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     Unfold gathers every k×k patch, (B, C·k·k, L) with L = H'·W', and the flattened kernel (O, C·k·k)
     multiplies it. Under vmap over seeds, where weight and input are both batched, the product is
     one batched matmul instead of a grouped convolution. The same sums in another order: within
-    float rounding of conv2d (tests/test_stack.py states the bound)."""
+    float rounding of conv2d (tests/stacks.py states the bound)."""
     if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
         raise ValueError(f"conv2d_as_matmul takes ungrouped, zero-padded convolutions with numeric padding, not {conv}")
     b, _, h, w = x.shape
