@@ -106,6 +106,14 @@ def tiny_data(n_train=48, n_test=16):
             "test_images": test_images, "test_labels": test_labels}
 
 
+@pytest.fixture(scope="module")
+def params():
+    """params.yaml as committed, loaded."""
+    from pipeline.core.params import load_params
+
+    return load_params(REPO / "params.yaml")
+
+
 @pytest.fixture
 def store(tmp_path, monkeypatch) -> str:
     """A sqlite MLflow store in tmp_path, which is also the repository root that runs name paths by."""

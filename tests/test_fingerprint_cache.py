@@ -5,18 +5,11 @@ import json
 import time
 from pathlib import Path
 
-import pytest
 
-from pipeline.core.params import load_params
 from pipeline.training import fingerprint as fp
 from pipeline.training.config import run_config
 
-from conftest import REPO, script
-
-
-@pytest.fixture(scope="module")
-def params():
-    return load_params(REPO / "params.yaml")
+from conftest import script
 
 
 def answer(environment: str = "torch x, CPU AVX2 capped, MKL COMPATIBLE") -> dict:
