@@ -11,6 +11,8 @@ from pathlib import Path
 
 from conftest import REPO, write_profile
 
+# a CUDA test log as pytest finishes it (scripts/gpu_proof.py keeps only such a log)
+FINISHED_LOG = "tests/test_gpu.py::test_x[capsnet_r3_recon] PASSED [100%]\n======= 1 passed in 3.21s =======\n"
 CAPS, CNN = "bf16-compile-capture", "bf16-capture"  # the gpu profile's bench modes (tests/test_gpu_window.py asserts them)
 
 
