@@ -106,6 +106,16 @@ def tiny_data(n_train=48, n_test=16):
             "test_images": test_images, "test_labels": test_labels}
 
 
+@pytest.fixture
+def tf32_off():
+    """CUDA's matmul and cuDNN in full fp32 (no TF32) for the test, restored after it (the CUDA tests'
+    eager fp32 reference)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 @pytest.fixture(scope="module")
 def params():
     """params.yaml as committed, loaded."""

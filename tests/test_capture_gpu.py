@@ -26,7 +26,7 @@ import warnings
 import pytest
 import torch
 from conftest import synthetic_digits
-from test_gpu import BF16_LAYER_BOUNDS, FP32_LAYER_BOUND, config, family, tf32_off  # noqa: F401 (tf32_off: a fixture)
+from test_gpu import BF16_LAYER_BOUNDS, FP32_LAYER_BOUND, config, family
 
 from pipeline.experiments import multimnist as mm
 from pipeline.training import steps

@@ -75,14 +75,6 @@ def batch(cfg, seed: int = 0, device: str = "cuda", size: int = BATCH):
     return x, labels.long(), None
 
 
-@pytest.fixture
-def tf32_off():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def loss_and_grads(model, cfg, x, y, targets, amp: bool, device: str = "cuda"):
     """One step's loss and every parameter's gradient, bf16 autocast on ``device`` where ``amp``
     (scripts/grad_diffs.py measures its bounds with it)."""

@@ -102,7 +102,7 @@ def recipes_over(n: int = 10):
 
 def test_predicted_pairs_compose_each_batch_from_its_own_recipes_in_eval_mode_and_give_the_mode_back():
     torch.manual_seed(0)
-    model, (images, labels, r) = Scorer().train(), recipes_over()
+    model, (images, _, r) = Scorer().train(), recipes_over()
     got = mm.predict_pairs(model, images, r["pairs"], r["shifts"], batch_size=7)  # batches of 7, 7, 6
     merged, _ = mm.compose(images, r["pairs"], r["shifts"])
     with torch.no_grad():
