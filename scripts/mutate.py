@@ -80,6 +80,7 @@ SWEEP_BY_TEST = ("tests/test_wiring.py::"
                  "test_a_sweep_by_test_runs_only_the_mutations_naming_such_a_test_and_says_when_none_does",)
 GRAD_DIFFS = "tests/test_wiring.py::test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter"
 STATS = "tests/test_stats.py"
+LINT = "tests/test_lint.py::test_pyflakes_finds_nothing_in_the_package_the_scripts_and_the_tests"
 REPORT = "tests/test_report.py"  # Table 1's section; the report's other test files:
 REPORT_POOLING = "tests/test_report_pooling.py"
 REPORT_AFFNIST = "tests/test_report_affnist.py"
@@ -5753,6 +5754,11 @@ MUTATIONS = [
              "tmp_path_retention_count = 1", "tmp_path_retention_count = 3", TMP_KEPT),
     Mutation("the README's mutation count is not the list's", "README.md", " plausible bugs", "0 plausible bugs",
              (DOCS,)),  # ten times the count, whatever it is: stays valid as mutations are added
+    Mutation("the CUDA graph's capture names a variable that is not there (no CPU run reaches it)",
+             "pipeline/training/steps.py", "                graph.register_generator_state(generator)\n",
+             "                cuda_graph.register_generator_state(generator)\n", (LINT,)),
+    Mutation("a script imports a module it never uses", "scripts/gpu_proof.py", "import hashlib\nimport json\n",
+             "import hashlib\nimport json\nimport time\n", (LINT,)),
 ]
 
 
