@@ -5731,8 +5731,8 @@ MUTATIONS = [
              "        chosen = sample(chosen, args.sample, seed)\n", "        sample(chosen, args.sample, seed)\n",
              SAMPLE_SWEEP),
     Mutation("a line standing twice is cut at its first place", "scripts/mutate.py",
-             "if original.count(m.old) != 1:  # none: the line is gone; several: which one it cuts is chance\n",
-             "if m.old not in original:  # none: the line is gone; several: which one it cuts is chance\n", AMBIGUOUS),
+             "if places != 1:  # none: the line is gone; several: which one it cuts is chance\n",
+             "if places == 0:  # none: the line is gone; several: which one it cuts is chance\n", AMBIGUOUS),
     Mutation("--test is parsed but every mutation runs", "scripts/mutate.py",
              "              and (not args.test or any(w in test for w in args.test for test in m.tests))]\n",
              "              ]\n", SWEEP_BY_TEST),
@@ -5863,9 +5863,10 @@ def main() -> int:
         for m in chosen:
             target = copy / m.path
             original = target.read_text()
-            if original.count(m.old) != 1:  # none: the line is gone; several: which one it cuts is chance
-                print(f"STALE    {m.name}: {m.path} no longer contains the line to mutate" if m.old not in original
-                      else f"AMBIGUOUS {m.name}: its line stands {original.count(m.old)} times in {m.path}; give it "
+            places = original.count(m.old)
+            if places != 1:  # none: the line is gone; several: which one it cuts is chance
+                print(f"STALE    {m.name}: {m.path} no longer contains the line to mutate" if places == 0
+                      else f"AMBIGUOUS {m.name}: its line stands {places} times in {m.path}; give it "
                       "the context of the one place it cuts", file=sys.stderr)
                 survived.append(m.name)
                 continue

@@ -73,8 +73,6 @@ def idx_bytes(tensor: torch.Tensor) -> bytes:
 
 def committed_params(**prepare):
     """params.yaml as committed, with these ``prepare`` keys replaced (a profile's data settings)."""
-    import dataclasses
-
     from pipeline.core.params import load_params
 
     committed = load_params(REPO / "params.yaml")
@@ -83,8 +81,6 @@ def committed_params(**prepare):
 
 def with_ablation(params, **ablation):
     """``params`` with these ``ablation`` keys replaced (the variants and seeds a test trains or reports)."""
-    import dataclasses
-
     return dataclasses.replace(params, ablation=dataclasses.replace(params.ablation, **ablation))
 
 
@@ -118,10 +114,8 @@ def tf32_off():
 
 @pytest.fixture(scope="module")
 def params():
-    """params.yaml as committed, loaded."""
-    from pipeline.core.params import load_params
-
-    return load_params(REPO / "params.yaml")
+    """params.yaml as committed, loaded once per module."""
+    return committed_params()
 
 
 @pytest.fixture

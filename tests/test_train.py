@@ -9,7 +9,6 @@ import torch
 
 from conftest import REPO, Recorder, experiment_of, synthetic_digits, tiny_config, tiny_data
 
-
 from pipeline.core.errors import UserError
 from pipeline.core.params import load_params
 from pipeline.experiments import affnist, table1

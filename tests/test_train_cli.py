@@ -10,7 +10,6 @@ from click.testing import CliRunner
 from conftest import REPO, tiny_pipeline, with_ablation
 from mlflow.tracking import MlflowClient
 
-
 from pipeline.core import provenance, tracking
 from pipeline.core.errors import UserError
 from pipeline.core.params import load_params
@@ -181,8 +180,6 @@ def test_section_5_2_variants_train_evaluate_and_report(pipeline_dir, monkeypatc
 def test_a_missing_model_names_the_train_stage_that_exists(pipeline_dir, monkeypatch, variant, stage):
     """models/<variant>/seed0 without its config.json: the hint is the train stage params.yaml's
     ablation makes for the variant (stacked: train_stacked@<variant>; separate: train@<variant>-<seed>)."""
-    from conftest import REPO
-
     model_dir = pipeline_dir / "hints" / variant / "seed0"
     model_dir.mkdir(parents=True)
     result = run_cli(["evaluate", str(model_dir), str(pipeline_dir / "prepared"), str(pipeline_dir / "hints" / "out"),

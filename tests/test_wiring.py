@@ -261,8 +261,9 @@ def test_every_mutation_cuts_one_place():
     two functions; a line of mutate.py's own code that its list also spells) was cut wherever came first,
     which an edit above it could change without a word."""
     mutate = script("mutate")
-    twice = [f"{m.name}: {(REPO / m.path).read_text().count(m.old)} places" for m in mutate.MUTATIONS
-             if (REPO / m.path).read_text().count(m.old) > 1]
+    texts = {path: (REPO / path).read_text() for path in {m.path for m in mutate.MUTATIONS}}
+    places = {m.name: texts[m.path].count(m.old) for m in mutate.MUTATIONS}
+    twice = [f"{name}: {n} places" for name, n in places.items() if n > 1]
     assert not twice, f"mutations whose line stands in several places: {twice}"
 
 
