@@ -86,7 +86,8 @@ REPORT_POOLING = "tests/test_report_pooling.py"
 REPORT_AFFNIST = "tests/test_report_affnist.py"
 REPORT_RUNS = "tests/test_report_runs.py"
 REPORT_STAGE = "tests/test_report_stage.py"
-REPORTS = (REPORT, REPORT_POOLING, REPORT_AFFNIST, REPORT_RUNS, REPORT_STAGE)  # all of the report's tests
+REPORT_DEVIATIONS = "tests/test_report_deviations.py"
+REPORTS = (REPORT, REPORT_POOLING, REPORT_AFFNIST, REPORT_RUNS, REPORT_STAGE, REPORT_DEVIATIONS)  # all of the report's tests
 README_PROTOCOLS = f"{REPORT}::test_the_readme_shows_every_protocols_table1_apart_with_seed_counts_and_the_papers_values"
 POWER = "tests/test_power.py"  # power and the claims; the GPU time a plan costs:
 COSTS = "tests/test_costs.py"
@@ -556,13 +557,13 @@ MUTATIONS = [
              ('tests/test_multimnist.py::test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads',)),
     Mutation("MultiMNIST's deviations listed for params with no MultiMNIST variant", 'pipeline/experiments/multimnist.py',
              '    if not any(p.variant(v).experiment == NAME for v in p.ablation.variants):\n        return []\n', '',
-             ('tests/test_report.py::test_deviations_name_a_multimnist_test_set_smaller_than_the_papers',)),
+             ('tests/test_report_deviations.py::test_deviations_name_a_multimnist_test_set_smaller_than_the_papers',)),
     Mutation("MultiMNIST's deviations leave out its CNN's", 'pipeline/experiments/multimnist.py',
              '    return (baseline.MULTIMNIST_DEVIATIONS + DEVIATIONS', '    return (DEVIATIONS',
-             ('tests/test_report.py::test_deviations_name_a_multimnist_test_set_smaller_than_the_papers',)),
+             ('tests/test_report_deviations.py::test_deviations_name_a_multimnist_test_set_smaller_than_the_papers',)),
     Mutation("MultiMNIST's test-size deviation reads the MNIST subset as its pairs", 'pipeline/experiments/multimnist.py',
              'rm.test_size_deviation(p.prepare.multimnist_pairs_per_digit, p.prepare.test_subset)', 'rm.test_size_deviation(p.prepare.test_subset, p.prepare.multimnist_pairs_per_digit)',
-             ('tests/test_report.py::test_deviations_name_a_multimnist_test_set_smaller_than_the_papers',)),
+             ('tests/test_report_deviations.py::test_deviations_name_a_multimnist_test_set_smaller_than_the_papers',)),
     Mutation("MultiMNIST's steps per epoch are its examples", 'pipeline/experiments/multimnist.py',
              'self.steps_per_epoch = self.examples_per_epoch // cfg.batch_size', 'self.steps_per_epoch = self.examples_per_epoch',
              ('tests/test_multimnist.py::test_the_multimnist_curve_is_the_pair_error_in_percent_of_its_recipes_true_classes',)),
@@ -3491,15 +3492,15 @@ MUTATIONS = [
     Mutation('a test subset alone goes unsaid among the deviations', "pipeline/experiments/table1_report.py",
              '    if params.prepare.train_subset or params.prepare.test_subset:',
              '    if params.prepare.train_subset:',
-             (f"{REPORT}::test_deviations_name_profile_changes_including_the_affnist_set",)),
+             (f"{REPORT_DEVIATIONS}::test_deviations_name_profile_changes_including_the_affnist_set",)),
     Mutation('every training param listed as differing from the paper protocol', "pipeline/experiments/table1_report.py",
              'if k != "source" and train_params.get(k) != recipe[k]]',
              'if k != "source"]',
-             (f"{REPORT}::test_recipe_differences_list_only_changes",)),
+             (f"{REPORT_DEVIATIONS}::test_recipe_differences_list_only_changes",)),
     Mutation("the official recipe's deviations listed where no variant trains it", "pipeline/experiments/table1_report.py",
              'out += (capsnet.OFFICIAL_RECIPE_DEVIATIONS if "official" in recipes else [])',
              'out += capsnet.OFFICIAL_RECIPE_DEVIATIONS',
-             (f"{REPORT}::test_deviations_list_each_recipe_present",)),
+             (f"{REPORT_DEVIATIONS}::test_deviations_list_each_recipe_present",)),
     Mutation("the README's official-recipe line shows the paper recipe's rows", "pipeline/experiments/table1_report.py",
              'cells = [by.get(v if recipe == "paper" or v == "baseline_cnn" else f"{v}_official", [])',
              'cells = [by.get(v, [])',

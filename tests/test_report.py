@@ -1,8 +1,9 @@
 """Table 1's section on fabricated per-seed evaluation files: the verdict of each row, the effects
-and their seed-aware intervals, the precision check, the deviations, the claims and what would settle
-them, and the README's block. Which runs make a row: tests/test_report_pooling.py; §5.2's section:
-tests/test_report_affnist.py; the run records: tests/test_report_runs.py; the report stage and its
-figures' data: tests/test_report_stage.py; MultiMNIST's column: tests/test_multimnist.py."""
+and their seed-aware intervals, the precision check, the claims and what would settle them, and the
+README's block. Its deviations: tests/test_report_deviations.py; which runs make a row:
+tests/test_report_pooling.py; §5.2's section: tests/test_report_affnist.py; the run records:
+tests/test_report_runs.py; the report stage and its figures' data: tests/test_report_stage.py;
+MultiMNIST's column: tests/test_multimnist.py."""
 
 import json
 import math
@@ -203,42 +204,6 @@ def test_smoke_banner_only_in_smoke_reports(tmp_path, profile):
     assert "0.34 ± 0.032" in text  # the paper's value comes from the cited reference file
 
 
-def test_recipe_differences_list_only_changes():
-    recipe = {k: v for k, v in REFERENCE["recipe"].items() if k != "source"}
-    assert t1.recipe_differences(recipe, REFERENCE) == []
-    assert t1.recipe_differences({**recipe, "epochs": 50}, REFERENCE) == ["train.epochs = 50 (paper protocol: 640)"]
-
-
-def test_deviations_name_profile_changes_including_the_affnist_set():
-    from conftest import REPO, committed_params
-    from pipeline.core.params import load_params
-
-    from pipeline.experiments import affnist
-
-    committed = load_params(REPO / "params.yaml")
-    assert not any("Data subsets" in d for d in t1.deviations(committed, REFERENCE))
-    assert affnist.deviations_of(committed) == []
-    smoke = committed_params(affnist_transforms=1, test_subset=256)
-    assert any("256 test digits" in d for d in t1.deviations(smoke, REFERENCE))
-    assert any("1 transform(s) per test digit" in d for d in affnist.deviations_of(smoke))  # §5.2's own
-
-
-def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
-    from conftest import REPO, committed_params
-    from pipeline.core.params import load_params
-    from pipeline.experiments import multimnist as mm
-    from pipeline.models.baseline import MULTIMNIST_DEVIATIONS
-
-    committed = load_params(REPO / "params.yaml")  # 1,000 partners per digit: the paper's 10M pairs
-    assert not any("MultiMNIST test set" in d for d in mm.deviations_of(committed))
-    gpu = committed_params(multimnist_pairs_per_digit=100)
-    (line,) = [d for d in mm.deviations_of(gpu) if "MultiMNIST test set" in d]
-    assert "100 partners per test digit, 1,000,000 pairs" in line and "SE ≤ 0.050 pp" in line  # √(¼ / 1e6) = 0.0005
-    assert all(d in mm.deviations_of(gpu) for d in MULTIMNIST_DEVIATIONS + mm.DEVIATIONS)  # its CNN's, its sampling's
-    no_multi = with_ablation(gpu, stacked=(), separate=("capsnet_r1",))
-    assert not any("MultiMNIST" in d for d in mm.deviations_of(no_multi))
-
-
 def test_missing_runs_are_listed_not_estimated(tmp_path):
     fabricate(tmp_path, "capsnet_r1", 0, 1.0)
     fabricate(tmp_path, "capsnet_r1", 1, 2.0)
@@ -285,19 +250,6 @@ def test_both_recipes_side_by_side_with_best_epoch_column(tmp_path):
     assert "selected on the test set, so it is optimistic" in text
     assert "| capsnet_r3_recon | c0ffee0 | 1.50 | 1.83 | 1.50 2.17 | 0.00081 | 3 3 | 1.25 | 0.50@2 2.00@2 |" in text
     assert "| official vs paper recipe, routing 3, with reconstruction | – (no number) | -1.00 |" in text
-
-
-def test_deviations_list_each_recipe_present():
-    from conftest import REPO
-    from pipeline.models import capsnet
-    from pipeline.core.params import load_params
-
-    committed = load_params(REPO / "params.yaml")
-    listed = t1.deviations(committed, REFERENCE)
-    assert all(d in listed for d in capsnet.PAPER_RECIPE_DEVIATIONS + capsnet.OFFICIAL_RECIPE_DEVIATIONS)
-    paper_only = with_ablation(committed, stacked=(), separate=("capsnet_r1",))
-    listed = t1.deviations(paper_only, REFERENCE)
-    assert capsnet.PAPER_RECIPE_DEVIATIONS[0] in listed and capsnet.OFFICIAL_RECIPE_DEVIATIONS[0] not in listed
 
 
 def test_an_official_recipe_alone_lists_no_paper_recipe_deviation_and_speeds_cite_only_what_priced_a_plan():
