@@ -258,11 +258,11 @@ RESUMED_AFTER_STOP = (f"{STACK_GROUP}::"
                       "test_a_group_killed_after_a_seed_stopped_resumes_with_its_stopped_weights_and_every_seeds_extras")
 AUTOTUNE_FUSED = ("tests/test_wiring.py::"
                   "test_cudnn_autotunes_on_cuda_only_where_the_run_need_not_be_deterministic_and_adam_is_fused_there")
-DATA_TESTS = "tests/test_data.py"
-AFFINE_LINEAR = (f"{DATA_TESTS}::"
+TRANSFORMS = "tests/test_transforms.py"
+AFFINE_LINEAR = (f"{TRANSFORMS}::"
                  "test_the_linear_part_is_rotation_then_shear_then_scale_and_a_digit_too_big_to_fit_is_centred")
-AFFINE_WARP = f"{DATA_TESTS}::test_a_warp_rounds_to_the_nearest_grey_level_and_takes_square_images_only"
-AFFINE_DRAWS = f"{DATA_TESTS}::test_the_six_affine_draws_are_independent_of_one_another"
+AFFINE_WARP = f"{TRANSFORMS}::test_a_warp_rounds_to_the_nearest_grey_level_and_takes_square_images_only"
+AFFINE_DRAWS = f"{TRANSFORMS}::test_the_six_affine_draws_are_independent_of_one_another"
 CLI_TESTS = "tests/test_cli.py"
 FINGERPRINT_CLI = f"{CLI_TESTS}::test_fingerprint_computes_every_variant_by_default_and_refuses_an_unknown_one_before_any"
 SYNC_COUNTS = f"{JOURNAL}::test_sync_says_how_many_runs_it_added_and_found_there_and_warns_of_a_torn_tail"
@@ -454,7 +454,7 @@ MUTATIONS = [
     Mutation("shifted digits replicate the border instead of zero fill", "pipeline/data/transforms.py",
              "return gathered * inside.to(images.dtype)",
              "return gathered",
-             ("tests/test_data.py::test_random_shift_zero_pads_at_the_border",)),
+             ("tests/test_transforms.py::test_random_shift_zero_pads_at_the_border",)),
     Mutation("translation moves digits the other way", "pipeline/data/transforms.py",
              "rows = side - offsets[:, :1].long()",
              "rows = side + offsets[:, :1].long()",
@@ -462,27 +462,27 @@ MUTATIONS = [
     Mutation("affine rotations drawn on one side only", "pipeline/data/transforms.py",
              "params[:, 0] = (2 * u[:, 0] - 1) * ranges.max_rotation_deg",
              "params[:, 0] = u[:, 0] * ranges.max_rotation_deg",
-             ("tests/test_data.py::test_affine_parameters_are_uniform_over_their_ranges_and_independent",)),
+             ("tests/test_transforms.py::test_affine_parameters_are_uniform_over_their_ranges_and_independent",)),
     Mutation("affine scale one draw for both axes", "pipeline/data/transforms.py",
              "params[:, 2:4] = ranges.min_scale + u[:, 2:4]",
              "params[:, 2:4] = ranges.min_scale + u[:, 2:3]",
-             ("tests/test_data.py::test_affine_parameters_are_uniform_over_their_ranges_and_independent",)),
+             ("tests/test_transforms.py::test_affine_parameters_are_uniform_over_their_ranges_and_independent",)),
     Mutation("affine translation pinned to its lower bound", "pipeline/data/transforms.py",
              "torch.where(fits, lo + u[:, 4:6] * (hi - lo), (lo + hi) / 2)",
              "torch.where(fits, lo, (lo + hi) / 2)",
-             ("tests/test_data.py::test_affine_parameters_are_uniform_over_their_ranges_and_independent",)),
+             ("tests/test_transforms.py::test_affine_parameters_are_uniform_over_their_ranges_and_independent",)),
     Mutation("affine warp by the forward map, not its inverse", "pipeline/data/transforms.py",
              "inverse = torch.linalg.inv(linear)  # (N, 2, 2)",
              "inverse = linear  # (N, 2, 2)",
-             ("tests/test_data.py::test_apply_affine_rotation_direction",)),
+             ("tests/test_transforms.py::test_apply_affine_rotation_direction",)),
     Mutation("affine translation halved in grid coordinates", "pipeline/data/transforms.py",
              "t_norm = params[:, 4:6].double() * 2 / w",
              "t_norm = params[:, 4:6].double() / w",
-             ("tests/test_data.py::test_apply_affine_identity_and_pure_translation",)),
+             ("tests/test_transforms.py::test_apply_affine_identity_and_pure_translation",)),
     Mutation("affine shear drawn on one side only", "pipeline/data/transforms.py",
              "params[:, 1] = (2 * u[:, 1] - 1) * ranges.max_shear",
              "params[:, 1] = u[:, 1] * ranges.max_shear",
-             ("tests/test_data.py::test_affine_parameters_are_uniform_over_their_ranges_and_independent",)),
+             ("tests/test_transforms.py::test_affine_parameters_are_uniform_over_their_ranges_and_independent",)),
     Mutation("MultiMNIST partner may share the first digit's class", "pipeline/experiments/multimnist.py",
              "b = order[torch.where(r < start_a, r, r + count_a)]",
              "b = order[r]",
