@@ -15,6 +15,7 @@ from scipy import stats as sp
 
 from conftest import with_ablation
 from report_runs import COMMIT, REFERENCE, fabricate, load, markdown
+from pipeline.experiments import table1_readme as t1_readme
 from pipeline.experiments import table1_report as t1
 from pipeline.report import claims as rc
 from pipeline.report import document as rp
@@ -107,7 +108,7 @@ def test_the_precision_check_compares_bf16_with_its_fp32_twin_across_the_precisi
     assert t1.precision_decision(two) == "undecided (2 seed(s) a side of the 3 it needs): the paper protocol trains in fp32"
     text = markdown(summary, table, profile="gpu", deviations=["d"], provenance={}, figures={}, reference=REFERENCE)
     assert "**Precision check** (bf16 autocast against the same protocol in fp32" in text
-    assert "Precision check: bf16 − fp32 = +0.00 pp" in "\n".join(t1.readme_lines(summary, table))
+    assert "Precision check: bf16 − fp32 = +0.00 pp" in "\n".join(t1_readme.readme_lines(summary, table))
     apart = t1.effects(arms(tmp_path / "apart", [5.0, 5.5, 4.5], [1.0, 1.5, 0.5]), REFERENCE).iloc[0]
     assert apart.ci_low > 0 and t1.precision_decision(apart).endswith("beyond the seed noise, so the paper protocol "
                                                                        "trains in fp32")
@@ -360,7 +361,7 @@ def test_the_readme_shows_every_protocols_table1_apart_with_seed_counts_and_the_
     summary, effect_table = t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE)
     summary.to_csv(tmp_path / "results.csv", index=False)  # read back as the README's block reads it
     effect_table.to_csv(tmp_path / "effects.csv", index=False)
-    lines = t1.readme_lines(pd.read_csv(tmp_path / "results.csv"), pd.read_csv(tmp_path / "effects.csv"))
+    lines = t1_readme.readme_lines(pd.read_csv(tmp_path / "results.csv"), pd.read_csv(tmp_path / "effects.csv"))
     text = "\n".join(lines)
     cut, compressed = text.index("0.96^(step/2000) ≥"), text.index("0.96^(step/2000 · 640/2) ≥")
     assert cut < text.index("- routing 3 vs 1, no reconstruction: -0.50") < compressed  # the first protocol's effects

@@ -10,6 +10,7 @@ import pytest
 from report_runs import COMMIT, REFERENCE, fabricate, load, markdown
 from pipeline.core import lineage, protocol
 from pipeline.experiments import table1_figures as t1_figures
+from pipeline.experiments import table1_readme as t1_readme
 from pipeline.experiments import table1_report as t1
 from pipeline.report import document as rp
 from pipeline.report import publish
@@ -103,7 +104,7 @@ def test_runs_with_one_training_fingerprint_pool_across_commits(tmp_path):
                     provenance={}, figures={}, reference=REFERENCE, run_table=rr.run_provenance(runs))
     assert "| capsnet_r1 | paper | 1 | yes | fp 1234abcd: aaaaaaa, bbbbbbb | 3 |" in text
     assert "| capsnet_r1 | 1 | bbbbbbb2222 | 1234abcd5678ef90 |" in text  # each run's own record names both
-    readme = t1.readme_lines(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE))
+    readme = t1_readme.readme_lines(t1.summarize(runs, REFERENCE), t1.effects(runs, REFERENCE))
     lines = [line for line in readme if line.startswith("| paper recipe")]
     assert [line.split(" | ")[0] for line in lines] == ["| paper recipe (aaaaaaa)", "| paper recipe (ccccccc)"]
     assert lines[0].count(": ") == 6 and lines[1].count(": ") == 1  # r1, r3 and r1_recon's two rows (": " twice each)
@@ -153,7 +154,7 @@ def test_a_fingerprint_table_lets_rows_of_two_commits_compare(tmp_path):
     summary = t1.summarize(bridge(runs, [changed, good]), REFERENCE).set_index("variant")
     assert summary.loc["capsnet_r1"].commit == "fp 1111aaaa: aaaaaaa; computed by bbbbbbb"
     assert summary.loc["capsnet_r3"].commit == "fp 3333cccc: bbbbbbb; computed by ccccccc"  # its own commit once
-    readme = t1.readme_lines(summary.reset_index(), t1.effects(bridge(runs, [good]), REFERENCE))
+    readme = t1_readme.readme_lines(summary.reset_index(), t1.effects(bridge(runs, [good]), REFERENCE))
     assert [line.split(" | ")[0] for line in readme if line.startswith("| paper recipe")] == ["| paper recipe (bbbbbbb)"]
     (tmp_path / "tables").mkdir()
     for k, table in enumerate((good, changed)):

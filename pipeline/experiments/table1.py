@@ -19,6 +19,7 @@ from pipeline.data.splits import save_split
 from pipeline.data.transforms import AffineRanges, make_affine_set, random_shift, ranges_metadata
 from pipeline.experiments import base
 from pipeline.experiments import table1_figures as t1_figures
+from pipeline.experiments import table1_readme as t1_readme
 from pipeline.experiments import table1_report as t1
 from pipeline.experiments.base import configure, examples_per_epoch, planned  # noqa: F401 (this experiment's, as they are)
 from pipeline.report import claims as rc
@@ -139,5 +140,5 @@ def report(runs: list[Run], ctx: Context) -> Section:
 
 def readme(out: Path) -> list[str]:
     """Its lines of the README's results block, from results.csv and effects.csv as written."""
-    return t1.readme_lines(*(read_table(out / name) for name in ("results.csv", "effects.csv"))) \
+    return t1_readme.readme_lines(*(read_table(out / name) for name in ("results.csv", "effects.csv"))) \
         if (out / "results.csv").stat().st_size else []
