@@ -178,6 +178,10 @@ AFFNIST_MONTAGE = ("tests/test_affnist.py::"
 AFFNIST_SECTION = f"{REPORT_AFFNIST}::test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_deviation"
 AFFNIST_README = f"{REPORT_AFFNIST}::test_the_52_readme_line_needs_a_gap_and_a_confounded_one_lists_every_row"
 MULTI_EVAL = "tests/test_multimnist.py::test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads"
+MULTI_STAGES = "tests/test_multimnist_stages.py"  # MultiMNIST through the train and report stages
+MULTI_REPORTED = f"{MULTI_STAGES}::test_the_report_stage_sets_multimnist_pair_errors_beside_table1s_mnist_rows"
+MULTI_TRAIN_DATA = (f"{MULTI_STAGES}::"
+                    "test_the_train_stage_reads_mnists_training_digits_and_the_prepared_recipes_with_their_test_digits")
 MULTI_PREPARE = ("tests/test_multimnist.py::"
                  "test_multimnist_prepares_its_recipes_draws_fresh_examples_and_pairs_synthetic_digits_of_two_classes")
 PREDICT_AMP = "tests/test_evaluate.py::test_predictions_under_amp_are_bf16_arithmetic_returned_as_fp32_scores"
@@ -3749,6 +3753,34 @@ MUTATIONS = [
              'metrics["error_pct"]}, ["breakdown.json"],',
              'metrics["error_pct"]}, [],',
              (MULTI_EVAL,)),
+    Mutation("MultiMNIST's section reads no MNIST rows from Table 1's", "pipeline/experiments/multimnist.py",
+             'rm.render_both_columns(ctx.shared.get("table1", pd.DataFrame()), table,',
+             "rm.render_both_columns(pd.DataFrame(), table,",
+             (MULTI_REPORTED,)),
+    Mutation("MultiMNIST's section writes multimnist.csv empty although it has runs", "pipeline/experiments/multimnist.py",
+             'tables={"multimnist.csv": table.to_csv(index=False, float_format="%.4f")})',
+             'tables={"multimnist.csv": ""})',
+             (MULTI_REPORTED,)),
+    Mutation("MultiMNIST's section shows no reconstruction figure", "pipeline/experiments/multimnist.py",
+             "    return Section(lines=lines, figures=shown,",
+             "    return Section(lines=lines, figures={},",
+             (MULTI_REPORTED,)),
+    Mutation("the report stage builds MultiMNIST's section before Table 1's", "pipeline/stages/report.py",
+             "    sections = [e.report(mine[e.NAME], ctx) for e in experiments]\n",
+             "    sections = [e.report(mine[e.NAME], ctx) for e in reversed(experiments)]\n",
+             (MULTI_REPORTED,)),
+    Mutation("the report stage hands every experiment every run", "pipeline/stages/report.py",
+             "    mine = {e.NAME: [r for r in runs if r.experiment == e.NAME] for e in experiments}\n",
+             "    mine = {e.NAME: runs for e in experiments}\n",
+             (MULTI_REPORTED,)),
+    Mutation("MultiMNIST trains without its recipes' shifts", "pipeline/experiments/multimnist.py",
+             'test_extras=("pairs", "shifts"))',
+             'test_extras=("pairs",))',
+             (MULTI_TRAIN_DATA,)),
+    Mutation("MultiMNIST trains on the plain MNIST test split, not its recipes", "pipeline/experiments/multimnist.py",
+             "return base.training_data(TEST_SETS[0], data_dir, cfg,",
+             'return base.training_data("test", data_dir, cfg,',
+             (MULTI_TRAIN_DATA,)),
     Mutation("predictions under amp come back in bf16", "pipeline/training/experiment.py",
              "return (out if torch.is_tensor(out) else out.lengths).float()", "return (out if torch.is_tensor(out) else out.lengths)",
              (PREDICT_AMP,)),
