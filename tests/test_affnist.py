@@ -108,6 +108,18 @@ def test_mat_loader_names_what_is_wrong(tmp_path):
         load_affnist_mat(tmp_path / "labels.mat")
     with pytest.raises(AffnistError, match="does not exist"):
         load_affnist_mat(tmp_path / "nowhere")
+    savemat(str(tmp_path / "counts.mat"), {"affNISTdata": {"image": np.zeros((1600, 3), np.uint8),
+                                                          "label_int": np.array([1, 2], np.uint8)}})
+    with pytest.raises(AffnistError, match="counts.mat: 3 images but 2 labels"):
+        load_affnist_mat(tmp_path / "counts.mat")
+    whole = (tmp_path / "counts.mat").read_bytes()
+    for cut in (0, 100, 127, 1000):  # a download cut short: scipy raises MatReadError, IndexError, TypeError, OSError
+        (tmp_path / "torn.mat").write_bytes(whole[:cut])
+        with pytest.raises(AffnistError, match=r"torn.mat: not a readable Matlab file \(.*\); download it again"):
+            load_affnist_mat(tmp_path / "torn.mat")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AffnistError, match="empty holds no .mat files"):
+        load_affnist_mat(tmp_path / "empty")
 
 
 def test_prepare_uses_the_real_affnist_when_a_mirror_is_given(tmp_path):

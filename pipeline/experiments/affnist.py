@@ -118,13 +118,17 @@ def load_affnist_mat(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     row-major as 40×40 like affNIST's own loaders) and ``label_int`` (N). Read with scipy.io.loadmat.
     """
     from scipy.io import loadmat
+    from scipy.io.matlab import MatReadError
 
     images, labels = [], []
     for file in _mat_files(Path(path)):
         try:
             mat = loadmat(str(file), squeeze_me=True, struct_as_record=False)
-        except (ValueError, OSError, NotImplementedError) as err:
-            raise AffnistError(f"{file}: not a readable Matlab file ({err})") from err
+        except (MatReadError, ValueError, OSError, NotImplementedError, IndexError, TypeError) as err:
+            # scipy's errors for a file that is not Matlab's (ValueError) or was cut short: empty
+            # (MatReadError), inside its 128-byte header (IndexError, TypeError), further on (OSError)
+            raise AffnistError(f"{file}: not a readable Matlab file ({err}); download it again, or unset "
+                               f"${AFFNIST_MIRROR_ENV} to use the affNIST-style set") from err
         data = mat.get("affNISTdata")
         if data is None or not all(hasattr(data, f) for f in ("image", "label_int")):
             raise AffnistError(f"{file}: expected a struct affNISTdata with fields image (1600×N) and label_int (N)")
