@@ -178,6 +178,8 @@ AFFNIST_MONTAGE = ("tests/test_affnist.py::"
 AFFNIST_SECTION = f"{REPORT_AFFNIST}::test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_deviation"
 AFFNIST_README = f"{REPORT_AFFNIST}::test_the_52_readme_line_needs_a_gap_and_a_confounded_one_lists_every_row"
 MULTI_EVAL = "tests/test_multimnist.py::test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads"
+ONE_MODEL_52 = ("tests/test_report_affnist.py::"
+                "test_a_52_section_of_one_model_lists_its_row_and_states_no_gap_claim_or_metric")
 MULTI_STAGES = "tests/test_multimnist_stages.py"  # MultiMNIST through the train and report stages
 MULTI_REPORTED = f"{MULTI_STAGES}::test_the_report_stage_sets_multimnist_pair_errors_beside_table1s_mnist_rows"
 MULTI_TRAIN_DATA = (f"{MULTI_STAGES}::"
@@ -3285,6 +3287,13 @@ MUTATIONS = [
              'interval = "no interval" if math.isnan(gap["ci_low"]) else \\',
              'interval = "" if math.isnan(gap["ci_low"]) else \\',
              (GAP_PROTOCOLS,)),
+    Mutation("§5.2's gap is taken with one model's runs alone", "pipeline/experiments/affnist_report.py",
+             "    if not capsnets or not cnns:\n        return None", "    if not capsnets and not cnns:\n        return None",
+             (ONE_MODEL_52,)),
+    Mutation("§5.2's section of one model says nothing of its missing gap", "pipeline/experiments/affnist_report.py",
+             "    else:  # one model's runs so far: the claim waits for the other's\n        lines += [",
+             "    else:  # one model's runs so far: the claim waits for the other's\n        lines + [",
+             (ONE_MODEL_52,)),
     Mutation("a precision effect between two fp32 arms", "pipeline/experiments/table1_report.py",
              "twins = _by_variant(runs, (*key[:-1], FP32)) if key[-1] == BF16 else {}",
              "twins = _by_variant(runs, (*key[:-1], FP32))",

@@ -168,6 +168,26 @@ def test_the_52_section_bins_the_headline_runs_rounds_its_metric_and_keeps_its_d
     assert metric["gap"] == 14.5 and all(v == round(v, 4) for v in metric.values())
 
 
+def test_a_52_section_of_one_model_lists_its_row_and_states_no_gap_claim_or_metric(tmp_path, monkeypatch):
+    """A window that has trained §5.2's CapsNet but not yet its CNN: the section shows the CapsNet's row
+    and says why it states no gap; without a gap there is no claim and no headline metric."""
+    from conftest import committed_params
+    from pipeline.experiments import affnist
+
+    for seed in (0, 1):
+        fabricate(tmp_path, "capsnet_affnist", seed, 1.0, affine_pct=21.0 + 2 * seed, image_size=40)
+    runs = load(tmp_path, ["capsnet_affnist"], [0, 1])
+    assert ra.affnist_gap(runs, REFERENCE) is None
+    monkeypatch.setattr(affnist.figures, "accuracy_by_transform", lambda *args: None)
+    (tmp_path / "figures").mkdir()
+    section = affnist.report(runs, rp.Context(committed_params(), REFERENCE, [], tmp_path / "results", tmp_path))
+    assert section.claims is None and section.headline == {}
+    text = "\n".join(section.lines)
+    assert "| capsnet_affnist | c0ffee0 | 8,215,568 | 2 | 99.00 ± 0.00 | 99.00 99.00 | 78.00 ± 1.41 |" in text
+    assert ("**CapsNet − CNN on affNIST(-style): no gap yet**: it needs runs of both models, and only capsnet_affnist "
+            "has them here") in text
+
+
 def test_the_52_readme_line_needs_a_gap_and_a_confounded_one_lists_every_row(tmp_path):
     from pipeline.experiments import affnist
 

@@ -186,6 +186,9 @@ def render_affnist(table: pd.DataFrame, gap: dict | None, reference: dict) -> li
         if not gap["matched"]:
             lines += ["", "> Not every run reached the target accuracy before its epoch budget, so the two models are "
                       "**not compared at matched expanded-MNIST accuracy** as the paper's are."]
+    else:  # one model's runs so far: the claim waits for the other's
+        lines += ["", "**CapsNet − CNN on affNIST(-style): no gap yet**: it needs runs of both models, and only "
+                  f"{', '.join(dict.fromkeys(table.variant))} has them here; the claim waits for the other model's."]
     if set_name(table.affnist_source.iloc[0]) == STYLE_SET:
         lines += ["", "> The affNIST column here is the **affNIST-style set** this pipeline generates (same ranges and "
                   "canvas, our transforms), not the real affNIST; Δ against the paper's affNIST numbers is context, "
