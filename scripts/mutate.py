@@ -1347,7 +1347,7 @@ MUTATIONS = [
              "ambiguous = with_several_rows(mine)", "ambiguous = with_several_rows(runs)",
              (f"{REPORT_STAGE}::test_each_protocol_has_its_own_learning_curve_panel",)),
     Mutation("the report stage hands runs to experiments by image size", "pipeline/stages/report.py",
-             "[r for r in runs if r.experiment == e.NAME]", "[r for r in runs if r.image_size == e.IMAGE_SIZE]",
+             "[r for r in runs if r.experiment == e.NAME]", '[r for r in runs if r.cfg["image_size"] == e.IMAGE_SIZE]',
              (EXTENSION, LAYOUT)),
     Mutation("the train stage scores every experiment on MNIST's test set", "pipeline/stages/train.py",
              "eval_set = cfgs[0].experiment_module().TEST_SETS[0]", 'eval_set = "test"', (EXTENSION,)),

@@ -106,10 +106,6 @@ class Run:
         return self.config["config"]
 
     @property
-    def image_size(self) -> int:
-        return self.cfg["image_size"]
-
-    @property
     def experiment(self) -> str:
         """The experiment that trained the run (records from before the key: its image size says)."""
         return registry.of_record(self.cfg.get("experiment"), self.cfg["image_size"])
