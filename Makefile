@@ -12,7 +12,7 @@ export UV_COMPILE_BYTECODE := 1
 # Profiles (smoke, gpu) are DVC's own -S overrides, defined once in pipeline/profiles.py.
 PROFILE := PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pipeline.profiles
 
-.PHONY: help venv test smoke gpu paper-gpu gpus repro ui
+.PHONY: help venv test coverage smoke gpu paper-gpu gpus repro ui
 help:  ## this list (what a bare `make` prints)
 	@awk -F':[^#]*## ' '/^[a-z-]+:[^#]*## /{printf "  make %-10s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
@@ -30,6 +30,9 @@ $(BIN)/capsnet: pyproject.toml uv.lock
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
 test: venv  ## the test suite (what CI runs), TEST_WORKERS processes at a time
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
+
+coverage: venv  ## which lines of pipeline/ the suite runs, its subprocesses' too (about 11 min on 2 cores; not in CI)
+	bash scripts/coverage.sh
 
 smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes; JOBS stages at a time, default one per core; stage processes fork from a warm interpreter, WARM=0: each starts cold); params.yaml, dvc.lock and reports/ stay as they were, its report goes to smoke-report/
 	$(PROFILE) smoke $(if $(filter 0,$(WARM)),,--warm) --prefill $(or $(JOBS),$(shell nproc 2>/dev/null || echo 2)) --exec dvc exp run

@@ -80,6 +80,7 @@ SWEEP_BY_TEST = ("tests/test_wiring.py::"
                  "test_a_sweep_by_test_runs_only_the_mutations_naming_such_a_test_and_says_when_none_does",)
 GRAD_DIFFS = "tests/test_wiring.py::test_grad_diffs_compares_a_bf16_step_with_an_fp32_one_parameter_by_parameter"
 STATS = "tests/test_stats.py"
+COVERAGE = "tests/test_coverage.py"
 LINT = "tests/test_lint.py::test_pyflakes_finds_nothing_in_the_package_the_scripts_and_the_tests"
 REPORT = "tests/test_report.py"  # Table 1's section; the report's other test files:
 REPORT_POOLING = "tests/test_report_pooling.py"
@@ -600,6 +601,12 @@ MUTATIONS = [
     Mutation("a folder without affNIST batches is read as none", "pipeline/experiments/affnist.py",
              "    if not files:\n        raise AffnistError", "    if False:\n        raise AffnistError",
              ("tests/test_affnist.py::test_mat_loader_names_what_is_wrong",)),
+    Mutation("the coverage run measures none of the processes the suite starts", "scripts/coverage.sh",
+             "patch = subprocess, _exit, execv", "patch = _exit, execv", (COVERAGE,)),
+    Mutation("the coverage run measures the package whatever folder it is given", "scripts/coverage.sh",
+             'source = $(IFS=,; echo "${sources[*]}")', "source = $PWD/pipeline", (COVERAGE,)),
+    Mutation("the coverage run passes a failed suite", "scripts/coverage.sh",
+             'exit "$status"', "exit 0", (COVERAGE,)),
     Mutation("predictions made with dropout on", "pipeline/training/experiment.py",
              "    was_training = model.training\n    model.eval()\n    device = next(model.parameters()).device\n    scores = []",
              "    was_training = model.training\n    device = next(model.parameters()).device\n    scores = []",
