@@ -31,8 +31,8 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 :
 test: venv  ## the test suite (what CI runs), TEST_WORKERS processes at a time
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
-coverage: venv  ## which lines of pipeline/ the suite runs, its subprocesses' too (about 11 min on 2 cores; not in CI)
-	bash scripts/coverage.sh
+coverage: venv  ## which lines of pipeline/ the suite runs, its subprocesses' too (about 13 min on 2 cores; not in CI)
+	TEST_WORKERS=$(TEST_WORKERS) bash scripts/coverage.sh
 
 smoke: venv  ## the whole DVC pipeline in the smoke profile, on CPU (minutes; JOBS stages at a time, default one per core; stage processes fork from a warm interpreter, WARM=0: each starts cold); params.yaml, dvc.lock and reports/ stay as they were, its report goes to smoke-report/
 	$(PROFILE) smoke $(if $(filter 0,$(WARM)),,--warm) --prefill $(or $(JOBS),$(shell nproc 2>/dev/null || echo 2)) --exec dvc exp run

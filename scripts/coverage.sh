@@ -6,7 +6,8 @@
 # missed on a CPU; processes a test runs in a copy of the checkout (its DVC and scale-out repositories)
 # are not counted, though they ran. What it found the first time: docs/testing.md ("History").
 #   bash scripts/coverage.sh [SOURCE ...] [-- PYTEST ARGS]   (SOURCE: folders to measure, default pipeline)
-# BIN: the folder of the python to run (default .venv/bin: `make venv` installs coverage with the dev group).
+# BIN: the folder of the python to run (default .venv/bin: `make venv` installs coverage with the dev group);
+# TEST_WORKERS: pytest's workers, as `make test` counts them unless given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${BIN:-$PWD/.venv/bin}"
@@ -28,7 +29,7 @@ source = $(IFS=,; echo "${sources[*]}")
 patch = subprocess, _exit, execv
 disable_warnings = no-data-collected
 CONFIG
-workers=$(n=$(nproc 2>/dev/null || echo 2); echo $(( n > 4 ? 4 : n )))
+workers=${TEST_WORKERS:-$(n=$(nproc 2>/dev/null || echo 2); echo $(( n > 4 ? 4 : n )))}  # make passes its own
 status=0
 OMP_NUM_THREADS=1 "$BIN/python" -m coverage run --rcfile="$work/rc" -m pytest -n "$workers" --dist loadfile -q \
   -p no:cacheprovider "${pytest_args[@]}" || status=$?

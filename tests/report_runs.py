@@ -73,6 +73,15 @@ def fabricate(root, variant, seed, error_pct, n=200, affine_pct=50.0, model="cap
                   "epoch_seconds": [1.0] * len(history)}).to_csv(model_dir / "history.csv", index=False)
 
 
+def draw(root, variant, seed, *names):
+    """Stand-ins for the figures a run's evaluation draws (``names``: reconstructions.png, fig4.png), each
+    holding "<variant> seed <seed>", so a test can tell which run's figure the report copied."""
+    for name in names:
+        figure = rr.run_figure(root / "results" / variant / f"seed{seed}", name)
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        figure.write_bytes(f"{variant} seed {seed}".encode())
+
+
 def edit_record(root, variant, seed, edit):
     """Rewrite a fabricated run's config.json as ``edit`` changes the record in place, for what
     `fabricate`'s parameters do not reach (a field removed, a record as an older run wrote it)."""

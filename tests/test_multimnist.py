@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from scipy import stats as sp
 
-from report_runs import REFERENCE, fabricate
+from report_runs import REFERENCE, draw, fabricate
 from pipeline.experiments import multimnist as mm
 from pipeline.models.baseline import MultiMNISTCNN
 from pipeline.models.capsnet import CapsNet, capsnet_loss, margin_loss, reconstruction_loss
@@ -305,13 +305,10 @@ def test_the_multimnist_tables_name_each_rows_seeds_origin_and_parameters(tmp_pa
 def test_the_multimnist_figure_is_the_best_seed_of_the_lowest_error_reconstruction_variant(tmp_path):
 
     from pipeline.experiments import multimnist_report as rm
-    from pipeline.report.runs import run_figure
 
     runs = _multimnist_runs(tmp_path, {"multimnist_r1_recon": [4.9, 9.0], "multimnist_r3_recon": [5.6, 5.0]})
     for r in runs:
-        drawn = run_figure(tmp_path / "results" / r.variant / f"seed{r.seed}", "reconstructions.png")
-        drawn.parent.mkdir(parents=True)
-        drawn.write_bytes(f"{r.variant} seed {r.seed}".encode())
+        draw(tmp_path, r.variant, r.seed, "reconstructions.png")
     (tmp_path / "figures").mkdir()
     shown = rm.figure(runs, rm.multimnist_summary(runs, REFERENCE), tmp_path / "results", tmp_path / "figures")
     assert (tmp_path / "figures" / "multimnist_reconstructions.png").read_bytes() == b"multimnist_r3_recon seed 1"

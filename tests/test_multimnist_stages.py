@@ -8,14 +8,12 @@ import pandas as pd
 import torch
 from safetensors.torch import save_file
 
-from conftest import committed_params, synthetic_digits, with_ablation
-from report_runs import edit_record, fabricate
+from conftest import committed_params, synthetic_digits, tiny_config, with_ablation
+from report_runs import draw, edit_record, fabricate
 from pipeline.core.registry import load as experiment
 from pipeline.data.splits import save_split
 from pipeline.experiments import multimnist as mm
-from pipeline.report.runs import run_figure
 from pipeline.stages import report as report_stage
-from pipeline.training.config import RunConfig
 
 PAIRS = 200  # a fabricated run's test pairs
 
@@ -37,14 +35,6 @@ def fabricate_multimnist(root, variant, seed, error_pct):
     (results / "metrics.json").write_text(json.dumps({"error_pct": error_pct, "n_test": PAIRS, "n_params": 11_361_808}))
     (results / "breakdown.json").write_text(json.dumps({"sources": {mm.TEST_SETS[0]: "MultiMNIST recipes (fabricated)"}}))
     draw(root, variant, seed, "reconstructions.png")
-
-
-def draw(root, variant, seed, *names):
-    """The figures a reconstruction variant's evaluation draws, as bytes naming the run."""
-    for name in names:
-        figure = run_figure(root / "results" / variant / f"seed{seed}", name)
-        figure.parent.mkdir(parents=True, exist_ok=True)
-        figure.write_bytes(f"{variant} seed {seed}".encode())
 
 
 def test_the_report_stage_sets_multimnist_pair_errors_beside_table1s_mnist_rows(tmp_path, store):
@@ -77,15 +67,11 @@ def test_the_train_stage_reads_mnists_training_digits_and_the_prepared_recipes_w
     images, labels = synthetic_digits(30)
     test_images, test_labels = synthetic_digits(10, seed=1)
     save_split(tmp_path / "train.safetensors", images, labels, {"source": "synthetic"})
-    save_split(tmp_path / "test.safetensors", test_images, test_labels, {"source": "synthetic"})
     said = mm.prepare(committed_params(multimnist_pairs_per_digit=2),
                       {"test_images": test_images, "test_labels": test_labels}, tmp_path, tmp_path)
     assert said == "MultiMNIST: 20 test recipes"
-    cfg = RunConfig(variant="multimnist_r3_recon", model="capsnet", routing_iterations=3, reconstruction=True,
-                    image_size=36, num_classes=10, target_accuracy_pct=0.0, seed=0, profile="smoke", epochs=1,
-                    batch_size=8, lr=1e-3, lr_decay_rate=0.96, lr_decay_steps=2000, lr_min=1e-6, max_shift=4,
-                    amp=False, compile=False, deterministic=True, log_every=1, eval_batch_size=16, device="cpu",
-                    experiment=mm.NAME, multimnist_epoch_size=8)
+    cfg = tiny_config(variant="multimnist_r3_recon", routing_iterations=3, reconstruction=True, image_size=36,
+                      batch_size=8, max_shift=4, experiment=mm.NAME, multimnist_epoch_size=8)
     assert experiment(cfg.experiment) is mm
     data, datasets = mm.training_data(tmp_path, cfg)
     assert torch.equal(data["train_images"], images) and torch.equal(data["train_labels"], labels)

@@ -2,9 +2,8 @@
 recipe present, and §5.2's and MultiMNIST's own (a test set smaller than the paper's). Table 1's section
 otherwise: tests/test_report.py."""
 
-from conftest import REPO, committed_params, with_ablation
+from conftest import committed_params, with_ablation
 from report_runs import REFERENCE
-from pipeline.core.params import load_params
 from pipeline.experiments import affnist
 from pipeline.experiments import multimnist as mm
 from pipeline.experiments import table1_report as t1
@@ -19,7 +18,7 @@ def test_recipe_differences_list_only_changes():
 
 
 def test_deviations_name_profile_changes_including_the_affnist_set():
-    committed = load_params(REPO / "params.yaml")
+    committed = committed_params()
     assert not any("Data subsets" in d for d in t1.deviations(committed, REFERENCE))
     assert affnist.deviations_of(committed) == []
     smoke = committed_params(affnist_transforms=1, test_subset=256)
@@ -28,7 +27,7 @@ def test_deviations_name_profile_changes_including_the_affnist_set():
 
 
 def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
-    committed = load_params(REPO / "params.yaml")  # 1,000 partners per digit: the paper's 10M pairs
+    committed = committed_params()  # 1,000 partners per digit: the paper's 10M pairs
     assert not any("MultiMNIST test set" in d for d in mm.deviations_of(committed))
     gpu = committed_params(multimnist_pairs_per_digit=100)
     (line,) = [d for d in mm.deviations_of(gpu) if "MultiMNIST test set" in d]
@@ -39,7 +38,7 @@ def test_deviations_name_a_multimnist_test_set_smaller_than_the_papers():
 
 
 def test_deviations_list_each_recipe_present():
-    committed = load_params(REPO / "params.yaml")
+    committed = committed_params()
     listed = t1.deviations(committed, REFERENCE)
     assert all(d in listed for d in capsnet.PAPER_RECIPE_DEVIATIONS + capsnet.OFFICIAL_RECIPE_DEVIATIONS)
     paper_only = with_ablation(committed, stacked=(), separate=("capsnet_r1",))
