@@ -3,6 +3,7 @@ early freezes while the others train on, a group killed mid-epoch resumes to the
 its checkpoint resumes no other group, and the train stage refuses what would mix seeds' outputs."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,6 +136,37 @@ def test_a_group_checkpoint_does_not_resume_another_group(tmp_path):
     train_group([dataclasses.replace(cfg, seed=s) for s in (0, 1)], tiny_data(), tmp_path / "g.pt")
     with pytest.warns(UserWarning, match="another configuration"):
         assert checkpoint.load_checkpoint(tmp_path / "g.pt", [dataclasses.replace(cfg, seed=s) for s in (0, 2)]) is None
+
+
+def test_a_group_checkpoint_resumes_only_in_its_seeds_order(tmp_path):
+    """A checkpoint holds each seed's state at its place in the stack: the same seeds in another order
+    (`capsnet train V 1,0` after `0,1`) would hand seed 0's weights to seed 1, so they start afresh."""
+    cfg = config("capsnet_r1")
+    in_order = [dataclasses.replace(cfg, seed=s) for s in (0, 1)]
+    torch.save({"digest": checkpoint.group_digest(in_order), "stack": {}}, tmp_path / "g.pt")
+    assert checkpoint.load_checkpoint(tmp_path / "g.pt", in_order) is not None
+    with pytest.warns(UserWarning, match="another configuration"):
+        assert checkpoint.load_checkpoint(tmp_path / "g.pt", in_order[::-1]) is None
+
+
+def test_a_checkpoint_write_cut_short_leaves_the_last_one_whole(tmp_path, monkeypatch):
+    """A write that fails part-way (a full disk, a kill) never replaces the last checkpoint, and
+    leaves no partial file beside it: the next start resumes from the last whole one."""
+    cfg = config("capsnet_r1")
+    path = tmp_path / "g.pt"
+    weights = {"w": torch.ones(2)}
+    checkpoint.save_checkpoint(path, {"digest": checkpoint.group_digest([cfg]), "stack": {}, "epoch": 1}, weights)
+
+    def cut_short(obj, f):
+        Path(f).write_bytes(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", cut_short)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_checkpoint(path, {"digest": checkpoint.group_digest([cfg]), "stack": {}, "epoch": 2}, weights)
+    monkeypatch.undo()
+    assert checkpoint.load_checkpoint(path, cfg)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["g.pt"]
 
 
 def test_a_checkpoint_of_the_trainer_before_stacks_starts_afresh(tmp_path):
