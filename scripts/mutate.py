@@ -205,6 +205,8 @@ SMOKE_ASIDE = (f"{PROFILES}::"
                "test_a_smoke_that_writes_no_report_sets_nothing_aside_and_one_that_deletes_sets_its_folder_aside")
 FAN_OUT_ITEMS = ("tests/test_train_cli.py::"
                  "test_the_fan_out_items_are_the_stacked_variants_then_each_separate_variants_seeds_and_name_their_stages")
+EVALUATE_STAGE = ("tests/test_evaluate.py::test_the_evaluate_stage_adds_the_runs_record_clears_an_earlier_"
+                  "evaluations_figures_and_logs_every_file")
 GROUP_KEY = ("tests/test_stack_group.py::"
              "test_a_one_seed_groups_key_is_its_runs_own_no_seeds_no_checkpoint_and_non_finite_weights_are_named")
 PROVENANCE_LINES = f"{REPORT_RUNS}::test_the_provenance_lines_count_each_commit_fingerprint_variant_resume_and_minute"
@@ -2151,6 +2153,16 @@ MUTATIONS = [
     Mutation("power far in the noncentral t's tails inverted", "pipeline/report/power.py",
              "return 1.0 if shift > critical else 0.0", "return 0.0 if shift > critical else 1.0",
              ("tests/test_power.py::test_far_tails_of_the_noncentral_t_give_0_or_1_not_nan",)),
+    Mutation("metrics.json's parameter count is not the trained run's", "pipeline/stages/evaluate.py",
+             '"n_params": saved["params"]["n_params"]', '"n_params": 0', (EVALUATE_STAGE,)),
+    Mutation("metrics.json never says a run reached its target", "pipeline/stages/evaluate.py",
+             '"reached_target": saved["stop_reason"] == "target"', '"reached_target": False', (EVALUATE_STAGE,)),
+    Mutation("an earlier evaluation's figures stay beside this one's", "pipeline/stages/evaluate.py",
+             "    shutil.rmtree(out / RUN_FIGURES, ignore_errors=True)  # this evaluation's figures alone\n    (out / RUN_FIGURES).mkdir()\n",
+             "    (out / RUN_FIGURES).mkdir(parents=True, exist_ok=True)\n", (EVALUATE_STAGE,)),
+    Mutation("an evaluation's figures are not logged to its run", "pipeline/stages/evaluate.py",
+             '["metrics.json", *evaluation.artifacts, *figures]', '["metrics.json", *evaluation.artifacts]',
+             (EVALUATE_STAGE,)),
     Mutation("a checkpoint takes infinite weights", "pipeline/training/checkpoint.py",
              "not bool(torch.isfinite(t).all())",
              "bool(torch.isnan(t).any())",

@@ -294,3 +294,63 @@ def test_an_evaluation_scores_each_set_under_its_own_keys_and_writes_what_the_re
     assert steps == [f"{s:+.2f}".replace("-0.00", "+0.00") for s in torch.linspace(-0.25, 0.25, 11).tolist()]
     assert steps[0] == "-0.25" and steps[5] == "+0.00"
     assert table1.evaluate(Answers(3), cfg, tmp_path, out).metrics == ev.metrics  # Table 1's sets, clean first
+
+
+def test_the_evaluate_stage_adds_the_runs_record_clears_an_earlier_evaluations_figures_and_logs_every_file(
+        tmp_path, monkeypatch):
+    """Stage `evaluate` around its experiment's evaluation: metrics.json holds the set metrics and the train
+    stage's record (parameters, epochs, whether early stopping's target was reached: the report's columns
+    read them there), figures/ only this evaluation's (an earlier one's gone), and the training run gets
+    the logged metrics at the epoch it ended, the test sets, metrics.json, the experiment's files and
+    every figure."""
+    import dataclasses
+    import json
+
+    from safetensors.torch import save_file
+
+    from conftest import committed_params
+    from pipeline.experiments import base, table1
+    from pipeline.stages import evaluate as evaluate_stage
+    from pipeline.training.config import run_config
+    from pipeline.training.train import build_model
+
+    cfg = dataclasses.replace(run_config(committed_params(), "capsnet_r1", 0), device="cpu")
+    model_dir, out = tmp_path / "models" / "capsnet_r1" / "seed0", tmp_path / "results"
+    model_dir.mkdir(parents=True)
+    save_file({k: t.contiguous() for k, t in build_model(cfg).state_dict().items()}, str(model_dir / "model.safetensors"))
+    (model_dir / "config.json").write_text(json.dumps({"config": dataclasses.asdict(cfg), "run_id": "r7",
+                                                       "params": {"n_params": 1234}, "epochs_trained": 7,
+                                                       "stop_reason": "target"}))
+    (out / "figures").mkdir(parents=True)
+    (out / "figures" / "fig4.png").write_bytes(b"an earlier evaluation's")
+
+    def evaluation(model, cfg, data_dir, out_dir):
+        (out_dir / "figures" / "confusion.png").write_bytes(b"this one's")
+        (out_dir / "breakdown.json").write_text("{}")
+        return base.Evaluation({"error_pct": 1.5, "n_test": 10}, {"eval_test_error_pct": 1.5}, ["breakdown.json"],
+                               [{"name": "test"}])
+
+    class Tracker:
+        calls = []
+
+        def has_run(self, run_id):
+            return run_id == "r7"
+
+        def log_metrics_once(self, run_id, metrics, step):
+            self.calls.append(("metrics", run_id, metrics, step))
+
+        def log_datasets(self, run_id, datasets):
+            self.calls.append(("datasets", run_id, datasets))
+
+        def log_artifact(self, run_id, path, folder):
+            self.calls.append(("artifact", run_id, path.relative_to(out).as_posix(), folder))
+
+    monkeypatch.setattr(table1, "evaluate", evaluation)
+    monkeypatch.setattr(evaluate_stage.tracking, "open_tracker", lambda profile: Tracker())
+    metrics = evaluate_stage.run(model_dir, tmp_path / "data", out)
+    assert metrics == {"error_pct": 1.5, "n_test": 10, "n_params": 1234, "epochs_trained": 7, "reached_target": True}
+    assert json.loads((out / "metrics.json").read_text()) == metrics
+    assert [p.name for p in (out / "figures").iterdir()] == ["confusion.png"]
+    assert Tracker.calls == [("metrics", "r7", {"eval_test_error_pct": 1.5}, 7), ("datasets", "r7", [{"name": "test"}]),
+                             *[("artifact", "r7", name, "evaluation")
+                               for name in ("metrics.json", "breakdown.json", "figures/confusion.png")]]
