@@ -2,6 +2,8 @@
 digest, what a run trains and tests on, Table 1's batches and the prepare stage. The transforms (the
 affine set's draws and warp, the random shift): tests/test_transforms.py."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -112,6 +114,34 @@ def test_a_datasets_digest_is_its_tensors_and_nothing_else(tmp_path):
                                                   *((same, labels, {}) for same in same_bytes)):
         save_split(tmp_path / "x.safetensors", changed_images, changed_labels, **extra)
         assert digest_of(tmp_path / "x.safetensors", "training")["digest"] != base["digest"]
+    # one digest whatever order a stage holds the tensors in; a tensor's name counts, not only its bytes
+    held = load_split(tmp_path / "train.safetensors")
+    assert dataset_input(tmp_path / "train.safetensors", dict(reversed(held.items())), "training")["digest"] == base["digest"]
+    named = [dataset_input(tmp_path / "x.safetensors", {"images": images, "labels": labels, name: torch.zeros(6, 2)},
+                           "training")["digest"] for name in ("offsets", "shifts")]
+    assert named[0] != named[1]
+    save_split(tmp_path / "unsourced.safetensors", images, labels)  # no source in its header: its file's name
+    assert digest_of(tmp_path / "unsourced.safetensors", "training")["profile"]["source"] == "unsourced"
+
+
+def test_a_split_write_cut_short_leaves_the_split_before_it_whole(tmp_path, monkeypatch):
+    """A write that fails part-way (a full disk) never replaces the split there, nor leaves a partial
+    file beside it: the next stage reads the last whole one."""
+    from pipeline.data import splits
+
+    images, labels = synthetic_digits(4)
+    path = tmp_path / "test.safetensors"
+    save_split(path, images, labels)
+
+    def cut_short(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a header")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(splits, "save_file", cut_short)
+    with pytest.raises(OSError, match="No space left"):
+        save_split(path, images[:2], labels[:2])
+    monkeypatch.undo()
+    assert torch.equal(load_split(path)["labels"], labels) and [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_a_split_that_is_absent_torn_or_not_a_split_is_one_line_naming_the_command_that_rebuilds_it(tmp_path):
