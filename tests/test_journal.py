@@ -46,6 +46,19 @@ def test_journal_replays_into_mlflow_once(tmp_path, store):
     assert again.exit_code == 0 and "0 run(s) added" in again.output and "synced before" in again.output
 
 
+def test_a_journal_without_its_end_replays_as_a_run_still_running(tmp_path, store):
+    """A journal whose trainer never wrote its end (training on past a GPU call's deadline, or killed with
+    no word) says nothing of how the run ended: replayed, the run stays RUNNING, not FINISHED (the
+    train stage marks it FAILED when that seed trains again: `Tracker.close_stale`)."""
+    journal = JournalTracker(tmp_path / "journal")
+    run_id = journal.start("capsnet_r1-seed0", PARAMS)
+    journal.log_datasets(run_id, [DATASET])
+    journal.log_metrics(run_id, {"test_error_pct": 4.0}, step=1)
+    tracker = tracking.Tracker(profile=PARAMS["profile"])
+    run = tracker.client.get_run(tracker.replay(tmp_path / "journal" / f"{run_id}.jsonl"))
+    assert run.info.status == "RUNNING" and not run.info.end_time
+
+
 def test_a_journalled_report_replays_into_its_profiles_experiment_with_its_tags(tmp_path, store):
     """A report run's journal names its profile in its tags alone (it logs no params): replayed, it lands
     in that profile's experiment, with every tag it set."""

@@ -119,6 +119,8 @@ def test_a_stale_running_run_is_closed_when_the_stage_runs_again(stage):
     root, train = stage
     tracker = tracking.Tracker(profile="smoke")  # the stage's params are the smoke profile's
     params = {k: "x" for k in provenance.PARAM_KEYS}
+    done = tracker.start("capsnet_r1-seed0", params)  # an earlier run of this seed that ended (another protocol)
+    tracker.end(done)
     stale = tracker.start("capsnet_r1-seed0", params)  # a trainer killed by SIGKILL: never said it ended
     other = tracker.start("capsnet_r3-seed0", params)
     result = train()
@@ -126,7 +128,8 @@ def test_a_stale_running_run_is_closed_when_the_stage_runs_again(stage):
     status = {r.info.run_id: r for r in runs(root)}
     assert status[stale].info.status == "FAILED" and "closed_as_stale_by" in status[stale].data.tags
     assert status[other].info.status == "RUNNING"  # another (variant, seed) is not touched
-    [new] = [r for r in status.values() if r.info.run_id not in (stale, other)]
+    assert status[done].info.status == "FINISHED" and "closed_as_stale_by" not in status[done].data.tags  # nor an ended one
+    [new] = [r for r in status.values() if r.info.run_id not in (stale, other, done)]
     assert new.info.status == "FINISHED" and "closed_as_stale_by" not in new.data.tags  # it closes others, not itself
     assert {"image_size": "28", "n_train": "32", "n_test": "12", "recipe": "paper"}.items() <= new.data.params.items()
     assert new.data.tags["git_commit"]

@@ -152,15 +152,19 @@ def test_an_experiment_another_process_creates_first_is_found_not_an_error(store
     assert tracker.experiment_id == tracker.client.get_experiment_by_name("capsnet-repro-raced").experiment_id
 
 
-def test_a_metric_logged_once_is_once_per_step_not_once_per_run(tmp_path):
-    """log_metrics_once (a stage run again) skips a (step, metric) the journal holds, and only that:
-    the same metric at another step is logged."""
+def test_a_metric_logged_once_is_once_per_step_not_once_per_run(tmp_path, store):
+    """log_metrics_once (a stage run again) skips a (step, metric) the journal or the store holds, and
+    only that: the same metric at another step (a run evaluated again after it trained on) is logged."""
     journal = JournalTracker(tmp_path)
     run_id = journal.start("capsnet_r1-seed0", PARAMS)
+    tracker = tracking.Tracker(profile=PARAMS["profile"])
+    direct = tracker.start("capsnet_r1-seed0", PARAMS)
     for step, value in ((1, 4.0), (2, 3.0), (2, 9.0)):
         journal.log_metrics_once(run_id, {"test_error_pct": value}, step)
+        tracker.log_metrics_once(direct, {"test_error_pct": value}, step)
     logged = [(e["step"], e["metrics"]) for e in read_journal(tmp_path / f"{run_id}.jsonl") if e["event"] == "metrics"]
     assert logged == [(1, {"test_error_pct": 4.0}), (2, {"test_error_pct": 3.0})]
+    assert [(m.step, m.value) for m in tracker.client.get_metric_history(direct, "test_error_pct")] == [(1, 4.0), (2, 3.0)]
 
 
 def test_a_run_records_its_commit_stage_experiment_host_slot_threads_and_versions(monkeypatch):
