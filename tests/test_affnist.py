@@ -26,6 +26,8 @@ def test_placement_puts_the_digit_at_its_offset_and_nothing_else():
         assert canvas.shape == (CANVAS, CANVAS)
         assert torch.equal(canvas[dy:dy + 28, dx:dx + 28], digit[0])  # fully inside, unchanged
         assert canvas.sum() == digit.sum()  # and nothing else on the canvas
+    with pytest.raises(ValueError, match="28×28 digits do not fit on a 20×20 canvas"):
+        place_on_canvas(digit, torch.tensor([[0, 0]]), canvas=20)  # would cut the digit's ink
 
 
 def test_random_offsets_cover_every_position_and_stay_inside():
@@ -106,6 +108,11 @@ def test_mat_loader_names_what_is_wrong(tmp_path):
                                                           "label_int": np.array([1, 12], np.uint8)}})
     with pytest.raises(AffnistError, match="labels 0-9"):
         load_affnist_mat(tmp_path / "labels.mat")
+    pixels = np.zeros((1600, 2), np.int16)
+    pixels[5, 1] = 300  # read as uint8 it would be 44: a bright stroke made faint
+    savemat(str(tmp_path / "pixels.mat"), {"affNISTdata": {"image": pixels, "label_int": np.array([1, 2], np.uint8)}})
+    with pytest.raises(AffnistError, match="pixels.mat: pixels must be 0-255"):
+        load_affnist_mat(tmp_path / "pixels.mat")
     with pytest.raises(AffnistError, match="does not exist"):
         load_affnist_mat(tmp_path / "nowhere")
     savemat(str(tmp_path / "counts.mat"), {"affNISTdata": {"image": np.zeros((1600, 3), np.uint8),
