@@ -205,6 +205,7 @@ SMOKE_ASIDE = (f"{PROFILES}::"
                "test_a_smoke_that_writes_no_report_sets_nothing_aside_and_one_that_deletes_sets_its_folder_aside")
 FAN_OUT_ITEMS = ("tests/test_train_cli.py::"
                  "test_the_fan_out_items_are_the_stacked_variants_then_each_separate_variants_seeds_and_name_their_stages")
+DATASET_DIGEST = "tests/test_data.py::test_a_datasets_digest_is_its_tensors_and_nothing_else"
 EVALUATE_STAGE = ("tests/test_evaluate.py::test_the_evaluate_stage_adds_the_runs_record_clears_an_earlier_"
                   "evaluations_figures_and_logs_every_file")
 GROUP_KEY = ("tests/test_stack_group.py::"
@@ -2165,12 +2166,12 @@ MUTATIONS = [
              (EVALUATE_STAGE,)),
     Mutation("a dataset's digest leaves out its tensors' names", "pipeline/data/splits.py",
              'digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())',
-             'digest.update(f"{tuple(tensor.shape)}:{tensor.dtype}".encode())', ("tests/test_data.py::test_a_datasets_digest_is_its_tensors_and_nothing_else",)),
+             'digest.update(f"{tuple(tensor.shape)}:{tensor.dtype}".encode())', (DATASET_DIGEST,)),
     Mutation("a dataset's digest follows the order a stage holds its tensors in", "pipeline/data/splits.py",
              "    for name in sorted(tensors):\n        tensor = tensors[name].contiguous()",
-             "    for name in tensors:\n        tensor = tensors[name].contiguous()", ("tests/test_data.py::test_a_datasets_digest_is_its_tensors_and_nothing_else",)),
+             "    for name in tensors:\n        tensor = tensors[name].contiguous()", (DATASET_DIGEST,)),
     Mutation("a split without a source in its header shows no source", "pipeline/data/splits.py",
-             'meta.get("source", path.stem)', 'meta.get("source", "")', ("tests/test_data.py::test_a_datasets_digest_is_its_tensors_and_nothing_else",)),
+             'meta.get("source", path.stem)', 'meta.get("source", "")', (DATASET_DIGEST,)),
     Mutation("a split is written in place (a write cut short replaces the last one)", "pipeline/data/splits.py",
              "    with atomic_path(path) as tmp:\n        save_file(tensors, str(tmp), metadata=metadata)",
              "    save_file(tensors, str(path), metadata=metadata)",
@@ -2236,11 +2237,11 @@ MUTATIONS = [
     Mutation("a dataset digest ignores each tensor's shape", "pipeline/data/splits.py",
              'f"{name}:{tuple(tensor.shape)}:{tensor.dtype}"',
              'f"{name}:{tensor.dtype}"',
-             ("tests/test_data.py::test_a_datasets_digest_is_its_tensors_and_nothing_else",)),
+             (DATASET_DIGEST,)),
     Mutation("a dataset digest ignores each tensor's dtype", "pipeline/data/splits.py",
              'f"{name}:{tuple(tensor.shape)}:{tensor.dtype}"',
              'f"{name}:{tuple(tensor.shape)}"',
-             ("tests/test_data.py::test_a_datasets_digest_is_its_tensors_and_nothing_else",)),
+             (DATASET_DIGEST,)),
     Mutation("a subset is the last digits, not the first", "pipeline/data/splits.py",
              "train_images[:train_subset], train_labels[:train_subset]",
              "train_images[-train_subset:], train_labels[-train_subset:]",

@@ -182,6 +182,18 @@ def write_mnist(directory: Path, n_train: int = 40, n_test: int = 20, gz: bool =
     return files
 
 
+def disk_full(*args, **kwargs):
+    """A writer (or any call) that a full disk stops before it writes anything."""
+    raise OSError(28, "No space left on device")
+
+
+def disk_full_midway(obj, target, *args, **kwargs):
+    """A writer taking (what, where, …), torch.save's and safetensors' save_file's order, that a full disk
+    stops part-way: a few bytes in ``target``, then the error."""
+    Path(target).write_bytes(b"half written")
+    disk_full()
+
+
 def trust_mnist(monkeypatch, files: dict[str, bytes]) -> None:
     """Point pipeline.data.download.SHA256 (what download and prepare verify) at synthetic files' hashes."""
     import hashlib

@@ -2,12 +2,10 @@
 digest, what a run trains and tests on, Table 1's batches and the prepare stage. The transforms (the
 affine set's draws and warp, the random shift): tests/test_transforms.py."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from conftest import committed_params, idx_bytes, synthetic_digits, trust_mnist, write_mnist
+from conftest import committed_params, disk_full_midway, idx_bytes, synthetic_digits, trust_mnist, write_mnist
 from pipeline.data.idx import IdxError, read_idx, read_split
 from pipeline.data.splits import dataset_input, load_split, prepare_mnist, save_split, split_metadata
 from pipeline.data.transforms import AffineRanges, make_affine_set
@@ -132,12 +130,7 @@ def test_a_split_write_cut_short_leaves_the_split_before_it_whole(tmp_path, monk
     images, labels = synthetic_digits(4)
     path = tmp_path / "test.safetensors"
     save_split(path, images, labels)
-
-    def cut_short(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"half a header")
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(splits, "save_file", cut_short)
+    monkeypatch.setattr(splits, "save_file", disk_full_midway)
     with pytest.raises(OSError, match="No space left"):
         save_split(path, images[:2], labels[:2])
     monkeypatch.undo()

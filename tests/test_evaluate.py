@@ -210,24 +210,32 @@ def test_reconstructions_are_decoded_in_eval_mode_from_float_images():
     assert out.shape == (1, 2, 2) and torch.equal(out, to_float(images)[:, 0])
 
 
-def test_the_evaluate_stage_loads_the_trained_weights_in_eval_mode(tmp_path):
-    """load_model: the config and weights train wrote, the model in eval mode (the CNNs' dropout off,
-    so an evaluation is one deterministic pass)."""
+def saved_model(folder, **record):
+    """A train stage's output in ``folder``: capsnet_r1's initial weights and a config.json with its
+    RunConfig and ``record`` (run_id, params, epochs_trained, stop_reason); returns (config, model)."""
     import dataclasses
     import json
 
     from safetensors.torch import save_file
 
-    from conftest import REPO
-    from pipeline.core.params import load_params
-    from pipeline.stages.evaluate import load_model
+    from conftest import committed_params
     from pipeline.training.config import run_config
     from pipeline.training.train import build_model
 
-    cfg = dataclasses.replace(run_config(load_params(REPO / "params.yaml"), "capsnet_r1", 0), device="cpu")
+    cfg = dataclasses.replace(run_config(committed_params(), "capsnet_r1", 0), device="cpu")
     model = build_model(cfg)
-    save_file({k: t.contiguous() for k, t in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: t.contiguous() for k, t in model.state_dict().items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"config": dataclasses.asdict(cfg), **record}))
+    return cfg, model
+
+
+def test_the_evaluate_stage_loads_the_trained_weights_in_eval_mode(tmp_path):
+    """load_model: the config and weights train wrote, the model in eval mode (the CNNs' dropout off,
+    so an evaluation is one deterministic pass)."""
+    from pipeline.stages.evaluate import load_model
+
+    cfg, model = saved_model(tmp_path)
     saved, loaded_cfg, loaded = load_model(tmp_path)
     assert loaded_cfg == cfg and not loaded.training
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
@@ -303,24 +311,13 @@ def test_the_evaluate_stage_adds_the_runs_record_clears_an_earlier_evaluations_f
     read them there), figures/ only this evaluation's (an earlier one's gone), and the training run gets
     the logged metrics at the epoch it ended, the test sets, metrics.json, the experiment's files and
     every figure."""
-    import dataclasses
     import json
 
-    from safetensors.torch import save_file
-
-    from conftest import committed_params
     from pipeline.experiments import base, table1
     from pipeline.stages import evaluate as evaluate_stage
-    from pipeline.training.config import run_config
-    from pipeline.training.train import build_model
 
-    cfg = dataclasses.replace(run_config(committed_params(), "capsnet_r1", 0), device="cpu")
     model_dir, out = tmp_path / "models" / "capsnet_r1" / "seed0", tmp_path / "results"
-    model_dir.mkdir(parents=True)
-    save_file({k: t.contiguous() for k, t in build_model(cfg).state_dict().items()}, str(model_dir / "model.safetensors"))
-    (model_dir / "config.json").write_text(json.dumps({"config": dataclasses.asdict(cfg), "run_id": "r7",
-                                                       "params": {"n_params": 1234}, "epochs_trained": 7,
-                                                       "stop_reason": "target"}))
+    saved_model(model_dir, run_id="r7", params={"n_params": 1234}, epochs_trained=7, stop_reason="target")
     (out / "figures").mkdir(parents=True)
     (out / "figures" / "fig4.png").write_bytes(b"an earlier evaluation's")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from pipeline.training import fingerprint as fp
 from pipeline.training.config import run_config
 
-from conftest import script
+from conftest import disk_full, script
 
 
 def answer(environment: str = "torch x, CPU AVX2 capped, MKL COMPATIBLE") -> dict:
@@ -255,15 +255,12 @@ def test_a_cache_that_cannot_be_written_or_touched_still_answers(tmp_path, monke
 
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
 
-    def fails(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
     with monkeypatch.context() as patch:
-        patch.setattr(cache, "write", fails)
+        patch.setattr(cache, "write", disk_full)
         assert cache.cached([], {}, answer) == answer()
     cache.cached([], {}, answer)  # kept this time: the next asking is a hit
     with monkeypatch.context() as patch:
-        patch.setattr(cache.os, "utime", fails)
+        patch.setattr(cache.os, "utime", disk_full)
         assert cache.cached([], {}, lambda: answer("again")) == answer()  # the hit, untouched
 
 

@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-from conftest import tiny_pipeline
+from conftest import disk_full, tiny_pipeline
 from pipeline.core import provenance, tracking
 from pipeline.core.errors import UserError, first_line
 from pipeline.core.files import atomic_path, file_lock
@@ -78,9 +78,6 @@ def test_concurrent_stages_create_a_fresh_store_once(tmp_path, monkeypatch):
 
 def test_a_failure_while_writing_outputs_marks_the_run_failed(stage, monkeypatch):
     root, train = stage
-
-    def disk_full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(train_stage, "save_file", disk_full)
     result = train()

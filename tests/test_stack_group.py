@@ -3,12 +3,11 @@ early freezes while the others train on, a group killed mid-epoch resumes to the
 its checkpoint resumes no other group, and the train stage refuses what would mix seeds' outputs."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO, Recorder, tiny_data
+from conftest import REPO, Recorder, disk_full_midway, tiny_data
 from stacks import SEEDS, assert_close_in_norm, config
 from pipeline.core.params import load_params
 from pipeline.training import steps
@@ -156,12 +155,7 @@ def test_a_checkpoint_write_cut_short_leaves_the_last_one_whole(tmp_path, monkey
     path = tmp_path / "g.pt"
     weights = {"w": torch.ones(2)}
     checkpoint.save_checkpoint(path, {"digest": checkpoint.group_digest([cfg]), "stack": {}, "epoch": 1}, weights)
-
-    def cut_short(obj, f):
-        Path(f).write_bytes(b"PK\x03\x04 half a zip")
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(torch, "save", cut_short)
+    monkeypatch.setattr(torch, "save", disk_full_midway)
     with pytest.raises(OSError, match="No space left"):
         checkpoint.save_checkpoint(path, {"digest": checkpoint.group_digest([cfg]), "stack": {}, "epoch": 2}, weights)
     monkeypatch.undo()
