@@ -1,61 +1,25 @@
 """The `capsnet` command: one subcommand per DVC stage. Paths come from dvc.yaml's command lines.
 
-Each command parses its arguments, calls its stage's plain function (pipeline/*_stage.py,
+Each command parses its arguments, calls its stage's plain function (pipeline/stages/*.py,
 bench.run, publish.publish_runs, tracking) and prints the outcome; every error that is the user's
-to fix (a :class:`pipeline.core.errors.UserError`) becomes one line, not a traceback.
+to fix (a :class:`pipeline.core.errors.UserError`) becomes one line, not a traceback
+(pipeline/cli_options.py's ``user_errors``).
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 import warnings
 from pathlib import Path
 
 import click
 
-from pipeline.core.errors import Terminated, UserError
+from pipeline.cli_options import EVALUATED, PARAMS_OPTION, PREPARED, TRAINED, Made, user_errors
+from pipeline.core.errors import UserError
 from pipeline.core.params import BENCH_MODES as SPEED_MODES
 from pipeline.core.params import STACK_LAYOUTS, Params, load_params
 
 BENCH_MODES = list(SPEED_MODES)  # `capsnet bench --mode`: pipeline.training.bench.MODES, read without torch
-
-
-class Made(click.Path):
-    """An input folder an earlier step makes: when it does not exist, the one-line error says which
-    command makes it (click's own says only that it does not exist)."""
-
-    def __init__(self, made_by: str):
-        super().__init__(exists=True, file_okay=False)
-        self.made_by = made_by
-
-    def convert(self, value, param, ctx):
-        if not Path(value).exists():
-            self.fail(f"folder {str(value)!r} does not exist: {self.made_by}", param, ctx)
-        return super().convert(value, param, ctx)
-
-
-PREPARED = Made("`dvc repro prepare` makes it (or `capsnet prepare`)")
-TRAINED = Made("the train stages make it (`dvc repro`; `capsnet stages --kind stages` lists them)")
-EVALUATED = Made("the evaluate stages make it (`dvc repro`; `capsnet stages --kind stages` lists them)")
-
-PARAMS_OPTION = click.option("--params", "params_path", default="params.yaml", show_default=True,
-                             type=click.Path(dir_okay=False), help="params.yaml to read")
-
-
-def user_errors(command):
-    """Turn a UserError raised by the stage into click's one-line `Error: …` (exit status 1), and
-    a SIGTERM into one line and status 143 (128 + 15), as a shell reports a terminated command."""
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except UserError as err:
-            raise click.ClickException(str(err)) from err
-        except Terminated as err:
-            click.echo(f"Terminated: {err}; the run is marked FAILED and resumes from its checkpoint", err=True)
-            sys.exit(143)
-    return wrapper
 
 
 @click.group()

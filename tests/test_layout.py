@@ -10,7 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
 # lowest first; a package may import from its own rank's package only if it is itself
 LAYERS = [("core",), ("data", "models"), ("report",), ("training",), ("experiments",), ("stages",)]
-TOP = ("pipeline", "pipeline.cli", "pipeline.warm", "pipeline.profiles")  # the command line, above every package
+TOP = ("pipeline", "pipeline.cli", "pipeline.cli_options", "pipeline.warm", "pipeline.profiles")  # the command line, above every package
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
 
