@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from conftest import REPO  # noqa: E402
-from test_gpu import batch, loss_and_grads  # noqa: E402  (the GPU test's batch and step, on any device)
+from gpu_step import batch, loss_and_grads  # noqa: E402  (the GPU tests' batch and step, on any device)
 from pipeline.core.params import load_params  # noqa: E402
 from pipeline.training.config import run_config  # noqa: E402
 from pipeline.training.train import build_model  # noqa: E402

@@ -5794,7 +5794,7 @@ MUTATIONS = [
     Mutation("grad_diffs divides the fp32 gradient's norm by the difference's", 'scripts/grad_diffs.py',
              'float((grads[k] - g).norm() / g.norm())', 'float(g.norm() / (grads[k] - g).norm())',
              (GRAD_DIFFS,)),
-    Mutation("grad_diffs keeps one parameter's gradient only (the GPU test's step it calls)", 'tests/test_gpu.py',
+    Mutation("grad_diffs keeps one parameter's gradient only (the GPU tests' step it calls)", 'tests/gpu_step.py',
              '{name: p.grad.float() for name, p in model.named_parameters()}', '{name: p.grad.float() for name, p in list(model.named_parameters())[:1]}',
              (GRAD_DIFFS,)),
     Mutation("grad_diffs draws the bf16 step's batch afresh", 'scripts/grad_diffs.py',

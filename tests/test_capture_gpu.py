@@ -7,7 +7,7 @@ parameter's gradient is compared, and at the end the weights:
   generators as far), every Adam step count, the scheduler's position and rate, and the capture
   happened (no fallback warning);
 - within bounds, per parameter (relative norm of the difference): the gradients within the fast
-  path's own per-layer bounds of tests/test_gpu.py (FP32_LAYER_BOUND, BF16_LAYER_BOUNDS), the
+  path's own per-layer bounds of tests/test_gpu.py (FP32_LAYER_BOUND, BF16_LAYER_BOUNDS, in tests/gpu_step.py), the
   weights after STEPS steps within WEIGHT_BOUNDS. The two sides run the same kernels but for the
   learning rate, a float32 device tensor under capture (fused Adam reads it so) and a double
   otherwise, and cuDNN's autotuned kernels need not be deterministic; the bounds are provisional
@@ -26,7 +26,7 @@ import warnings
 import pytest
 import torch
 from conftest import synthetic_digits
-from test_gpu import BF16_LAYER_BOUNDS, FP32_LAYER_BOUND, config, family
+from gpu_step import BF16_LAYER_BOUNDS, FP32_LAYER_BOUND, config, family
 
 from pipeline.experiments import multimnist as mm
 from pipeline.training import steps
