@@ -140,6 +140,9 @@ RUN_RECORD = "tests/test_report_runs.py::test_a_run_reads_its_device_and_epochs_
 WARM_HASH = f"{WARM}::test_the_server_hashes_every_file_of_the_package_and_refuses_one_added_since_it_started"
 WARM_STOPPED = f"{WARM}::test_a_stopped_server_ends_the_stages_still_running"
 WARM_EARLY_STOP = f"{WARM}::test_a_stop_sent_the_moment_a_stage_is_forked_ends_it"
+WARM_ENDS = f"{WARM}::test_a_warm_stage_ends_as_a_cold_process_would"
+WARM_EXIT = f"{WARM}::test_a_warm_stage_flushes_its_output_runs_its_exit_functions_and_is_named_capsnet"
+WARM_IMPORTED = f"{WARM}::test_a_warm_stage_gets_what_the_servers_imports_set_unless_its_own_environment_sets_it"
 BENCH_ROWS = "tests/test_bench.py::test_each_row_is_its_configuration_and_its_ratios_are_over_the_rows_they_name"
 BENCH_STEP = "tests/test_bench.py::test_a_timed_step_reports_its_figures_consistently_for_the_seeds_and_layout_it_ran"
 BENCH_CANVAS = "tests/test_bench.py::test_multimnist_is_benched_on_its_canvas_and_a_device_name_becomes_a_folder_name"
@@ -4773,6 +4776,41 @@ MUTATIONS = [
     Mutation("a stopped warm server leaves its socket", "pipeline/warm.py",
              "        Path(address).unlink(missing_ok=True)\n", "",
              (f"{WARM}::test_a_server_started_by_hand_removes_its_socket_when_stopped",)),
+    Mutation("a warm stage lacks what the server's imports set (torch's inductor cache folder)", "pipeline/warm.py",
+             '_child({**request, "env": {**imported_env, **request["env"]}}', '_child({**request, "env": request["env"]}',
+             (WARM_IMPORTED,)),
+    Mutation("what the server's imports set overrides a warm stage's own setting", "pipeline/warm.py",
+             '_child({**request, "env": {**imported_env, **request["env"]}}',
+             '_child({**request, "env": {**request["env"], **imported_env}}', (WARM_IMPORTED,)),
+    Mutation("a warm stage's sys.exit() without a code is a failure", "pipeline/warm.py",
+             "(0 if done.code is None else 1)", "1", (WARM_ENDS,)),
+    Mutation("a warm stage's sys.exit(message) prints no message", "pipeline/warm.py",
+             '                print(done.code, file=sys.stderr)  # sys.exit("message"), as the interpreter prints it\n',
+             "                pass\n", (WARM_ENDS,)),
+    Mutation("a warm stage's sys.exit(message) succeeds", "pipeline/warm.py",
+             "status = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)",
+             "status = done.code if isinstance(done.code, int) else 0", (WARM_ENDS,)),
+    Mutation("a warm stage's uncaught exception leaves no traceback", "pipeline/warm.py",
+             "        traceback.print_exc()\n", "        pass\n", (WARM_ENDS,)),
+    Mutation("a warm stage never runs its atexit functions (MLflow's, logging's)", "pipeline/warm.py",
+             "            atexit._run_exitfuncs()  # what a process ending normally runs (logging's, MLflow's)\n",
+             "            pass\n", (WARM_EXIT,)),
+    Mutation("a warm stage's buffered output is lost at its end", "pipeline/warm.py",
+             "            sys.stdout.flush(), sys.stderr.flush()\n        finally:\n            os._exit(status)",
+             "            pass\n        finally:\n            os._exit(status)", (WARM_EXIT,)),
+    Mutation("a warm stage's usage errors name the server, not capsnet", "pipeline/warm.py",
+             "prog_name=Path(sys.argv[0]).name)", 'prog_name="warm")', (WARM_EXIT,)),
+    Mutation("a warm stage's stdout is never line-buffered on a terminal", "pipeline/warm.py",
+             "sys.stdout.reconfigure(line_buffering=os.isatty(1))", "sys.stdout.reconfigure(line_buffering=False)",
+             (WARM_EXIT,)),
+    Mutation("one SIGCHLD for two ended stages answers one client", "pipeline/warm.py",
+             "            selector.unregister(conn)\n        conn.close()\n",
+             "            selector.unregister(conn)\n        conn.close()\n        return\n",
+             (f"{WARM}::test_stages_that_end_at_once_are_each_answered",)),
+    Mutation("a warm server that died at its start is waited for to the deadline", "pipeline/warm.py",
+             "while not os.path.exists(address) and server.poll() is None and time.monotonic() < deadline:",
+             "while not os.path.exists(address) and time.monotonic() < deadline:",
+             (f"{WARM}::test_a_server_that_does_not_start_leaves_every_stage_cold_and_says_so",)),
     # --- the GPU window's scripts: the paper window's precision and files, the proof's key, what travels, the levers ---
     Mutation("one precision-check row within the seed noise lets the paper protocol train in bf16", "scripts/gpu_window.py",
              "    ok = all(allowed for allowed, _ in decided)", "    ok = any(allowed for allowed, _ in decided)",

@@ -187,9 +187,12 @@ def test_the_server_hashes_every_file_of_the_package_and_refuses_one_added_since
 
 
 def test_a_server_that_does_not_start_leaves_every_stage_cold_and_says_so(tmp_path, monkeypatch, capsys):
+    """...as soon as its process has ended, not at the 120 s a server that still imports is given."""
     monkeypatch.setattr(warm.sys, "executable", "/bin/false")  # an interpreter that exits at once
+    began = time.monotonic()
     with warm.running(tmp_path / "warm.log") as address:
         assert address is None
+        assert time.monotonic() - began < 60, "waited for the socket of a server that had ended"
     err = capsys.readouterr().err
     assert err == f"warm: the server did not start (see {tmp_path / 'warm.log'}); every stage starts cold\n"
 
@@ -339,3 +342,63 @@ def test_a_server_started_by_hand_removes_its_socket_when_stopped(tmp_path):
         server.terminate()
         server.wait(timeout=60)
     assert not address.exists()
+
+
+def forked_stage(tmp_path, *argv, tty=False, env=None, imported=None) -> dict:
+    """A stage forked by the server's own `_accept` and reaped by its `_reap` (tests/warm_stage.py, in a
+    process of its own), the command its stand-in `capsnet`: what the client was told and the stage wrote."""
+    if env or imported:
+        (tmp_path / "request.json").write_text(json.dumps({"env": env or {}, "imported": imported or {}}))
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout to a file block-buffered
+    done = subprocess.run([str(BIN / "python"), str(REPO / "tests" / "warm_stage.py"), "accept", str(tmp_path), *argv,
+                           *(["--tty"] if tty else [])], capture_output=True, text=True, timeout=120, env=environ)
+    assert done.returncode == 0, done.stderr
+    return json.loads((tmp_path / "result.json").read_text())
+
+
+@pytest.mark.parametrize("how,status,stderr", [
+    ("bare", 0, ""), ("none", 0, ""),  # sys.exit() and sys.exit(None): success, as for a cold process
+    ("message", 1, "the stage stopped: its message\n"),  # sys.exit("…"): the message on stderr, status 1
+    ("raise", 1, "RuntimeError: nobody catches this\n"),  # the traceback's last line
+])
+def test_a_warm_stage_ends_as_a_cold_process_would(tmp_path, how, status, stderr):
+    """Each way a command can end gives the client the status and stderr a cold `capsnet` would: SystemExit's
+    code (None and no code are 0, a message is printed and is 1), an uncaught exception's traceback and 1."""
+    result = forked_stage(tmp_path, "ends", how)
+    assert result["exit"] == status and result["stderr"].endswith(stderr), result
+    assert how != "raise" or result["stderr"].startswith("Traceback (most recent call last):"), result
+
+
+def test_a_warm_stage_flushes_its_output_runs_its_exit_functions_and_is_named_capsnet(tmp_path):
+    """What a process that ends normally does, a forked stage does before it leaves by os._exit: its buffered
+    stdout written (a file, not a terminal: block-buffered), its atexit functions run (MLflow's and logging's
+    in a real stage). Its usage errors name `capsnet`, the command's name, not the server's; stdout is
+    line-buffered where it is a terminal, as Python sets it up for a cold process, and not where it is a file."""
+    result = forked_stage(tmp_path, "sees", str(tmp_path))
+    assert result["exit"] == 0 and result["stdout"] == "a last line, unflushed\n", result
+    assert (tmp_path / "atexit").read_text() == "ran"
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["cwd"] == str(tmp_path) and seen["line_buffering"] is False
+    forked_stage(tmp_path, "sees", str(tmp_path), tty=True)
+    assert json.loads((tmp_path / "seen.json").read_text())["line_buffering"] is True
+    usage = forked_stage(tmp_path, "no-such-command")
+    assert usage["exit"] == 2 and usage["stderr"].startswith("Usage: capsnet [OPTIONS] COMMAND"), usage
+
+
+def test_a_warm_stage_gets_what_the_servers_imports_set_unless_its_own_environment_sets_it(tmp_path):
+    """A cold stage's imports set variables (torch's TORCHINDUCTOR_CACHE_DIR, MLflow's session id): a warm one
+    gets the server's, and its own where its environment has one."""
+    result = forked_stage(tmp_path, "sees", str(tmp_path), env={"CAPSNET_SET_BY_BOTH": "the stage's"},
+                          imported={"CAPSNET_SET_BY_IMPORTS": "the server's", "CAPSNET_SET_BY_BOTH": "the server's"})
+    assert result["exit"] == 0, result
+    env = json.loads((tmp_path / "seen.json").read_text())["env"]
+    assert env["CAPSNET_SET_BY_IMPORTS"] == "the server's" and env["CAPSNET_SET_BY_BOTH"] == "the stage's"
+
+
+def test_stages_that_end_at_once_are_each_answered(tmp_path):
+    """Signals do not queue: one SIGCHLD can stand for two stages that ended together, so one reaping answers
+    every ended stage's client, or one of them would wait for ever."""
+    done = subprocess.run([str(BIN / "python"), str(REPO / "tests" / "warm_stage.py"), "reap", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "result.json").read_text()) == {"exits": {"3": 3, "4": 4}, "left": 0}
