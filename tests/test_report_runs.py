@@ -125,6 +125,7 @@ def test_run_provenance_shows_what_each_run_recorded_and_nothing_else(tmp_path):
     assert table.loc[0, "adam_eps"] == "not recorded" and table.loc[1, "adam_eps"] == 1e-8
     assert table.loc[0, "resumed_at_epoch"] == "not recorded" and table.loc[1, "resumed_at_epoch"] == "20, 35"
     assert table.loc[0, "precision"] == "bf16 autocast" and table.loc[1, "precision"] == "fp32"  # amp only on CUDA
+    assert table.loc[1, "epochs_trained"] == 50 == len(runs[1].history)  # the epochs its history holds
     for seed, (tf32, precision) in enumerate([(False, "fp32"), (True, "TF32"),
                                               (None, "fp32, TF32 convolutions (not recorded: torch's default)")], 2):
         fabricate(tmp_path, "capsnet_r1", seed, 1.0, device="cuda", tf32=tf32)  # fp32 on CUDA: as train.tf32 said
