@@ -160,8 +160,9 @@ def test_a_sigterm_while_a_checkpoint_is_read_stops_the_run_and_leaves_the_check
     assert checkpoint.is_file() and not list(tmp_path.glob("c.pt.unreadable-*"))
 
 
-def test_early_stopping_stops_at_the_first_epoch_reaching_the_target(tmp_path, monkeypatch):
-    """A constructed sequence of per-epoch test errors: accuracy 95 %, 99.22 %, 99.23 %, 99.5 %, ..."""
+def test_early_stopping_stops_at_the_first_epoch_reaching_the_target(tmp_path, monkeypatch, capsys):
+    """A constructed sequence of per-epoch test errors: accuracy 95 %, 99.22 %, 99.23 %, 99.5 %, ...; the
+    log says when and why the seed stopped."""
     data = tiny_data()
     n_test = 10_000
     data["test_images"] = torch.zeros(n_test, 28, 28, dtype=torch.uint8)
@@ -179,6 +180,8 @@ def test_early_stopping_stops_at_the_first_epoch_reaching_the_target(tmp_path, m
     assert result.stop_reason == "target" and len(result.history) == 3 and result.steps == 3 * 3
     assert [h["test_error_pct"] for h in result.history] == pytest.approx([5.0, 0.78, 0.77])
     assert torch.load(tmp_path / "e.pt", weights_only=False)["seeds"][0]["stop_reason"] == "target"
+    assert "capsnet_r1 seed0: test accuracy 99.23% reached the target 99.23% after epoch 3; early stop" \
+        in capsys.readouterr().out
     again = Recorder()  # an early-stopped run is finished: re-running trains nothing
     rerun = train(cfg, data, tmp_path / "e.pt", logger=again)
     assert again.epochs == [] and rerun.stop_reason == "target" and len(rerun.history) == 3
@@ -338,3 +341,10 @@ def test_both_recipes_train_a_few_steps_with_finite_loss(tmp_path, recipe):
         assert h["reconstruction_loss"] > 0
     assert cfg.digest() != tiny_config(epochs=2, reconstruction=True, recipe="other").digest()
     assert train_module.count_params(cfg) == (8_215_728 if recipe == "official" else 8_215_568)
+
+
+def test_a_captured_step_asked_for_on_a_cpu_runs_uncaptured_and_says_so(tmp_path):
+    """train.cuda_graph on a CPU: the capturable step, run uncaptured (the same arithmetic), with one warning."""
+    with pytest.warns(UserWarning, match="train.cuda_graph is on but the device is cpu: the capturable step runs "
+                                         "uncaptured"):
+        train(tiny_config(epochs=1, cuda_graph=True), tiny_data(n_train=16), tmp_path / "g.pt")
