@@ -279,14 +279,17 @@ def test_table1_prepares_its_affine_set_from_params_and_draws_a_montage_of_monta
         montage_count=3))
     images, labels = synthetic_digits(12, seed=3)
     drawn = []
-    monkeypatch.setattr(table1.figures, "affine_montage", lambda originals, *rest: drawn.append(originals))
+    monkeypatch.setattr(table1.figures, "affine_montage", lambda *args: drawn.append(args))
     summary = table1.prepare(params, {"test_images": images, "test_labels": labels}, tmp_path, tmp_path)
     ranges = AffineRanges(10.0, 0.1, 0.7, 1.1)
     affine = load_split(tmp_path / "affine_test.safetensors")
     expected, transforms = make_affine_set(images, 5, ranges)
     assert torch.equal(affine["images"], expected) and torch.equal(affine["affine_params"], transforms)
     assert json.loads(split_metadata(tmp_path / "affine_test.safetensors")["ranges"]) == dataclasses.asdict(ranges)
-    assert [len(originals) for originals in drawn] == [3] and summary == "12 affine-shifted"
+    [(originals, shifted, drawn_transforms, path)] = drawn  # the originals above their affine-shifted versions
+    assert torch.equal(originals, images[:3]) and torch.equal(shifted, expected[:3])
+    assert torch.equal(drawn_transforms, transforms[:3]) and path == tmp_path / table1.MONTAGE
+    assert summary == "12 affine-shifted"
 
 
 def test_the_prepare_stage_cuts_each_split_to_its_own_subset_and_sums_up_every_experiment(tmp_path, monkeypatch):
