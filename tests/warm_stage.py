@@ -83,7 +83,7 @@ def accept(out: Path, argv: list[str], tty: bool) -> None:
     replies = client.makefile("rb")
     started, ended = json.loads(replies.readline()), json.loads(replies.readline())
     if tty:
-        os.close(stdout)
+        os.close(stdout), os.close(terminal)
     stdout_file.seek(0), stderr_file.seek(0)
     (out / "result.json").write_text(json.dumps({
         "started": started, "exit": ended["exit"], "stdout": stdout_file.read().decode(),
