@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, tiny_pipeline, write_mnist
+from warm_stage import proc_stat
 
 from pipeline import warm
 from pipeline.core.files import file_lock
@@ -41,11 +42,6 @@ def forked(log, *args) -> int:
                 return int(entry.split()[2].rstrip(":"))
         time.sleep(0.1)
     raise AssertionError(f"no stage {line!r} in the warm log:\n{log.read_text()}")
-
-
-def proc_stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat's fields after the command's name: [state, parent pid, ...]."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def cmdline(proc: Path) -> bytes:
@@ -349,11 +345,17 @@ def forked_stage(tmp_path, *argv, tty=False, env=None, imported=None) -> dict:
     process of its own), the command its stand-in `capsnet`: what the client was told and the stage wrote."""
     if env or imported:
         (tmp_path / "request.json").write_text(json.dumps({"env": env or {}, "imported": imported or {}}))
-    environ = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout to a file block-buffered
-    done = subprocess.run([str(BIN / "python"), str(REPO / "tests" / "warm_stage.py"), "accept", str(tmp_path), *argv,
-                           *(["--tty"] if tty else [])], capture_output=True, text=True, timeout=120, env=environ)
+    return warm_stage(tmp_path, "accept", *argv, *(["--tty"] if tty else []))
+
+
+def warm_stage(out, *args) -> dict:
+    """tests/warm_stage.py ARGS, its stdout to a file block-buffered (this machine's PYTHONUNBUFFERED dropped):
+    the result.json it writes in ``out``."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run([str(BIN / "python"), str(REPO / "tests" / "warm_stage.py"), args[0], str(out), *args[1:]],
+                          capture_output=True, text=True, timeout=120, env=environ)
     assert done.returncode == 0, done.stderr
-    return json.loads((tmp_path / "result.json").read_text())
+    return json.loads((out / "result.json").read_text())
 
 
 @pytest.mark.parametrize("how,status,stderr", [
@@ -398,7 +400,4 @@ def test_a_warm_stage_gets_what_the_servers_imports_set_unless_its_own_environme
 def test_stages_that_end_at_once_are_each_answered(tmp_path):
     """Signals do not queue: one SIGCHLD can stand for two stages that ended together, so one reaping answers
     every ended stage's client, or one of them would wait for ever."""
-    done = subprocess.run([str(BIN / "python"), str(REPO / "tests" / "warm_stage.py"), "reap", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert json.loads((tmp_path / "result.json").read_text()) == {"exits": {"3": 3, "4": 4}, "left": 0}
+    assert warm_stage(tmp_path, "reap") == {"exits": {"3": 3, "4": 4}, "left": 0}

@@ -32,6 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline import cli, warm  # noqa: E402
 
 
+def proc_stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command's name: [state, parent pid, ...]."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 @click.group()
 def STAGE() -> None:
     """The stand-in `capsnet`."""
@@ -64,7 +69,7 @@ def ends(how: str) -> None:
 def accept(out: Path, argv: list[str], tty: bool) -> None:
     request_file = json.loads((out / "request.json").read_text()) if (out / "request.json").is_file() else {}
     cli.main = STAGE  # what _child imports as the command (the fork copies this process)
-    server_env = {k: v for k, v in os.environ.items() if k != warm.THREADS_ENV}
+    server_env = {k: v for k, v in os.environ.items() if k != warm.THREADS_ENV}  # no thread count: the stage imports no torch
     env = {**server_env, **request_file.get("env", {})}
     client, server = socket.socketpair()
     stdout_file, stderr_file = open(out / "stdout", "w+b"), open(out / "stderr", "w+b")
@@ -101,7 +106,7 @@ def reap(out: Path) -> None:
         children[pid], clients[code] = server, client
         selector.register(server, selectors.EVENT_READ, pid)
     for pid in children:  # both ended, neither reaped: zombies
-        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        while proc_stat(pid)[0] != "Z":
             time.sleep(0.01)
     warm._reap(children, selector)
     got = {}
