@@ -19,6 +19,8 @@ zero and pass):
   2026-11-26, commit b8f3efe). The CNNs' deep wide layers accumulate the most bf16 rounding (≈ 10 %;
   up to 13 % per layer on the H200, cnn_affnist's fc2.bias, 2.4× its CPU value). A family measured on
   no variant fails the test until it is measured.
+The loss bounds are this module's; the gradient bounds (FP32_LAYER_BOUND, BF16_LAYER_BOUNDS) and the
+step they compare live in tests/gpu_step.py, which test_capture_gpu.py and scripts/grad_diffs.py share.
 Nothing may be non-finite. Dropout (the CNNs') is off for the comparisons because eager and compiled
 code draw different random masks; the real training steps that follow run with it on.
 scripts/gpu_session.sh --tests runs this module (every test marked cuda). CAPSNET_GPU_REPORT=FILE

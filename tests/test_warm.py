@@ -343,8 +343,10 @@ def test_a_server_started_by_hand_removes_its_socket_when_stopped(tmp_path):
 def forked_stage(tmp_path, *argv, tty=False, env=None, imported=None) -> dict:
     """A stage forked by the server's own `_accept` and reaped by its `_reap` (tests/warm_stage.py, in a
     process of its own), the command its stand-in `capsnet`: what the client was told and the stage wrote."""
+    request = tmp_path / "request.json"  # this call's alone: one left by an earlier call is removed
+    request.unlink(missing_ok=True)
     if env or imported:
-        (tmp_path / "request.json").write_text(json.dumps({"env": env or {}, "imported": imported or {}}))
+        request.write_text(json.dumps({"env": env or {}, "imported": imported or {}}))
     return warm_stage(tmp_path, "accept", *argv, *(["--tty"] if tty else []))
 
 
