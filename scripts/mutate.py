@@ -58,6 +58,9 @@ WINDOWS = (WINDOW, WINDOW_SESSION, WINDOW_IMPORT, WINDOW_TRAVEL, GPU_LEVERS)  # 
 PAPER = "tests/test_gpu_paper.py"  # the paper protocol's window; the CUDA tests' proof:
 PROOF = "tests/test_gpu_proof.py"
 CALLS = "tests/test_gpu_calls.py"
+MM_CONFUSION = ("tests/test_multimnist.py::"
+                "test_the_digit_confusion_pairs_a_missed_class_with_the_prediction_left_over_and_counts_repeats")
+MM_BATCH = "tests/test_multimnist.py::test_a_training_batch_is_a_fresh_pair_its_two_classes_and_each_digit_alone_in_0_1"
 OUTLASTS = "test_a_job_that_outlasts_its_call_trains_on_and_the_next_call_waits_for_it"
 FINGERPRINT = "tests/test_fingerprint.py"  # what it computes, its pins; where it is computed:
 FINGERPRINT_PROCESS = "tests/test_fingerprint_process.py"
@@ -532,6 +535,38 @@ MUTATIONS = [
              "shifts = torch.randint(-max_shift, max_shift + 1, (n, 2, 2)",
              "shifts = torch.randint(-max_shift, max_shift, (n, 2, 2)",
              ("tests/test_multimnist.py::test_pairs_are_two_classes_and_shifts_cover_the_range",)),
+    Mutation("MultiMNIST's two digits drawn with one shift", "pipeline/experiments/multimnist.py",
+             "(n, 2, 2), generator=generator, device=device)",
+             "(n, 1, 2), generator=generator, device=device).expand(n, 2, 2)",
+             ("tests/test_multimnist.py::test_pairs_are_two_classes_and_shifts_cover_the_range",)),
+    Mutation("a MultiMNIST partner drawn at 1.0 runs past the other classes' digits", "pipeline/experiments/multimnist.py",
+             "r = torch.minimum((torch.rand(n, generator=generator, device=device) * others).long(), others - 1)",
+             "r = (torch.rand(n, generator=generator, device=device) * others).long()",
+             ("tests/test_multimnist.py::test_a_partner_drawn_at_the_top_of_the_unit_interval_is_still_a_digit_of_another_class",)),
+    Mutation("MultiMNIST's predicted pairs ignore amp", "pipeline/experiments/multimnist.py",
+             "with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):\n            predicted",
+             "with torch.autocast(device.type, dtype=torch.bfloat16, enabled=False):\n            predicted",
+             ("tests/test_multimnist.py::test_predicted_pairs_run_under_bf16_autocast_only_when_asked",)),
+    Mutation("MultiMNIST's recipes record the paper's shift whatever they were drawn with", "pipeline/experiments/multimnist.py",
+             '"max_shift": str(max_shift), "pairs_per_digit"', '"max_shift": "4", "pairs_per_digit"',
+             ("tests/test_multimnist.py::test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads",)),
+    Mutation("the MultiMNIST confusion sets a missed class against a true one", "pipeline/experiments/multimnist.py",
+             "miss_t, miss_p = t[~hit], p[~used]", "miss_t, miss_p = t[~hit], p[~hit]",
+             (MM_CONFUSION,)),
+    Mutation("the MultiMNIST confusion counts a repeated miss once", "pipeline/experiments/multimnist.py",
+             "cm.index_put_((miss_t, miss_p), torch.ones(miss_t.shape[0], dtype=torch.long), accumulate=True)",
+             "cm.index_put_((miss_t, miss_p), torch.ones(miss_t.shape[0], dtype=torch.long))",
+             (MM_CONFUSION,)),
+    Mutation("the MultiMNIST curve scores the last recipes", "pipeline/experiments/multimnist.py",
+             'self.curve_pairs = data["test_pairs"][:CURVE_RECIPES].to(device).long()',
+             'self.curve_pairs = data["test_pairs"][-CURVE_RECIPES:].to(device).long()',
+             ("tests/test_multimnist.py::test_the_multimnist_curve_is_the_pair_error_in_percent_of_its_recipes_true_classes",)),
+    Mutation("MultiMNIST trains on the first digit's label twice", "pipeline/experiments/multimnist.py",
+             "Batch(to_float(merged), self.index.labels[pairs],", "Batch(to_float(merged), self.index.labels[pairs[:, [0, 0]]],",
+             (MM_BATCH,)),
+    Mutation("MultiMNIST's reconstruction targets in 0–255", "pipeline/experiments/multimnist.py",
+             "digits.unsqueeze(2).float().div_(255))", "digits.unsqueeze(2).float())",
+             (MM_BATCH,)),
     Mutation("MultiMNIST's first digit never the split's last", 'pipeline/experiments/multimnist.py',
              'a = torch.randint(labels.shape[0], (n,)', 'a = torch.randint(labels.shape[0] - 1, (n,)',
              ('tests/test_multimnist.py::test_pairs_are_two_classes_and_shifts_cover_the_range',)),
@@ -5751,6 +5786,8 @@ MUTATIONS = [
     Mutation("a learning curve's title leaves out its seed", "pipeline/stages/train.py",
              'f"{cfg.variant} seed {cfg.seed}", out / "learning_curve.png"', 'f"{cfg.variant}", out / "learning_curve.png"',
              (STAGE_WRITES,)),
+    Mutation("the train stage says every experiment's final error is on MNIST's test set", "pipeline/stages/train.py",
+             "result.stop_reason, eval_set, run_id))", "result.stop_reason, \"test\", run_id))", (EXTENSION,)),
     Mutation("config.json's train_seconds is 0", "pipeline/stages/train.py",
              '"train_seconds": seconds,', '"train_seconds": 0.0,',
              (STAGE_WRITES,)),

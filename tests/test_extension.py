@@ -48,7 +48,7 @@ def test_a_registered_experiment_runs_through_every_stage(tmp_path, monkeypatch,
     assert f"{NAME}: {N_TRAIN} + {N_TEST} bars" in summary and (data / f"{NAME}_flipped.safetensors").is_file()
     outcome = train_stage.run(params, "bars_r1", 0, data, models / "bars_r1" / "seed0", tmp_path / "ck.pt")
     config = json.loads((models / "bars_r1" / "seed0" / "config.json").read_text())
-    assert config["config"]["experiment"] == NAME and config["eval_set"] == f"{NAME}_test"
+    assert config["config"]["experiment"] == NAME and config["eval_set"] == outcome.eval_set == f"{NAME}_test"
     assert config["params"]["n_train"] == N_TRAIN  # its own training split, not MNIST's 32 digits
     metrics = evaluate_stage.run(models / "bars_r1" / "seed0", data, results / "bars_r1" / "seed0", params)
     assert metrics["n_test"] == N_TEST and metrics["n_transformed"] == N_TEST

@@ -27,6 +27,19 @@ def test_pairs_are_two_classes_and_shifts_cover_the_range():
     assert shifts.min() == -4 and shifts.max() == 4 and set(shifts.flatten().tolist()) == set(range(-4, 5))
     assert len(set(pairs[:, 1].tolist())) == 60  # every digit can be the partner
     assert len(set(pairs[:, 0].tolist())) == 60  # and the first digit
+    same = (shifts[:, 0] == shifts[:, 1]).all(dim=1).float().mean()  # each digit its own shift: 1 in 81 alike
+    assert 0 < same < 0.03
+
+
+def test_a_partner_drawn_at_the_top_of_the_unit_interval_is_still_a_digit_of_another_class(monkeypatch):
+    """The partner is a uniform position among the other classes' digits, ``rand · others``; a draw of
+    exactly 1.0 (CUDA's generator can give it, where the CPU's stops below) must not run past the last."""
+    real = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda n, **kw: torch.ones(n, device=kw.get("device")))
+    pairs, _ = mm.sample_pairs(mm.class_index(LABELS), 30, 4, torch.Generator().manual_seed(0))
+    monkeypatch.setattr(torch, "rand", real)
+    last_other = [max(i for i in range(60) if LABELS[i] != LABELS[a]) for a in pairs[:, 0].tolist()]
+    assert pairs[:, 1].tolist() == last_other  # the last digit of the other classes in class order
 
 
 def test_test_recipes_are_deterministic_round_by_round_and_compact():
@@ -111,17 +124,37 @@ def test_predicted_pairs_compose_each_batch_from_its_own_recipes_in_eval_mode_an
     assert max(seen for _, seen in model.calls) <= 1.0  # images in [0, 1]
 
 
+def test_predicted_pairs_run_under_bf16_autocast_only_when_asked():
+    seen = []
+
+    class Autocast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(36 * 36, 10)
+
+        def forward(self, x):
+            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+            return self.linear(x.flatten(1))
+
+    images, _, r = recipes_over()
+    for amp in (True, False):
+        mm.predict_pairs(Autocast(), images, r["pairs"], r["shifts"], batch_size=20, amp=amp)
+    assert seen[0] == (True, torch.bfloat16) and not seen[1][0]
+
+
 def test_the_multimnist_curve_is_the_pair_error_in_percent_of_its_recipes_true_classes(monkeypatch):
-    """`Training.test_error`: the share of the curve's recipes whose predicted pair is not the pair of
-    their digits' classes (labels that differ from the digits' indices), in percent."""
+    """`Training.test_error`: the share of the curve's recipes (the first CURVE_RECIPES, here 16 of 20)
+    whose predicted pair is not the pair of their digits' classes (labels that differ from the digits'
+    indices), in percent."""
     images, labels, r = recipes_over()
     data = {"train_images": images, "train_labels": labels, "test_images": images, "test_labels": labels,
             "test_pairs": r["pairs"], "test_shifts": r["shifts"]}
     cfg = SimpleNamespace(batch_size=4, max_shift=3, multimnist_epoch_size=8)
+    monkeypatch.setattr(mm, "CURVE_RECIPES", 16)
     exp = mm.Training(cfg, data, torch.device("cpu"))
-    truth = labels[r["pairs"].long()].sort(dim=1).values  # (20, 2)
+    truth = labels[r["pairs"][:16].long()].sort(dim=1).values  # (16, 2)
     predicted = truth.clone()
-    predicted[:5, 1] = (predicted[:5, 0] + 5) % 10  # 5 of 20 pairs with one digit wrong, at most
+    predicted[:5, 1] = (predicted[:5, 0] + 5) % 10  # 5 of 16 pairs with one digit wrong, at most
     wrong = int((~mm.pair_correct(predicted, truth)).sum())
     assert 0 < wrong <= 5
     given = {}
@@ -131,9 +164,26 @@ def test_the_multimnist_curve_is_the_pair_error_in_percent_of_its_recipes_true_c
         return predicted
 
     monkeypatch.setattr(mm, "predict_pairs", predict_pairs)
-    assert exp.test_error(None, 16, False) == 100.0 * wrong / 20
-    assert torch.equal(given["pairs"], r["pairs"].long()) and torch.equal(given["shifts"], r["shifts"])
+    assert exp.test_error(None, 16, False) == 100.0 * wrong / 16
+    assert torch.equal(given["pairs"], r["pairs"][:16].long()) and torch.equal(given["shifts"], r["shifts"][:16])
     assert given["batch_size"] == 16 and exp.steps_per_epoch == 2
+
+
+def test_a_training_batch_is_a_fresh_pair_its_two_classes_and_each_digit_alone_in_0_1(monkeypatch):
+    """`Training.batch`: the merged canvas as the input, the classes of both digits as labels (never
+    the first digit's twice: every pair is two classes), and each shifted digit alone as its
+    reconstruction target, all in [0, 1]; drawn by `sample_pairs` from the step's generator."""
+    images, labels, r = recipes_over()
+    data = {"train_images": images, "train_labels": labels, "test_images": images, "test_labels": labels,
+            "test_pairs": r["pairs"], "test_shifts": r["shifts"]}
+    exp = mm.Training(SimpleNamespace(batch_size=6, max_shift=3, multimnist_epoch_size=12), data, torch.device("cpu"))
+    got = exp.batch(exp.epoch_order(torch.Generator()), 0, torch.Generator().manual_seed(5))
+    pairs, shifts = mm.sample_pairs(mm.class_index(labels), 6, 3, torch.Generator().manual_seed(5))
+    merged, digits = mm.compose(images, pairs, shifts)
+    assert torch.equal(got.x, merged.unsqueeze(1).float() / 255) and torch.equal(got.labels, labels[pairs])
+    assert bool((got.labels[:, 0] != got.labels[:, 1]).all())
+    assert got.targets.shape == (6, 2, 1, 36, 36) and torch.equal(got.targets, digits.unsqueeze(2).float() / 255)
+    assert float(got.targets.max()) <= 1.0 < float(digits.max())
 
 
 def test_the_two_predicted_capsules_reconstruct_from_the_image_in_0_1_in_eval_mode_and_give_the_mode_back():
@@ -180,6 +230,17 @@ def test_pair_rule_is_order_free_and_one_right_digit_is_an_error():
     cm = mm.digit_confusion(predicted, truth, num_classes=4)
     assert cm[1, 1] == cm[3, 3] == cm[0, 0] == 1 and cm[3, 2] == 1  # 3 missed, 2 predicted instead
     assert cm[2, 0] == 1 and cm[3, 1] == 1 and int(cm.sum()) == 6  # neither right: paired in sorted order
+
+
+def test_the_digit_confusion_pairs_a_missed_class_with_the_prediction_left_over_and_counts_repeats():
+    """A pair with one digit right puts the missed true class against the predicted class that is not
+    true, whichever places they hold in the sorted pairs; the same confusion twice counts 2."""
+    truth = torch.tensor([[1, 5], [1, 5], [2, 4]])
+    predicted = torch.tensor([[0, 1], [0, 1], [2, 4]])  # 1 right, 5 taken for 0 (twice); all right
+    cm = mm.digit_confusion(predicted, truth, num_classes=6)
+    expected = torch.zeros(6, 6, dtype=torch.long)
+    expected[1, 1], expected[5, 0], expected[2, 2], expected[4, 4] = 2, 2, 1, 1
+    assert torch.equal(cm, expected)
 
 
 def test_36_pixel_models_have_the_papers_parameter_counts():
@@ -330,10 +391,12 @@ def test_an_evaluation_scores_pairs_whole_and_writes_what_the_report_reads(tmp_p
     from types import SimpleNamespace
 
     from pipeline.core.errors import UserError
-    from pipeline.data.splits import save_split
+    from pipeline.data.splits import save_split, split_metadata
 
     images, labels = torch.zeros(10, 28, 28, dtype=torch.uint8), torch.arange(10, dtype=torch.uint8)
     recipes = mm.prepare_multimnist(tmp_path, images, labels, pairs_per_digit=1, max_shift=2, seed=0)
+    meta = split_metadata(tmp_path / "multimnist_test.safetensors")  # training reads the shift back (`configure`)
+    assert (meta["max_shift"], meta["pairs_per_digit"]) == ("2", "1")
     truth = labels.long()[recipes["pairs"].long()]  # (10, 2) in recipe order
     assert bool((truth[:, 0] > truth[:, 1]).any())  # some pair's first digit is the larger: sorting matters
     truth = truth.sort(dim=1).values
