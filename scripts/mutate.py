@@ -58,6 +58,8 @@ WINDOWS = (WINDOW, WINDOW_SESSION, WINDOW_IMPORT, WINDOW_TRAVEL, GPU_LEVERS)  # 
 PAPER = "tests/test_gpu_paper.py"  # the paper protocol's window; the CUDA tests' proof:
 PROOF = "tests/test_gpu_proof.py"
 CALLS = "tests/test_gpu_calls.py"
+PLAN_CALLS = f"{WINDOW_SESSION}::test_each_call_hands_the_session_its_share_of_the_window_and_the_cuda_tests_once"
+PLAN_BRIDGES = f"{WINDOW_SESSION}::test_the_window_carries_runs_of_another_environment_through_tables_it_computes_on_its_host"
 MM_CONFUSION = ("tests/test_multimnist.py::"
                 "test_the_digit_confusion_pairs_a_missed_class_with_the_prediction_left_over_and_counts_repeats")
 MM_BATCH = "tests/test_multimnist.py::test_a_training_batch_is_a_fresh_pair_its_two_classes_and_each_digit_alone_in_0_1"
@@ -1987,6 +1989,42 @@ MUTATIONS = [
     Mutation("inductor's cache under the carried .gpu/, which the next call's carry replaces", "scripts/gpu_session.sh",
              "export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu-cache/inductor", "export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu/inductor",
              (f"{WINDOW_SESSION}::test_a_call_brings_back_its_checks_as_one_file_within_the_device_tools_eight",)),
+    Mutation("every call of a warm machine writes the fingerprint table again", "scripts/gpu_plan.sh",
+             'if [ ! -s "$FP_TABLE" ] && [ "$FP_TABLE" != fingerprints/unknown.json ]; then',
+             'if [ "$FP_TABLE" != fingerprints/unknown.json ]; then', (PLAN_CALLS,)),
+    Mutation("a fingerprint table that fails ends the call", "scripts/gpu_plan.sh",
+             '    || echo "fingerprint table failed (logs/fingerprints.log: $(tail -1 logs/fingerprints.log)): the queue goes by protocol only"\n',
+             "\n", (PLAN_CALLS,)),
+    Mutation("the queue is asked before the tables of the published runs' commits are written", "scripts/gpu_plan.sh",
+             "  done\n  wait\nfi", "  done\nfi", (PLAN_BRIDGES,)),
+    Mutation("a published commit's table may take the whole call", "scripts/gpu_plan.sh",
+             'timeout "${BRIDGE_SECONDS:-150}" python3 scripts/fingerprint_at.py', "python3 scripts/fingerprint_at.py",
+             (PLAN_BRIDGES,)),
+    Mutation("every call of a window runs the CUDA tests", "scripts/gpu_plan.sh",
+             "[ -f logs/gpu_tests.done ] || TESTS=(--tests)", "TESTS=(--tests)", (PLAN_CALLS,)),
+    Mutation("no call of a window runs the CUDA tests", "scripts/gpu_plan.sh",
+             "[ -f logs/gpu_tests.done ] || TESTS=(--tests)", "true", (PLAN_CALLS,)),
+    Mutation("a call never marks the CUDA tests run", "scripts/gpu_plan.sh", "touch logs/gpu_tests.done\n", "true\n",
+             (PLAN_CALLS,)),
+    Mutation("the window's choice's seconds stay in the window", "scripts/gpu_plan.sh",
+             "[ ${#WINDOW[@]} -eq 0 ] || WINDOW[1]=$(( WINDOW[1] - late ))", "true", (PLAN_CALLS,)),
+    Mutation("a call's deadline keeps the plan's seconds", "scripts/gpu_plan.sh",
+             '--deadline "$(( ${1:-560} - SPENT ))"', '--deadline "${1:-560}"', (PLAN_CALLS,)),
+    Mutation("the window keeps the fingerprint table's seconds", "scripts/gpu_plan.sh",
+             "WINDOW=(--window $(( CAPSNET_GPU_LEFT - overhead - SPENT )))",
+             "WINDOW=(--window $(( CAPSNET_GPU_LEFT - overhead )))", (PLAN_CALLS,)),
+    Mutation("a cold machine's start is allowed a warm one's seconds", "scripts/gpu_plan.sh",
+             "  overhead=165 after=60\n", "  overhead=75 after=60\n", (PLAN_CALLS,)),
+    Mutation("the window's own measured jobs do not price its choice", "scripts/gpu_plan.sh",
+             ' --jobs logs/jobs/seconds.jsonl)', ')',
+             (f"{PAPER}::test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job",)),
+    Mutation("the session is not asked for the levers", "scripts/gpu_plan.sh",
+             '--bench "$BENCH" --levers --train', '--bench "$BENCH" --train', (PLAN_CALLS,)),
+    Mutation("a gpu window trains one job at a time", "scripts/gpu_plan.sh",
+             "ALONGSIDE=(--parallel 2)", "ALONGSIDE=(--parallel 1)", (PLAN_CALLS,)),
+    Mutation("the rehearsal's profile is ignored", "scripts/gpu_plan.sh",
+             'python3 -m pipeline.profiles "${CAPSNET_GPU_PROFILE:-gpu}" --write params.gpu.yaml',
+             "python3 -m pipeline.profiles gpu --write params.gpu.yaml", (PLAN_CALLS,)),
     Mutation("a call's account of its window never reaches its session.log", "scripts/gpu_plan.sh",
              '  >>"${OUT:-$PWD/gpu_out}/session.log"\n', "  >&2\n",
              (f"{PAPER}::test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job",)),

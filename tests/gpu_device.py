@@ -92,24 +92,31 @@ os.execv(sys.executable, [sys.executable, *args])
 
 
 STUB_FINGERPRINT = """#!%s
-# python3 on a GPU window with `capsnet fingerprint` faked: its table gives capsnet_r3_recon STUB_FP; and
-# scripts/fingerprint_at.py COMMIT OUT --variants V...: a table of COMMIT here giving each V STUB_AT
-# (none: it fails), each call in at.log
-import json, os, sys
+# python3 on a GPU window with `capsnet fingerprint` faked: its table gives capsnet_r3_recon STUB_FP (none: it
+# fails), each call in fp.log; scripts/fingerprint_at.py COMMIT OUT --variants V...: after STUB_AT_SLEEP
+# seconds, a table of COMMIT here giving each V STUB_AT (none: it fails), each call in at.log
+import json, os, sys, time
 args = sys.argv[1:]
 here = os.environ.get("STUB_ENV", "torch 2.11.0+cu130, CPU AVX2 capped")
 if args[:3] == ["-m", "pipeline.cli", "fingerprint"]:
+    print(" ".join(args[3:]), file=open("fp.log", "a"))
+    if not os.environ.get("STUB_FP"):
+        sys.exit("fingerprint: no capped process")
+    time.sleep(float(os.environ.get("STUB_FP_SLEEP", 0)))
     json.dump({"commit": os.environ["CAPSNET_GIT_COMMIT"], "environment": here,
                "fingerprints": {"capsnet_r3_recon": os.environ["STUB_FP"]}}, open(args[3], "w"))
     sys.exit(0)
 if args[:1] == ["scripts/fingerprint_at.py"]:
     print(" ".join(args[1:]), file=open("at.log", "a"))
+    time.sleep(float(os.environ.get("STUB_AT_SLEEP", 0)))
     if not os.environ.get("STUB_AT"):
         sys.exit("fingerprint_at: no worktree")
     variants = args[args.index("--variants") + 1:]
     json.dump({"commit": args[1], "environment": here, "fingerprints": {v: os.environ["STUB_AT"] for v in variants}},
               open(args[2], "w"))
     sys.exit(0)
+if args[:1] == ["scripts/gpu_window.py"] and "--paper" in args:
+    time.sleep(float(os.environ.get("STUB_CHOICE_SLEEP", 0)))  # the window's choice, after the window was counted
 os.execv(sys.executable, [sys.executable, *args])
 """
 

@@ -163,6 +163,17 @@ def test_the_plan_gives_a_paper_window_its_own_params_and_the_gpu_to_one_job(tmp
         account = (tmp_path / "gpu_out" / "session.log").read_text().splitlines()[-1]
         assert account.startswith(f"[plan] LEFT {left} s, read ") and " s before this plan; the plan took " in account
         assert account.endswith(f"{kind.split()[0]} {' '.join(items)}") and " s of window, " in account, account
+    # a paper job this window measured (logs/jobs/, the machine's own) prices the seed too: at 2,000 s it does not fit
+    shutil.rmtree(tmp_path / "logs")
+    gpu_proof.keep(key, FINISHED_LOG, kept)
+    (tmp_path / "logs" / "jobs").mkdir(parents=True)
+    paper_params = yaml.safe_load((tmp_path / "params.paper-gpu.yaml").read_text())
+    (tmp_path / "logs" / "jobs" / "seconds.jsonl").write_text(
+        json.dumps(gpu_queue.job_row(paper_params, "capsnet_r3_recon_official", 1, 2000.0, 1)) + "\n")
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          env=env | {"CAPSNET_GPU_LEFT": "900", "CAPSNET_GPU_LEFT_AT": str(int(time.time()))})
+    assert done.returncode == 0 and done.stdout.splitlines()[-2].split() == affnist, done.stdout + done.stderr
+    assert "measured: 2000 s" in done.stderr, done.stderr
 
 
 def test_a_paper_window_trains_its_seed_with_the_paper_protocols_params(tmp_path):

@@ -5,18 +5,20 @@ trained again, the CUDA tests beside the first jobs, and what the plan queues ag
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import REPO, script
-from gpu_device import (CAPS, STUB_GPU, device_tree, plan_until_the_queue, publish_seed0, python3_on_path, rows,
-                        session_log)
+from gpu_device import (CAPS, STUB_FINGERPRINT, STUB_GPU, device_tree, plan_until_the_queue, publish_seed0,
+                        python3_on_path, rows, session_log)
 
 gpu_levers, gpu_queue = script("gpu_levers"), script("gpu_queue")
 
@@ -263,6 +265,68 @@ def test_the_window_carries_runs_of_another_environment_through_tables_it_comput
         if at:  # the next call of the warm machine finds the table beside its own and asks for none
             again = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
             assert len((tmp_path / "at.log").read_text().splitlines()) == 1 and queued in again.stdout.split()
+    # a table that takes its time is waited for; one past BRIDGE_SECONDS is given up, its runs queued again
+    for seconds, queued in (("150", "capsnet_r3_recon:1,2"), ("1", "capsnet_r3_recon:0,1,2")):
+        shutil.rmtree(tmp_path / "fingerprints")
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True,
+                              env=env | {"STUB_AT": "b" * 16, "STUB_AT_SLEEP": "3", "BRIDGE_SECONDS": seconds})
+        assert queued in done.stdout.split() and ("on this host failed" in done.stdout) == (seconds == "1"), done.stdout
+
+
+ACCOUNT = re.compile(r"\[plan\] LEFT (\d+) s, read (\d+) s before this plan; the plan took (\d+) s from \d+ .*; "
+                     r"the session has (-?\d+) s of window, (-?\d+) s of call; (\w+) ")
+
+
+def test_each_call_hands_the_session_its_share_of_the_window_and_the_cuda_tests_once(tmp_path):
+    """scripts/gpu_plan.sh whole, as the device tool runs it, with gpu_session.sh stubbed (what it is handed):
+    the fingerprint table is written once per warm machine, and one that fails leaves the queue going by
+    protocol, not the call ended; the CUDA tests go to a machine's first call alone; a call's deadline is its
+    560 s less the plan's seconds, its window LEFT less the plan's seconds and, read at T, the seconds since T
+    and those after the call (60 after a cold start, 30 after a warm one), without T 165 s cold and 75 s warm;
+    the session trains two jobs at a time, with the levers; CAPSNET_GPU_PROFILE and CAPSNET_GPU_BENCH (the
+    rehearsal's) are what it plans with."""
+    work = device_tree(tmp_path)
+    (work / "tests").symlink_to(REPO / "tests")  # the device tool's copy has them (what the CUDA tests' key hashes)
+    (work / "scripts" / "gpu_session.sh").write_text('echo "$*" >>session.args\n')
+    # the table and the window's choice each take a second, so the plan's seconds count before and after the window
+    env = python3_on_path(tmp_path, STUB_FINGERPRINT % sys.executable, CAPSNET_GIT_COMMIT="c0ffee1", STUB_FP="b" * 16,
+                          STUB_FP_SLEEP="1", STUB_CHOICE_SLEEP="1", PYTHONPATH=str(work))
+    log = Path(env["OUT"]) / "session.log"
+
+    def call(left: int, read_before: int | None = None, **extra: str) -> tuple[dict, tuple]:
+        at = {} if read_before is None else {"CAPSNET_GPU_LEFT_AT": str(int(time.time()) - read_before)}
+        done = subprocess.run(["bash", "scripts/gpu_plan.sh"], cwd=work, capture_output=True, text=True, timeout=300,
+                              env=env | {"CAPSNET_GPU_LEFT": str(left)} | at | extra)
+        assert done.returncode == 0, done.stderr
+        args = (work / "session.args").read_text().splitlines()[-1].split()
+        handed = {"tests": "--tests" in args, **{k: args[args.index(f"--{k}") + 1] for k in ("deadline", "window", "bench")},
+                  "levers": "--levers" in args, "parallel": args[args.index("--parallel") + 1], "stdout": done.stdout}
+        account = log.read_text().splitlines()[-1]
+        if read_before is None:
+            account = account.replace("an unknown time", "0 s")
+        match = ACCOUNT.match(account)
+        assert match, account
+        return handed, tuple(int(g) if g.lstrip("-").isdigit() else g for g in match.groups())
+
+    handed, (left, since, took, window, deadline, _) = call(900)  # a cold machine's first call, LEFT's time unknown
+    assert took >= 2 and window == left - 165 - took and deadline == 560 - took
+    assert handed["tests"] and handed["levers"] and handed["parallel"] == "2"
+    assert (handed["deadline"], handed["window"]) == (str(deadline), str(window))
+    assert handed["bench"].startswith("capsnet_r3_recon@bf16-compile,") and yaml.safe_load(
+        (work / "params.gpu.yaml").read_text())["base"]["profile"] == "gpu"
+    handed, (left, since, took, window, deadline, _) = call(600, read_before=20)  # the warm machine's next call
+    assert since >= 20 and window == left - since - 30 - took and deadline == 560 - took and not handed["tests"]
+    handed, _ = call(500)  # without LEFT's time: 75 s
+    assert int(handed["window"]) == 500 - 75 - int(560 - int(handed["deadline"]))
+    assert len((work / "fp.log").read_text().splitlines()) == 1  # the table written once per warm machine
+
+    for fresh in ("logs", "fingerprints"):  # a fresh machine, whose fingerprint table fails, in the rehearsal's profile
+        shutil.rmtree(work / fresh)
+    handed, (left, since, took, window, deadline, _) = call(
+        800, read_before=10, STUB_FP="", CAPSNET_GPU_PROFILE="smoke", CAPSNET_GPU_BENCH="capsnet_r1@fp32#1")
+    assert "fingerprint table failed" in handed["stdout"] and "the queue goes by protocol only" in handed["stdout"]
+    assert window == left - since - 60 - took and handed["tests"] and handed["bench"] == "capsnet_r1@fp32#1"
+    assert yaml.safe_load((work / "params.gpu.yaml").read_text())["base"]["profile"] == "smoke"
 
 
 @pytest.mark.parametrize("capture_test", ["PASSED", "FAILED"])
