@@ -1781,6 +1781,9 @@ MUTATIONS = [
     Mutation("the next call's command is printed beside untracked files that travel", "scripts/gpu_command.sh",
              "changed=$(git status --porcelain |", "changed=$(git status --porcelain --untracked-files=no |",
              (f"{WINDOW_TRAVEL}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
+    Mutation("the next call's command types in a LEFT of its own", "scripts/gpu_command.sh",
+             'echo "CAPSNET_GPU_LEFT=$1 ', 'echo "CAPSNET_GPU_LEFT=900 ',
+             (f"{WINDOW_TRAVEL}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
     Mutation("the next call's command leaves out when LEFT was read", "scripts/gpu_command.sh",
              "CAPSNET_GPU_LEFT=$1 CAPSNET_GPU_LEFT_AT=$(date +%s) ", "CAPSNET_GPU_LEFT=$1 ", (f"{WINDOW_TRAVEL}::test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head",)),
     # --- what every GPU call carries: the published records, the device tool's 64 MiB ---

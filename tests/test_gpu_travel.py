@@ -136,10 +136,10 @@ def test_the_next_calls_command_has_its_numbers_and_a_tree_that_is_head(tmp_path
     assert missing.returncode == 1 and "bash scripts/gpu_fetch_mnist.sh" in missing.stderr and not missing.stdout
     (tmp_path / ".gpu" / "mnist").mkdir(parents=True)
     (tmp_path / ".gpu" / "mnist" / "t10k-labels-idx1-ubyte.gz").write_bytes(b"")
-    done = command("900")
+    done = command("873")
     assert done.returncode == 0, done.stderr
     left, at, commit, *rest = done.stdout.split()
-    assert (left, commit, rest) == ("CAPSNET_GPU_LEFT=900", f"CAPSNET_GIT_COMMIT={head}", ["bash", "scripts/gpu_plan.sh"])
+    assert (left, commit, rest) == ("CAPSNET_GPU_LEFT=873", f"CAPSNET_GIT_COMMIT={head}", ["bash", "scripts/gpu_plan.sh"])
     assert abs(int(at.removeprefix("CAPSNET_GPU_LEFT_AT=")) - time.time()) < 5
     for change in ("scripts/gpu_command.sh", "new.py"):  # a tracked file edited; an untracked one that would travel
         with open(tmp_path / change, "a") as f:
