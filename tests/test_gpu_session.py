@@ -72,7 +72,7 @@ exec "{sys.executable}" "$@"
         return int(seconds)
 
     first = session_log(work, env, "--bench", "baseline_cnn@fp32#1 baseline_cnn@bf16#1 capsnet_r1@fp32#1",
-                        "--deadline", "100")
+                        "--deadline", "300", "--window", "100")  # the call ends with the window, the nearer end
     assert first.count("not started: under 120 s left") == 3
     time.sleep(1.5)  # more than the budget below since call 1 began
     second = session_log(work, env, "--bench", "baseline_cnn@fp32#1 baseline_cnn@bf16#1 capsnet_r1@fp32#1",
@@ -155,6 +155,24 @@ exec "{sys.executable}" "$@"
         # compiled kernels where the next call's carry of .gpu/ leaves them (and a job training on since the last call)
         assert row["variant"] == "capsnet_r1" and row["cache"] == str(work / ".gpu-cache" / "inductor"), row
     assert "over 8 files" not in (out / "session.log").read_text()
+
+
+def test_a_cold_machine_unpacks_the_inductor_cache_the_last_window_brought_back(tmp_path):
+    """gpu_session.sh: the compiled kernels an earlier window brought back (.gpu/inductor-cache.tar.gz, carried in)
+    are unpacked where torch.compile looks (.gpu-cache/inductor) on a machine's first call; a warm machine's later
+    call keeps what it compiled since."""
+    work = device_tree(tmp_path)
+    (tmp_path / "inductor").mkdir()
+    (tmp_path / "inductor" / "kernel.py").write_text("cached")
+    (work / ".gpu").mkdir()
+    with tarfile.open(work / ".gpu" / "inductor-cache.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "inductor", arcname="inductor")
+    env = python3_on_path(tmp_path, f'#!/bin/sh\nexec "{sys.executable}" "$@"\n', CAPSNET_GPU_PROFILE="smoke")
+    kernel = work / ".gpu-cache" / "inductor" / "kernel.py"
+    assert "inductor cache unpacked" in session_log(work, env, "--deadline", "60") and kernel.read_text() == "cached"
+    kernel.write_text("compiled since")
+    assert "inductor cache unpacked" not in session_log(work, env, "--deadline", "60")
+    assert kernel.read_text() == "compiled since"
 
 
 STUB_CLI = """#!/bin/sh
@@ -380,6 +398,15 @@ def test_a_run_is_checked_against_the_cuda_tests_of_the_speed_settings_it_record
     assert gpu_levers.run_unproven(run("multimnist_cnn", True, False, True), {}) == ""  # no lever chosen for it
     assert "no CUDA test proves" in gpu_levers.run_unproven(
         {"config": {**run("capsnet", True, True, False)["config"], "compile_mode": "reduce-overhead"}}, passed)
+
+
+def test_a_session_refuses_an_argument_it_does_not_know_before_any_work(tmp_path):
+    """A mistyped option (--deadlin) would otherwise be a window of the default 560 s, spent on other work."""
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_session.sh"), "--deadlin", "300"], cwd=tmp_path,
+                          env=os.environ | {"OUT": str(tmp_path / "out")}, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (2, "unknown argument --deadlin (see the header of "
+                                                 f"{REPO / 'scripts' / 'gpu_session.sh'})\n")
+    assert not (tmp_path / "out").exists()
 
 
 def test_gpu_session_writes_only_git_ignored_paths():
